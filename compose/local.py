@@ -1,0 +1,152 @@
+"""`python -m compose.local`: run the compose topology as local processes.
+
+Starts every service of compose/compose.yaml on 127.0.0.1 in dependency
+order, waits for each one's healthcheck, streams prefixed logs, and stops
+everything (SIGTERM, then SIGKILL after a grace period) on Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from compose.topology import LocalService, TopologyError, load, start_order
+
+COMPOSE_DIR = Path(__file__).resolve().parent
+ROOT = COMPOSE_DIR.parent
+DEFAULT_FILE = COMPOSE_DIR / "compose.yaml"
+
+
+class LocalMesh:
+    """The running processes of one topology."""
+
+    def __init__(self, services: dict[str, LocalService], *, out=sys.stdout) -> None:
+        self.services = services
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._out = out
+        self._lock = threading.Lock()
+        self._width = max(len(n) for n in services)
+
+    def _pump(self, name: str, stream) -> None:
+        for raw in iter(stream.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\n")
+            with self._lock:
+                print(f"{name:<{self._width}} | {line}", file=self._out, flush=True)
+
+    def start(self, name: str) -> None:
+        svc = self.services[name]
+        proc = subprocess.Popen(
+            svc.argv,
+            cwd=ROOT,
+            env={**os.environ, **svc.env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.procs[name] = proc
+        threading.Thread(target=self._pump, args=(name, proc.stdout), daemon=True).start()
+
+    def wait_healthy(self, name: str, timeout: float) -> None:
+        svc = self.services[name]
+        end = time.monotonic() + timeout
+        while True:
+            proc = self.procs[name]
+            if proc.poll() is not None:
+                raise RuntimeError(f"service '{name}' exited with {proc.returncode}")
+            if svc.healthcheck is None:
+                return
+            check = subprocess.run(
+                svc.healthcheck,
+                cwd=ROOT,
+                capture_output=True,
+                env={**os.environ, **svc.env},
+                timeout=30,
+            )
+            if check.returncode == 0:
+                return
+            if time.monotonic() > end:
+                raise TimeoutError(f"service '{name}' not healthy after {timeout:.0f}s")
+            time.sleep(0.2)
+
+    def up(self, timeout: float = 180.0) -> None:
+        for name in start_order(self.services):
+            self.start(name)
+            self.wait_healthy(name, timeout)
+
+    def down(self, grace: float = 15.0) -> None:
+        for name in reversed(list(self.procs)):
+            proc = self.procs[name]
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        end = time.monotonic() + grace
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument(
+        "-f",
+        "--file",
+        type=Path,
+        action="append",
+        help="compose file(s); later ones override (default compose/compose.yaml)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=180.0,
+        help="seconds each service may take to become healthy",
+    )
+    args = parser.parse_args(argv)
+    try:
+        services = load(args.file or [DEFAULT_FILE])
+    except (TopologyError, OSError) as exc:
+        print(f"compose.local: {exc}", file=sys.stderr)
+        return 2
+    mesh = LocalMesh(services)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        mesh.up(args.timeout)
+        print(ready_banner(services), flush=True)
+        while not stop.is_set():
+            dead = [n for n, p in mesh.procs.items() if p.poll() is not None]
+            if dead:
+                print(f"compose.local: {', '.join(dead)} exited; stopping", file=sys.stderr)
+                return 1
+            stop.wait(0.5)
+    except KeyboardInterrupt:
+        pass
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"compose.local: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        mesh.down()
+    return 0
+
+
+def ready_banner(services: dict[str, LocalService]) -> str:
+    lines = ["", "mesh is up:"]
+    for name, svc in services.items():
+        port = next(
+            (v for k, v in svc.env.items() if k.endswith("_PORT") and "METRICS" not in k), "?"
+        )
+        lines.append(f"  {name:<16} 127.0.0.1:{port}")
+    lines.append("Ctrl-C stops every service.")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Builders of the model repository (`python -m models.build`)."""

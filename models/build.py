@@ -1,0 +1,35 @@
+"""Build the whole model repository: `python -m models.build [--out DIR]`.
+
+Idempotent: a model whose folder is complete is left alone unless --force.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from models import digits
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "repository"
+
+
+def _complete(repository: Path, names: list[str]) -> bool:
+    return all((repository / n / "1" / "model.onnx").is_file() for n in names)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--force", action="store_true", help="rebuild even if present")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.force or not _complete(args.out, list(digits.classifiers())):
+        digits.build(args.out)
+    else:
+        print(f"digits models already in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""Dynamic batching: an object owned by the model, not a patch on it.
+
+Requests wait in a bounded queue. A worker takes the oldest request plus every
+queued request with the same per-row signature, up to `max_batch_rows` rows,
+waiting at most `max_delay_s` for more; concatenates them along axis 0; runs
+the model once in an executor; and splits the result back by row counts.
+Callers that left (cancelled, deadline passed) are skipped, never break the
+batch, and are never run after their deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from protos.errors import DeadlineExceeded, InvalidInput, Overloaded, Unavailable
+from v2server import metrics
+
+log = logging.getLogger("predictors.batcher")
+
+RunFn = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+@dataclass(eq=False)
+class _Pending:
+    inputs: dict[str, np.ndarray]
+    rows: int
+    deadline: float | None
+    future: asyncio.Future[dict[str, np.ndarray]]
+    signature: tuple = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.signature = tuple(
+            (name, arr.dtype.str, arr.shape[1:]) for name, arr in sorted(self.inputs.items())
+        )
+
+
+class Batcher:
+    """Schedules executions of one model version.
+
+    max_batch_rows == 0 runs every request on its own (no concatenation) but
+    keeps the bounded queue, the deadline checks and the concurrency limit.
+    """
+
+    def __init__(
+        self,
+        run: RunFn,
+        executor: Executor,
+        *,
+        name: str,
+        max_batch_rows: int,
+        max_delay_s: float,
+        max_queue: int,
+        instances: int = 1,
+    ) -> None:
+        self._run = run
+        self._executor = executor
+        self._name = name
+        self._max_rows = max_batch_rows
+        self._max_delay = max_delay_s
+        self._max_queue = max_queue
+        self._instances = instances
+        self._queue: collections.deque[_Pending] = collections.deque()
+        self._arrived = asyncio.Event()
+        self._workers: list[asyncio.Task[None]] = []
+        self._depth = metrics.QUEUE_DEPTH.labels(name)
+        self._batch_rows = metrics.BATCH_ROWS.labels(name)
+        self._closed = False
+
+    def start(self) -> None:
+        self._workers = [
+            asyncio.create_task(self._work(), name=f"batcher-{self._name}-{i}")
+            for i in range(self._instances)
+        ]
+
+    async def stop(self) -> None:
+        """Fail what is still queued, then stop the workers."""
+        self._closed = True
+        while self._queue:
+            pending = self._queue.popleft()
+            if not pending.future.done():
+                pending.future.set_exception(Unavailable(f"model '{self._name}' is unloading"))
+        for task in self._workers:
+            task.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        self._depth.set(0)
+
+    async def submit(
+        self, inputs: dict[str, np.ndarray], rows: int, deadline: float | None
+    ) -> dict[str, np.ndarray]:
+        if self._closed:
+            raise Unavailable(f"model '{self._name}' is unloading")
+        if self._max_rows and rows > self._max_rows:
+            raise InvalidInput(
+                f"model '{self._name}': batch of {rows} rows exceeds max_batch_size "
+                f"{self._max_rows}"
+            )
+        if len(self._queue) >= self._max_queue:
+            raise Overloaded(
+                f"model '{self._name}': queue full ({self._max_queue} requests waiting)"
+            )
+        future: asyncio.Future[dict[str, np.ndarray]] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Pending(inputs, rows, deadline, future))
+        self._depth.set(len(self._queue))
+        self._arrived.set()
+        return await future
+
+    # ------------------------------------------------------------ worker side
+
+    async def _work(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._collect(loop)
+            if batch:
+                await self._execute(batch, loop)
+
+    async def _next_live(self, loop: asyncio.AbstractEventLoop) -> _Pending:
+        """The oldest queued request whose caller is still waiting and in time."""
+        while True:
+            while not self._queue:
+                self._arrived.clear()
+                await self._arrived.wait()
+            pending = self._queue.popleft()
+            self._depth.set(len(self._queue))
+            if self._alive(pending, loop):
+                return pending
+
+    def _alive(self, pending: _Pending, loop: asyncio.AbstractEventLoop) -> bool:
+        if pending.future.done():  # caller cancelled
+            return False
+        if pending.deadline is not None and pending.deadline <= loop.time():
+            pending.future.set_exception(
+                DeadlineExceeded(f"model '{self._name}': deadline passed while queued")
+            )
+            return False
+        return True
+
+    def _take_compatible(
+        self, batch: list[_Pending], rows: int, loop: asyncio.AbstractEventLoop
+    ) -> int:
+        """Move queued requests that fit the batch into it; return the new row count."""
+        signature = batch[0].signature
+        kept: collections.deque[_Pending] = collections.deque()
+        while self._queue and rows < self._max_rows:
+            pending = self._queue.popleft()
+            if not self._alive(pending, loop):
+                continue
+            if pending.signature == signature and rows + pending.rows <= self._max_rows:
+                batch.append(pending)
+                rows += pending.rows
+            else:
+                kept.append(pending)
+        self._queue.extendleft(reversed(kept))
+        self._depth.set(len(self._queue))
+        return rows
+
+    async def _collect(self, loop: asyncio.AbstractEventLoop) -> list[_Pending]:
+        first = await self._next_live(loop)
+        batch = [first]
+        if self._max_rows == 0:
+            return batch
+        rows = self._take_compatible(batch, first.rows, loop)
+        close_at = loop.time() + self._max_delay
+        while rows < self._max_rows:
+            remaining = close_at - loop.time()
+            if remaining <= 0:
+                break
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+            except TimeoutError:
+                break
+            rows = self._take_compatible(batch, rows, loop)
+        # Callers may have left while the batch was filling.
+        return [p for p in batch if self._alive(p, loop)]
+
+    async def _execute(self, batch: list[_Pending], loop: asyncio.AbstractEventLoop) -> None:
+        rows = [p.rows for p in batch]
+        try:
+            if len(batch) == 1:
+                merged = batch[0].inputs
+            else:
+                merged = {
+                    name: np.concatenate([p.inputs[name] for p in batch], axis=0)
+                    for name in batch[0].inputs
+                }
+            outputs = await loop.run_in_executor(self._executor, self._run, merged)
+            parts = _split(outputs, rows, self._name) if len(batch) > 1 else [outputs]
+        except asyncio.CancelledError:
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_exception(Unavailable(f"model '{self._name}' is unloading"))
+            raise
+        except Exception as exc:
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_exception(exc)
+            return
+        self._batch_rows.observe(sum(rows))
+        for p, part in zip(batch, parts, strict=True):
+            if not p.future.done():
+                p.future.set_result(part)
+
+
+def _split(
+    outputs: dict[str, np.ndarray], rows: list[int], model: str
+) -> list[dict[str, np.ndarray]]:
+    total = sum(rows)
+    for name, arr in outputs.items():
+        if arr.ndim == 0 or arr.shape[0] != total:
+            raise RuntimeError(
+                f"model '{model}' output '{name}' has shape {arr.shape}, "
+                f"which does not split into the batch's {total} rows"
+            )
+    bounds = np.cumsum(rows)[:-1]
+    split = {name: np.split(arr, bounds, axis=0) for name, arr in outputs.items()}
+    return [{name: split[name][i] for name in outputs} for i in range(len(rows))]

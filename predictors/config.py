@@ -1,0 +1,119 @@
+"""The per-model configuration file of a model repository (config.yaml / config.json)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from protos.codec import DATATYPE_TO_DTYPE
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TensorConfig(_Strict):
+    """Overrides what the ONNX graph says about one tensor."""
+
+    name: str
+    datatype: str | None = None
+    shape: list[int] | None = None
+
+    @model_validator(mode="after")
+    def _known_datatype(self) -> TensorConfig:
+        if self.datatype is not None and self.datatype not in DATATYPE_TO_DTYPE:
+            raise ValueError(f"unknown datatype '{self.datatype}'")
+        return self
+
+
+class DynamicBatching(_Strict):
+    max_queue_delay_ms: float = Field(default=2.0, ge=0)
+    """How long the first request of a batch waits for others to join it."""
+
+
+class VersionPolicy(_Strict):
+    """Which of the numbered version folders are loaded: exactly one of the three."""
+
+    latest: int | None = Field(default=None, ge=1)
+    all: bool = False
+    specific: list[int] | None = None
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> VersionPolicy:
+        modes = (self.latest is not None) + self.all + (self.specific is not None)
+        if modes > 1:
+            raise ValueError("version_policy takes one of: latest, all, specific")
+        return self
+
+    def select(self, available: list[int]) -> list[int]:
+        ordered = sorted(available)
+        if self.all:
+            return ordered
+        if self.specific is not None:
+            missing = sorted(set(self.specific) - set(ordered))
+            if missing:
+                raise ValueError(f"version_policy.specific names missing versions {missing}")
+            return sorted(self.specific)
+        return ordered[-(self.latest or 1) :]
+
+
+class OrtOptions(_Strict):
+    intra_op_threads: int = Field(default=0, ge=0)
+    """0 lets ONNX Runtime decide (one per core)."""
+    inter_op_threads: int = Field(default=0, ge=0)
+    graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
+
+
+class ModelConfig(_Strict):
+    name: str | None = None
+    """Defaults to the model's folder name; must match it when given."""
+    platform: Literal["onnxruntime_onnx"] = "onnxruntime_onnx"
+    max_batch_size: int = Field(default=0, ge=0)
+    """Largest first dimension a request or a merged batch may have; 0: no limit, no merging."""
+    dynamic_batching: DynamicBatching | None = None
+    """Present: concurrent requests are merged, up to max_batch_size rows."""
+    max_queue_size: int = Field(default=256, ge=1)
+    """Requests that may wait for an execution; more are refused (RESOURCE_EXHAUSTED)."""
+    instance_count: int = Field(default=1, ge=1)
+    """Executions of this model that may run at once."""
+    version_policy: VersionPolicy = VersionPolicy()
+    inputs: list[TensorConfig] = []
+    outputs: list[TensorConfig] = []
+    labels: str | None = None
+    """A file beside config.yaml, one class label per line."""
+    warmup: dict[str, list[int]] = {}
+    """Shapes of the warm-up inference's inputs; default: dynamic dimensions become 1."""
+    onnxruntime: OrtOptions = OrtOptions()
+
+    @model_validator(mode="after")
+    def _batching_needs_a_size(self) -> ModelConfig:
+        if self.dynamic_batching is not None and self.max_batch_size == 0:
+            raise ValueError("dynamic_batching needs max_batch_size > 0")
+        return self
+
+
+class ConfigError(ValueError):
+    """A model folder whose configuration cannot be used; the message names the file."""
+
+
+def load_config(model_dir: Path) -> ModelConfig:
+    """Read `config.yaml`, `config.yml` or `config.json` (absent: all defaults)."""
+    for fname in ("config.yaml", "config.yml", "config.json"):
+        path = model_dir / fname
+        if path.exists():
+            break
+    else:
+        return ModelConfig()
+    try:
+        text = path.read_text()
+        raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        config = ModelConfig.model_validate(raw or {})
+    except (ValidationError, ValueError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    if config.name is not None and config.name != model_dir.name:
+        raise ConfigError(f"{path}: name '{config.name}' differs from folder '{model_dir.name}'")
+    return config

@@ -1,0 +1,161 @@
+"""One version of one ONNX model: an ONNX Runtime session behind a Batcher."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
+
+from predictors.batcher import Batcher
+from predictors.config import ConfigError, ModelConfig, TensorConfig
+from protos.codec import dtype_of
+from protos.errors import InvalidInput
+from v2server.model import TensorSpec
+from v2server.validation import batch_rows
+
+log = logging.getLogger("predictors")
+
+ORT_TYPE_TO_DATATYPE = {
+    "tensor(bool)": "BOOL",
+    "tensor(uint8)": "UINT8",
+    "tensor(uint16)": "UINT16",
+    "tensor(uint32)": "UINT32",
+    "tensor(uint64)": "UINT64",
+    "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16",
+    "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64",
+    "tensor(float16)": "FP16",
+    "tensor(float)": "FP32",
+    "tensor(double)": "FP64",
+    "tensor(string)": "BYTES",
+}
+
+_OPT_LEVELS = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+
+
+def _specs(nodes: list, overrides: list[TensorConfig], where: str) -> tuple[TensorSpec, ...]:
+    by_name = {o.name: o for o in overrides}
+    unknown = set(by_name) - {n.name for n in nodes}
+    if unknown:
+        raise ValueError(f"{where}: config names tensors the graph lacks: {sorted(unknown)}")
+    specs = []
+    for node in nodes:
+        datatype = ORT_TYPE_TO_DATATYPE.get(node.type)
+        if datatype is None:
+            raise ValueError(f"{where}: tensor '{node.name}' has unsupported type {node.type}")
+        shape = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in node.shape)
+        override = by_name.get(node.name)
+        if override is not None:
+            datatype = override.datatype or datatype
+            shape = tuple(override.shape) if override.shape is not None else shape
+        specs.append(TensorSpec(node.name, datatype, shape))
+    return tuple(specs)
+
+
+def session_options(config: ModelConfig) -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = config.onnxruntime.intra_op_threads
+    options.inter_op_num_threads = config.onnxruntime.inter_op_threads
+    options.graph_optimization_level = _OPT_LEVELS[config.onnxruntime.graph_optimization_level]
+    options.log_severity_level = 3
+    return options
+
+
+class OnnxModel:
+    platform = "onnxruntime_onnx"
+
+    def __init__(self, name: str, version: int, path: Path, config: ModelConfig) -> None:
+        self.name = name
+        self.version = str(version)
+        self.config = config
+        where = f"{name}/{version}"
+        self._session = ort.InferenceSession(
+            str(path), session_options(config), providers=["CPUExecutionProvider"]
+        )
+        self.inputs = _specs(self._session.get_inputs(), config.inputs, where)
+        self.outputs = _specs(self._session.get_outputs(), config.outputs, where)
+        self._output_names = [s.name for s in self.outputs]
+        self._string_inputs = {s.name for s in self.inputs if s.datatype == "BYTES"}
+        self._executor = ThreadPoolExecutor(
+            max_workers=config.instance_count, thread_name_prefix=f"ort-{name}"
+        )
+        batching = config.dynamic_batching
+        self._batcher = Batcher(
+            self.run,
+            self._executor,
+            name=name,
+            max_batch_rows=config.max_batch_size if batching else 0,
+            max_delay_s=(batching.max_queue_delay_ms / 1000) if batching else 0.0,
+            max_queue=config.max_queue_size,
+            instances=config.instance_count,
+        )
+        self._ready = False
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One synchronous ONNX Runtime call (called from the executor)."""
+        feeds = {
+            # ONNX Runtime wants str elements for string tensors; v2 BYTES carry bytes.
+            name: np.vectorize(_to_str, otypes=[object])(arr)
+            if name in self._string_inputs
+            else arr
+            for name, arr in inputs.items()
+        }
+        try:
+            results = self._session.run(self._output_names, feeds)
+        except OrtInvalidArgument as exc:
+            raise InvalidInput(f"model '{self.name}': {exc}") from None
+        return dict(zip(self._output_names, results, strict=True))
+
+    def warmup_inputs(self) -> dict[str, np.ndarray]:
+        feeds = {}
+        for spec in self.inputs:
+            shape = self.config.warmup.get(spec.name) or [1 if d < 0 else d for d in spec.shape]
+            if spec.datatype == "BYTES":
+                feeds[spec.name] = np.full(shape, b"", dtype=object)
+            else:
+                feeds[spec.name] = np.zeros(shape, dtype=dtype_of(spec.datatype))
+        return feeds
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._executor, self.run, self.warmup_inputs())
+        except Exception as exc:
+            raise ConfigError(
+                f"model '{self.name}' version {self.version}: warm-up inference failed "
+                f"({exc}); set `warmup` shapes in its config"
+            ) from exc
+        self._batcher.start()
+        self._ready = True
+
+    async def stop(self) -> None:
+        self._ready = False
+        await self._batcher.stop()
+        self._executor.shutdown(wait=True)
+
+    async def infer(
+        self, inputs: dict[str, np.ndarray], deadline: float | None
+    ) -> dict[str, np.ndarray]:
+        rows = batch_rows(self.name, inputs) if self.config.max_batch_size else 0
+        if self.config.max_batch_size and rows == 0:
+            raise InvalidInput(f"model '{self.name}': batch has no rows")
+        return await self._batcher.submit(inputs, rows, deadline)
+
+
+def _to_str(item: object) -> str:
+    return item.decode("utf-8", errors="replace") if isinstance(item, bytes) else str(item)

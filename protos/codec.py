@@ -1,0 +1,311 @@
+"""The one numpy <-> Open Inference Protocol v2 tensor codec.
+
+Tensors travel as raw little-endian bytes. Decoding checks the declared shape
+against limits and against the byte count *before* allocating anything, so a
+hostile shape cannot make a service allocate memory it was not sent.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from protos import pb
+from protos.errors import InvalidInput
+
+# v2 datatype -> numpy dtype, explicitly little-endian.
+DATATYPE_TO_DTYPE: dict[str, np.dtype] = {
+    "BOOL": np.dtype("?"),
+    "UINT8": np.dtype("<u1"),
+    "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+    "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"),
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
+    "BYTES": np.dtype(object),
+}
+
+_KIND_SIZE_TO_DATATYPE: dict[tuple[str, int], str] = {
+    (dt.kind, dt.itemsize): name for name, dt in DATATYPE_TO_DTYPE.items() if name != "BYTES"
+}
+
+# Which InferTensorContents field carries each datatype (FP16 has none: raw only).
+CONTENTS_FIELD: dict[str, str] = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+_LEN_PREFIX = struct.Struct("<I")
+
+
+@dataclass(frozen=True)
+class TensorLimits:
+    """Bounds checked before a tensor is materialised."""
+
+    max_elements: int = 1 << 28
+    """Most elements one tensor may declare (256 Mi)."""
+    max_rank: int = 8
+    """Most dimensions one tensor may declare."""
+    max_inputs: int = 64
+    """Most input tensors in one request."""
+
+
+DEFAULT_LIMITS = TensorLimits()
+
+
+def datatype_of(array: np.ndarray) -> str:
+    """The v2 datatype name for a numpy array."""
+    dt = array.dtype
+    if dt.kind in ("O", "S", "U"):
+        return "BYTES"
+    try:
+        return _KIND_SIZE_TO_DATATYPE[(dt.kind, dt.itemsize)]
+    except KeyError:
+        raise InvalidInput(f"numpy dtype {dt} has no v2 datatype") from None
+
+
+def dtype_of(datatype: str, tensor: str = "tensor") -> np.dtype:
+    """The numpy dtype for a v2 datatype name, or InvalidInput naming the tensor."""
+    try:
+        return DATATYPE_TO_DTYPE[datatype]
+    except KeyError:
+        raise InvalidInput(
+            f"input '{tensor}': unknown datatype '{datatype}' "
+            f"(expected one of {', '.join(DATATYPE_TO_DTYPE)})"
+        ) from None
+
+
+def checked_shape(
+    shape: Sequence[int], tensor: str, limits: TensorLimits = DEFAULT_LIMITS
+) -> tuple[tuple[int, ...], int]:
+    """Validate a declared shape; return it as a tuple plus its element count."""
+    dims = tuple(int(d) for d in shape)
+    if len(dims) > limits.max_rank:
+        raise InvalidInput(f"input '{tensor}': rank {len(dims)} exceeds {limits.max_rank}")
+    if any(d < 0 for d in dims):
+        raise InvalidInput(f"input '{tensor}': negative dimension in shape {list(dims)}")
+    count = math.prod(dims)
+    if count > limits.max_elements:
+        raise InvalidInput(
+            f"input '{tensor}': shape {list(dims)} has {count} elements, "
+            f"more than the limit of {limits.max_elements}"
+        )
+    return dims, count
+
+
+# ---------------------------------------------------------------- encoding
+
+
+def encode_bytes_elements(elements: Iterable[object]) -> bytes:
+    """BYTES elements as v2 raw contents: each one with a 4-byte LE length prefix."""
+    parts: list[bytes] = []
+    for item in elements:
+        data = item.encode() if isinstance(item, str) else bytes(item)  # type: ignore[call-overload]
+        parts.append(_LEN_PREFIX.pack(len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def to_raw(array: np.ndarray) -> tuple[str, bytes]:
+    """(datatype, raw little-endian bytes) for a numpy array."""
+    datatype = datatype_of(array)
+    if datatype == "BYTES":
+        return datatype, encode_bytes_elements(array.reshape(-1))
+    le = np.ascontiguousarray(array, dtype=DATATYPE_TO_DTYPE[datatype])
+    return datatype, le.tobytes()
+
+
+# ---------------------------------------------------------------- decoding
+
+
+def decode_bytes_elements(raw: bytes | memoryview, count: int, tensor: str) -> np.ndarray:
+    """Parse length-prefixed BYTES contents into a 1-D object array of `count` items."""
+    view = memoryview(raw)
+    if count * _LEN_PREFIX.size > len(view):
+        # Checked before allocating: each element needs at least its prefix.
+        raise InvalidInput(
+            f"input '{tensor}': {len(view)} bytes cannot hold the {count} BYTES "
+            f"elements its shape declares"
+        )
+    out = np.empty(count, dtype=object)
+    offset = 0
+    for i in range(count):
+        if offset + 4 > len(view):
+            raise InvalidInput(
+                f"input '{tensor}': BYTES contents hold fewer than the {count} "
+                f"elements its shape declares (ran out at element {i})"
+            )
+        (length,) = _LEN_PREFIX.unpack_from(view, offset)
+        offset += 4
+        if offset + length > len(view):
+            raise InvalidInput(
+                f"input '{tensor}': BYTES element {i} declares {length} bytes "
+                f"but only {len(view) - offset} remain"
+            )
+        out[i] = bytes(view[offset : offset + length])
+        offset += length
+    if offset != len(view):
+        raise InvalidInput(
+            f"input '{tensor}': {len(view) - offset} bytes left over after the "
+            f"{count} BYTES elements its shape declares"
+        )
+    return out
+
+
+def from_raw(
+    raw: bytes,
+    datatype: str,
+    shape: Sequence[int],
+    tensor: str = "tensor",
+    limits: TensorLimits = DEFAULT_LIMITS,
+) -> np.ndarray:
+    """Decode raw v2 contents into a numpy array (zero-copy for numeric types)."""
+    dtype = dtype_of(datatype, tensor)
+    dims, count = checked_shape(shape, tensor, limits)
+    if datatype == "BYTES":
+        return decode_bytes_elements(raw, count, tensor).reshape(dims)
+    expected = count * dtype.itemsize
+    if len(raw) != expected:
+        raise InvalidInput(
+            f"input '{tensor}': raw contents are {len(raw)} bytes, but shape "
+            f"{list(dims)} of {datatype} needs {expected}"
+        )
+    return np.frombuffer(raw, dtype=dtype).reshape(dims)
+
+
+def from_contents(
+    contents: pb.InferTensorContents,
+    datatype: str,
+    shape: Sequence[int],
+    tensor: str = "tensor",
+    limits: TensorLimits = DEFAULT_LIMITS,
+) -> np.ndarray:
+    """Decode typed v2 contents into a numpy array."""
+    dtype = dtype_of(datatype, tensor)
+    dims, count = checked_shape(shape, tensor, limits)
+    field = CONTENTS_FIELD.get(datatype)
+    if field is None:
+        raise InvalidInput(f"input '{tensor}': {datatype} must be sent as raw contents")
+    values = getattr(contents, field)
+    if len(values) != count:
+        raise InvalidInput(
+            f"input '{tensor}': {field} holds {len(values)} values, but shape "
+            f"{list(dims)} needs {count}"
+        )
+    if datatype == "BYTES":
+        out = np.empty(count, dtype=object)
+        out[:] = list(values)
+        return out.reshape(dims)
+    if dtype.kind in "iu":
+        # Typed fields are 32/64-bit wide: check the range before narrowing.
+        wide = np.array(values, dtype=np.uint64 if datatype == "UINT64" else np.int64)
+        info = np.iinfo(dtype)
+        if wide.size and (wide.min() < info.min or wide.max() > info.max):
+            raise InvalidInput(f"input '{tensor}': a value does not fit {datatype}")
+        return wide.astype(dtype).reshape(dims)
+    return np.array(values, dtype=dtype).reshape(dims)
+
+
+# ---------------------------------------------------------------- messages
+
+
+def request_inputs(
+    request: pb.ModelInferRequest, limits: TensorLimits = DEFAULT_LIMITS
+) -> dict[str, np.ndarray]:
+    """All input tensors of a ModelInferRequest, by name."""
+    n_inputs = len(request.inputs)
+    if n_inputs > limits.max_inputs:
+        raise InvalidInput(f"request has {n_inputs} inputs, more than {limits.max_inputs}")
+    n_raw = len(request.raw_input_contents)
+    if n_raw and n_raw != n_inputs:
+        raise InvalidInput(f"request has {n_inputs} inputs but {n_raw} raw_input_contents entries")
+    out: dict[str, np.ndarray] = {}
+    for i, tensor in enumerate(request.inputs):
+        if tensor.name in out:
+            raise InvalidInput(f"input '{tensor.name}' appears twice")
+        if n_raw:
+            if tensor.HasField("contents"):
+                raise InvalidInput(
+                    f"input '{tensor.name}': both contents and raw_input_contents given"
+                )
+            arr = from_raw(
+                request.raw_input_contents[i], tensor.datatype, tensor.shape, tensor.name, limits
+            )
+        else:
+            arr = from_contents(tensor.contents, tensor.datatype, tensor.shape, tensor.name, limits)
+        out[tensor.name] = arr
+    return out
+
+
+def response_outputs(
+    response: pb.ModelInferResponse, limits: TensorLimits = DEFAULT_LIMITS
+) -> dict[str, np.ndarray]:
+    """All output tensors of a ModelInferResponse, by name (raw or typed contents)."""
+    n_raw = len(response.raw_output_contents)
+    out: dict[str, np.ndarray] = {}
+    for i, tensor in enumerate(response.outputs):
+        if n_raw:
+            raw = response.raw_output_contents[i]
+            out[tensor.name] = from_raw(raw, tensor.datatype, tensor.shape, tensor.name, limits)
+        else:
+            out[tensor.name] = from_contents(
+                tensor.contents, tensor.datatype, tensor.shape, tensor.name, limits
+            )
+    return out
+
+
+def build_request(
+    model_name: str,
+    inputs: Mapping[str, np.ndarray],
+    *,
+    model_version: str = "",
+    request_id: str = "",
+    outputs: Sequence[str] = (),
+) -> pb.ModelInferRequest:
+    """A ModelInferRequest carrying `inputs` as raw contents."""
+    request = pb.ModelInferRequest(
+        model_name=model_name, model_version=model_version, id=request_id
+    )
+    for name, array in inputs.items():
+        datatype, raw = to_raw(np.asarray(array))
+        request.inputs.add(name=name, datatype=datatype, shape=array.shape)
+        request.raw_input_contents.append(raw)
+    for name in outputs:
+        request.outputs.add(name=name)
+    return request
+
+
+def build_response(
+    model_name: str,
+    model_version: str,
+    outputs: Mapping[str, np.ndarray],
+    request_id: str = "",
+) -> pb.ModelInferResponse:
+    """A ModelInferResponse carrying `outputs` as raw contents (tritonclient reads only raw)."""
+    response = pb.ModelInferResponse(
+        model_name=model_name, model_version=model_version, id=request_id
+    )
+    for name, array in outputs.items():
+        datatype, raw = to_raw(np.asarray(array))
+        response.outputs.add(name=name, datatype=datatype, shape=array.shape)
+        response.raw_output_contents.append(raw)
+    return response

@@ -1,0 +1,51 @@
+"""The mesh's error hierarchy: every error carries the gRPC status it maps to.
+
+Services raise these; one interceptor (v2server.interceptors) turns them into
+gRPC statuses, and the proxy turns gRPC statuses into HTTP ones through one
+table. Anything else that escapes a handler is reported as a bare INTERNAL
+error, never with its text.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class MeshError(Exception):
+    """Base class: an error whose message is safe and useful to show a caller."""
+
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidInput(MeshError):
+    """The request is malformed: wrong tensor name, datatype, shape, bytes or image."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFound(MeshError):
+    """Unknown model, version or recipe."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class Overloaded(MeshError):
+    """A bounded queue is full; the caller should retry later."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class DeadlineExceeded(MeshError):
+    """The caller's deadline passed before the work could be done."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class Unavailable(MeshError):
+    """The service (or a model in it) cannot serve right now, e.g. shutting down."""
+
+    code = grpc.StatusCode.UNAVAILABLE

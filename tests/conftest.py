@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from protos import pb_grpc
+from tests.modelgen import build_test_repository
+from tests.procs import Service, start_service
+
+
+@pytest.fixture(scope="session")
+def test_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_test_repository(tmp_path_factory.mktemp("repository"))
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("services")
+
+
+@pytest.fixture(scope="session")
+def predictor(test_repository: Path, workdir: Path) -> Iterator[Service]:
+    """One real predictor process serving the test repository."""
+    service = start_service("predictors", ["--repository", str(test_repository)], workdir)
+    yield service
+    service.stop()
+
+
+@pytest.fixture(scope="session")
+def predictor_stub(predictor: Service) -> Iterator[pb_grpc.GRPCInferenceServiceStub]:
+    with grpc.insecure_channel(predictor.address) as channel:
+        yield pb_grpc.GRPCInferenceServiceStub(channel)
+
+
+def v2_target() -> str | None:
+    """V2_TARGET=host:port points the contract suite at any v2 server."""
+    return os.environ.get("V2_TARGET") or None
+
+

@@ -1,0 +1,234 @@
+"""Behaviour specific to this project's predictor (versions, datatypes, batching, shutdown)."""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from protos import codec, pb, pb_grpc
+from tests.modelgen import SLOW_WIDTH, TYPES, linear_weights
+from tests.procs import Service, run_module, start_service
+from v2server.server import channel_options
+
+TIMEOUT = 10.0
+
+
+def infer(stub, model: str, inputs: dict, version: str = "", timeout: float = TIMEOUT) -> dict:
+    response = stub.ModelInfer(
+        codec.build_request(model, inputs, model_version=version), timeout=timeout
+    )
+    return codec.response_outputs(response)
+
+
+def linear_expected(x: np.ndarray, version: int) -> np.ndarray:
+    w, b = linear_weights(version)
+    return x @ w + b
+
+
+def test_version_policy_loads_latest_two(predictor_stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    meta = predictor_stub.ModelMetadata(pb.ModelMetadataRequest(name="linear"))
+    assert list(meta.versions) == ["2", "3"]
+    assert meta.platform == "onnxruntime_onnx"
+    assert [(t.name, t.datatype, list(t.shape)) for t in meta.inputs] == [("x", "FP32", [-1, 4])]
+
+
+@pytest.mark.parametrize(("version", "expected"), [("", 3), ("2", 2), ("3", 3)])
+def test_request_selects_version(
+    predictor_stub: pb_grpc.GRPCInferenceServiceStub, version: str, expected: int
+) -> None:
+    x = np.random.default_rng(5).normal(size=(3, 4)).astype(np.float32)
+    out = infer(predictor_stub, "linear", {"x": x}, version=version)
+    np.testing.assert_allclose(out["y"], linear_expected(x, expected), rtol=1e-5)
+    np.testing.assert_array_equal(out["label"], linear_expected(x, expected).argmax(axis=1))
+
+
+def test_unloaded_version_is_not_found_and_not_ready(
+    predictor_stub: pb_grpc.GRPCInferenceServiceStub,
+) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        infer(predictor_stub, "linear", {"x": np.zeros((1, 4), np.float32)}, version="1")
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "loaded: 2, 3" in (info.value.details() or "")
+    ready = predictor_stub.ModelReady(pb.ModelReadyRequest(name="linear", version="1"))
+    assert ready.ready is False
+
+
+def _sample(name: str) -> np.ndarray:
+    if name == "s":
+        return np.array([b"", b"caf\xc3\xa9", b"x" * 300], dtype=object)
+    dtype = codec.DATATYPE_TO_DTYPE[
+        {"b": "BOOL", "f16": "FP16", "f32": "FP32", "f64": "FP64"}.get(
+            name, name.replace("u", "UINT").replace("i", "INT")
+        )
+    ]
+    if dtype.kind == "b":
+        return np.array([True, False, True])
+    if dtype.kind == "f":
+        return np.array([-1.5, 0.0, 65504.0], dtype=dtype)
+    info = np.iinfo(dtype)
+    return np.array([info.min, 0, info.max], dtype=dtype)
+
+
+def test_every_datatype_round_trips_raw(predictor_stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    inputs = {name: _sample(name) for name in TYPES}
+    out = infer(predictor_stub, "types", inputs)
+    for name, arr in inputs.items():
+        np.testing.assert_array_equal(out[f"out_{name}"], arr)
+        assert out[f"out_{name}"].dtype == arr.dtype
+
+
+def test_typed_contents_are_accepted(predictor_stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    inputs = {name: _sample(name) for name in TYPES}
+    request = pb.ModelInferRequest(model_name="types")
+    for name, arr in inputs.items():
+        datatype = codec.datatype_of(arr)
+        tensor = request.inputs.add(name=name, datatype=datatype, shape=arr.shape)
+        if datatype == "FP16":
+            continue  # FP16 has no typed field: filled below as raw is not allowed to mix
+        getattr(tensor.contents, codec.CONTENTS_FIELD[datatype]).extend(arr.tolist())
+    # FP16 cannot travel as typed contents; the server must say so, naming the tensor.
+    with pytest.raises(grpc.RpcError) as info:
+        predictor_stub.ModelInfer(request, timeout=TIMEOUT)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "'f16'" in (info.value.details() or "")
+    # Without FP16 every typed field is decoded: route it through a model-less check.
+    del request.inputs[[t.name for t in request.inputs].index("f16")]
+    request.inputs.add(name="f16", datatype="FP16", shape=[0])
+    with pytest.raises(grpc.RpcError) as info:
+        predictor_stub.ModelInfer(request, timeout=TIMEOUT)
+    assert "'f16'" in (info.value.details() or "")
+
+
+def test_typed_contents_infer(predictor_stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    request = pb.ModelInferRequest(model_name="linear", model_version="2")
+    request.inputs.add(name="x", datatype="FP32", shape=[2, 4]).contents.fp32_contents.extend(
+        x.ravel().tolist()
+    )
+    out = codec.response_outputs(predictor_stub.ModelInfer(request, timeout=TIMEOUT))
+    np.testing.assert_allclose(out["y"], linear_expected(x, 2), rtol=1e-5)
+
+
+def _metric(service: Service, name: str, labels: str) -> float:
+    body = urllib.request.urlopen(f"http://127.0.0.1:{service.metrics_port}/metrics").read()
+    pattern = re.escape(name) + r"\{" + labels + r"\} ([0-9.e+]+)"
+    match = re.search(pattern, body.decode())
+    return float(match.group(1)) if match else 0.0
+
+
+def test_coalesced_batch_equals_single_requests(
+    predictor: Service, predictor_stub: pb_grpc.GRPCInferenceServiceStub
+) -> None:
+    rng = np.random.default_rng(11)
+    xs = [rng.normal(size=(int(rng.integers(1, 4)), 4)).astype(np.float32) for _ in range(48)]
+    singles = [infer(predictor_stub, "linear", {"x": x}) for x in xs]
+    executions_before = _metric(predictor, "v2_batch_rows_count", 'model="linear"')
+    futures = [
+        predictor_stub.ModelInfer.future(codec.build_request("linear", {"x": x}), timeout=TIMEOUT)
+        for x in xs
+    ]
+    batched = [codec.response_outputs(f.result()) for f in futures]
+    executions = _metric(predictor, "v2_batch_rows_count", 'model="linear"') - executions_before
+    for single, merged in zip(singles, batched, strict=True):
+        np.testing.assert_array_equal(single["y"], merged["y"])
+        np.testing.assert_array_equal(single["label"], merged["label"])
+    assert executions < len(xs), f"{executions} executions for {len(xs)} requests: no coalescing"
+
+
+def test_batch_larger_than_max_batch_size_is_invalid(
+    predictor_stub: pb_grpc.GRPCInferenceServiceStub,
+) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        infer(predictor_stub, "linear", {"x": np.zeros((17, 4), np.float32)})
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "max_batch_size 16" in (info.value.details() or "")
+
+
+def test_grpc_health_service(predictor: Service) -> None:
+    with grpc.insecure_channel(predictor.address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "inference.GRPCInferenceService"):
+            reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=TIMEOUT)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_metrics_count_requests_by_code(
+    predictor: Service, predictor_stub: pb_grpc.GRPCInferenceServiceStub
+) -> None:
+    labels = 'code="{}",method="ModelInfer",model="{}"'
+    ok_before = _metric(predictor, "v2_requests_total", labels.format("OK", "linear"))
+    bad_before = _metric(
+        predictor, "v2_requests_total", labels.format("INVALID_ARGUMENT", "linear")
+    )
+    infer(predictor_stub, "linear", {"x": np.zeros((1, 4), np.float32)})
+    with pytest.raises(grpc.RpcError):
+        infer(predictor_stub, "linear", {"x": np.zeros((1, 5), np.float32)})
+    assert _metric(predictor, "v2_requests_total", labels.format("OK", "linear")) == ok_before + 1
+    bad = _metric(predictor, "v2_requests_total", labels.format("INVALID_ARGUMENT", "linear"))
+    assert bad == bad_before + 1
+
+
+def test_sigterm_finishes_in_flight_then_refuses(test_repository: Path, workdir: Path) -> None:
+    service = start_service(
+        "predictors",
+        ["--repository", str(test_repository), "--models", "slow", "--grace-s", "20"],
+        workdir,
+    )
+    with grpc.insecure_channel(service.address, options=channel_options()) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        x = np.ones((64, SLOW_WIDTH), np.float32)
+        t0 = time.perf_counter()
+        infer(stub, "slow", {"x": x})
+        single_s = time.perf_counter() - t0
+        # Enough rows that the call is still running when SIGTERM lands.
+        rows = int(min(4096, max(256, 64 * 2.0 / max(single_s, 1e-3))))
+        in_flight = stub.ModelInfer.future(
+            codec.build_request("slow", {"x": np.ones((rows, SLOW_WIDTH), np.float32)}),
+            timeout=60,
+        )
+        time.sleep(0.2)
+        assert not in_flight.done(), "the slow call finished before SIGTERM; test is void"
+        stopper = threading.Thread(target=service.stop, kwargs={"sig": signal.SIGTERM})
+        stopper.start()
+        out = codec.response_outputs(in_flight.result())
+        assert out["y"].shape == (rows, SLOW_WIDTH)
+        stopper.join(30)
+    assert service.proc.returncode == 0, service.log()
+    assert '"msg": "shutting down"' in service.log()
+    with grpc.insecure_channel(service.address) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ServerLive(pb.ServerLiveRequest(), timeout=2)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_bad_model_config_fails_start_naming_the_file(
+    tmp_path: Path, test_repository: Path
+) -> None:
+    broken = tmp_path / "repo" / "broken"
+    (broken / "1").mkdir(parents=True)
+    (broken / "1" / "model.onnx").write_bytes(
+        (test_repository / "linear/3/model.onnx").read_bytes()
+    )
+    (broken / "config.yaml").write_text(yaml.safe_dump({"max_batch_size": -3}))
+    result = run_module("predictors", ["--repository", str(tmp_path / "repo"), "--port", "0"])
+    assert result.returncode == 2
+    assert "broken/config.yaml" in result.stderr and "max_batch_size" in result.stderr
+
+
+def test_corrupt_onnx_fails_start_naming_the_file(tmp_path: Path) -> None:
+    (tmp_path / "repo" / "junk" / "1").mkdir(parents=True)
+    (tmp_path / "repo" / "junk" / "1" / "model.onnx").write_bytes(b"not a model")
+    result = run_module("predictors", ["--repository", str(tmp_path / "repo"), "--port", "0"])
+    assert result.returncode == 2
+    assert "junk/1/model.onnx" in result.stderr and "cannot load" in result.stderr

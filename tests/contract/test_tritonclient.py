@@ -1,0 +1,36 @@
+"""NVIDIA's own v2 client (tritonclient) works against our predictor unchanged."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from tests.modelgen import linear_weights
+from tests.procs import Service
+
+PROBE = Path(__file__).with_name("tritonclient_probe.py")
+
+
+def test_tritonclient_health_metadata_and_binary_infer(predictor: Service) -> None:
+    run = subprocess.run(
+        [sys.executable, str(PROBE), predictor.address, "linear"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout)
+    assert seen["live"] and seen["ready"] and seen["model_ready"]
+    assert seen["server"]["name"] == "inference-mesh-predictor"
+    assert seen["metadata"]["name"] == "linear"
+    assert seen["metadata"]["inputs"] == [{"name": "x", "datatype": "FP32", "shape": ["-1", "4"]}]
+    assert seen["id"] == "triton-1"
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    w, b = linear_weights(2)
+    np.testing.assert_allclose(np.array(seen["y"]), x @ w + b, rtol=1e-5)
+    assert seen["label"] == (x @ w + b).argmax(axis=1).tolist()
+    assert seen["y_dtype"] == "float32"

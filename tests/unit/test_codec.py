@@ -1,0 +1,131 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from protos import codec, pb
+from protos.errors import InvalidInput
+
+NUMERIC = [k for k in codec.DATATYPE_TO_DTYPE if k != "BYTES"]
+
+
+@pytest.mark.parametrize("datatype", NUMERIC)
+@given(data=st.data())
+def test_numeric_round_trip(datatype: str, data: st.DataObject) -> None:
+    dtype = codec.DATATYPE_TO_DTYPE[datatype]
+    arr = data.draw(hnp.arrays(dtype, hnp.array_shapes(min_dims=0, max_dims=4, max_side=5)))
+    name, raw = codec.to_raw(arr)
+    assert name == datatype
+    back = codec.from_raw(raw, datatype, arr.shape)
+    np.testing.assert_array_equal(back, arr)
+    assert back.dtype == dtype
+
+
+def test_raw_is_little_endian_whatever_the_input_order() -> None:
+    big = np.array([1, 256], dtype=">u2")
+    _, raw = codec.to_raw(big)
+    assert raw == b"\x01\x00\x00\x01"
+
+
+@given(st.lists(st.binary(max_size=40), max_size=12))
+def test_bytes_round_trip(items: list[bytes]) -> None:
+    arr = np.empty(len(items), dtype=object)
+    arr[:] = items
+    name, raw = codec.to_raw(arr)
+    assert name == "BYTES"
+    assert raw == b"".join(len(i).to_bytes(4, "little") + i for i in items)
+    back = codec.from_raw(raw, "BYTES", [len(items)])
+    assert list(back) == items
+
+
+def test_str_elements_encode_as_utf8() -> None:
+    _, raw = codec.to_raw(np.array(["é"], dtype=object))
+    assert raw == b"\x02\x00\x00\x00\xc3\xa9"
+
+
+@pytest.mark.parametrize(
+    ("raw", "shape", "message"),
+    [
+        (b"\x05\x00\x00\x00ab", [1], "declares 5 bytes"),
+        (b"\x01\x00\x00\x00a\x00", [1], "left over"),
+        (b"\x00\x00\x00\x00", [2], "cannot hold"),
+    ],
+)
+def test_malformed_bytes_are_rejected(raw: bytes, shape: list[int], message: str) -> None:
+    with pytest.raises(InvalidInput, match=message):
+        codec.from_raw(raw, "BYTES", shape, "t")
+
+
+def test_wrong_raw_length_names_tensor_and_sizes() -> None:
+    with pytest.raises(InvalidInput, match=r"input 'img': raw contents are 7 bytes.*needs 8"):
+        codec.from_raw(b"\x00" * 7, "FP32", [2], "img")
+
+
+@pytest.mark.parametrize(
+    ("shape", "message"),
+    [([-1, 3], "negative"), ([1 << 20, 1 << 20], "more than the limit"), ([1] * 9, "rank 9")],
+)
+def test_hostile_shapes_fail_before_allocating(shape: list[int], message: str) -> None:
+    with pytest.raises(InvalidInput, match=message):
+        codec.from_raw(b"", "FP32", shape, "x")
+    with pytest.raises(InvalidInput, match=message):
+        codec.from_raw(b"", "BYTES", shape, "x")
+
+
+def test_unknown_datatype() -> None:
+    with pytest.raises(InvalidInput, match="unknown datatype 'FP8'"):
+        codec.from_raw(b"", "FP8", [0], "x")
+
+
+def test_request_round_trip_and_typed_contents() -> None:
+    x = np.arange(6, dtype=np.int32).reshape(2, 3)
+    req = codec.build_request("m", {"x": x, "s": np.array([b"a"], dtype=object)}, request_id="7")
+    got = codec.request_inputs(req)
+    np.testing.assert_array_equal(got["x"], x)
+    assert req.id == "7" and list(got["s"]) == [b"a"]
+
+    typed = pb.ModelInferRequest(model_name="m")
+    typed.inputs.add(name="x", datatype="INT32", shape=[2, 3]).contents.int_contents.extend(
+        range(6)
+    )
+    np.testing.assert_array_equal(codec.request_inputs(typed)["x"], x)
+
+
+def test_request_consistency_errors() -> None:
+    req = codec.build_request("m", {"a": np.zeros(1, np.float32), "b": np.zeros(1, np.float32)})
+    del req.raw_input_contents[1]
+    with pytest.raises(InvalidInput, match="2 inputs but 1 raw_input_contents"):
+        codec.request_inputs(req)
+
+    dup = codec.build_request("m", {"a": np.zeros(1, np.float32)})
+    dup.inputs.add(name="a", datatype="FP32", shape=[1])
+    dup.raw_input_contents.append(b"\x00" * 4)
+    with pytest.raises(InvalidInput, match="appears twice"):
+        codec.request_inputs(dup)
+
+    many = pb.ModelInferRequest(model_name="m")
+    for i in range(codec.DEFAULT_LIMITS.max_inputs + 1):
+        many.inputs.add(name=f"i{i}", datatype="FP32", shape=[0])
+    with pytest.raises(InvalidInput, match="more than 64"):
+        codec.request_inputs(many)
+
+
+def test_typed_contents_count_and_range_checked() -> None:
+    req = pb.ModelInferRequest(model_name="m")
+    req.inputs.add(name="x", datatype="FP32", shape=[3]).contents.fp32_contents.extend([1.0])
+    with pytest.raises(InvalidInput, match="holds 1 values, but shape \\[3\\] needs 3"):
+        codec.request_inputs(req)
+    req = pb.ModelInferRequest(model_name="m")
+    req.inputs.add(name="x", datatype="UINT8", shape=[1]).contents.uint_contents.extend([300])
+    with pytest.raises(InvalidInput, match="does not fit UINT8"):
+        codec.request_inputs(req)
+
+
+def test_response_outputs_reads_raw() -> None:
+    probs = np.array([[0.25, 0.75]], dtype=np.float32)
+    resp = codec.build_response("m", "1", {"p": probs})
+    assert resp.raw_output_contents and not resp.outputs[0].HasField("contents")
+    np.testing.assert_array_equal(codec.response_outputs(resp)["p"], probs)

@@ -1,0 +1,79 @@
+"""The one place where service errors become gRPC statuses.
+
+Every unary handler is wrapped: MeshError -> its status and message; anything
+else -> INTERNAL with a bare message (the traceback goes to the log, not to
+the caller). The same wrapper records metrics and binds the request id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from protos.errors import MeshError
+from v2server import metrics
+from v2server.logs import REQUEST_ID
+
+log = logging.getLogger("v2server")
+
+REQUEST_ID_KEY = "x-request-id"
+
+
+def _request_id(context: aio.ServicerContext) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == REQUEST_ID_KEY:
+            return value if isinstance(value, str) else value.decode(errors="replace")
+    return ""
+
+
+class ErrorMappingInterceptor(aio.ServerInterceptor):
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        method = handler_call_details.method.rsplit("/", 1)[-1]
+        inner = handler.unary_unary
+
+        async def wrapped(request: Any, context: aio.ServicerContext) -> Any:
+            token = REQUEST_ID.set(_request_id(context) or getattr(request, "id", "") or "")
+            start = time.perf_counter()
+            code = grpc.StatusCode.OK
+            try:
+                return await inner(request, context)
+            except MeshError as exc:
+                code = exc.code
+                await context.abort(exc.code, exc.message)
+            except asyncio.CancelledError:
+                code = grpc.StatusCode.CANCELLED
+                raise
+            except aio.AbortError:
+                code = context.code() or grpc.StatusCode.UNKNOWN
+                raise
+            except Exception:
+                code = grpc.StatusCode.INTERNAL
+                log.exception("unhandled error in %s", method)
+                await context.abort(grpc.StatusCode.INTERNAL, "internal server error")
+            finally:
+                # Unknown model names are caller input: keep them out of label values.
+                model = getattr(request, "model_name", "") or getattr(request, "name", "")
+                if code == grpc.StatusCode.NOT_FOUND:
+                    model = ""
+                metrics.REQUESTS.labels(method, model, code.name).inc()
+                metrics.LATENCY.labels(method, model).observe(time.perf_counter() - start)
+                REQUEST_ID.reset(token)
+
+        return grpc.unary_unary_rpc_method_handler(
+            wrapped,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )

@@ -1,0 +1,40 @@
+"""Structured (JSON lines) logs carrying the request id of the current call."""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import sys
+import time
+
+REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        request_id = REQUEST_ID.get()
+        if request_id:
+            entry["request_id"] = request_id
+        extra = getattr(record, "fields", None)
+        if isinstance(extra, dict):
+            entry.update(extra)
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def configure(level: str = "INFO") -> None:
+    """JSON logs to stderr for the whole process."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())

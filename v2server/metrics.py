@@ -1,0 +1,30 @@
+"""Prometheus metrics of the v2 services, served on their own HTTP port."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+REQUESTS = Counter(
+    "v2_requests_total",
+    "v2 gRPC requests by method, model and status code",
+    ["method", "model", "code"],
+)
+LATENCY = Histogram(
+    "v2_request_duration_seconds",
+    "v2 gRPC handler latency",
+    ["method", "model"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+BATCH_ROWS = Histogram(
+    "v2_batch_rows",
+    "Rows per model execution (after dynamic batching)",
+    ["model"],
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
+QUEUE_DEPTH = Gauge("v2_queue_depth", "Requests waiting for a model execution", ["model"])
+
+
+def serve_metrics(host: str, port: int) -> int:
+    """Start the /metrics HTTP server in a daemon thread; return its bound port."""
+    server, _thread = start_http_server(port, addr=host)
+    return int(server.server_port)

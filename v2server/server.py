@@ -1,0 +1,125 @@
+"""Build, run and gracefully stop a v2 gRPC server around a ModelRepository."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+
+from grpc import aio
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from protos import pb_grpc
+from v2server.interceptors import ErrorMappingInterceptor
+from v2server.metrics import serve_metrics
+from v2server.model import ModelRepository
+from v2server.servicer import InferenceServicer
+from v2server.settings import ServerSettings
+
+log = logging.getLogger("v2server")
+
+SERVICE_NAME = "inference.GRPCInferenceService"
+
+
+class V2Server:
+    """A grpc.aio server hosting the v2 servicer and grpc.health.v1 for one repository."""
+
+    def __init__(
+        self,
+        repository: ModelRepository,
+        settings: ServerSettings,
+        *,
+        server_name: str,
+        server_version: str,
+    ) -> None:
+        self.settings = settings
+        self.repository = repository
+        self.servicer = InferenceServicer(
+            repository,
+            server_name=server_name,
+            server_version=server_version,
+            limits=settings.tensor_limits(),
+        )
+        self.health: health.aio.HealthServicer | None = None
+        self._server: aio.Server | None = None
+        self.port = 0
+        self.metrics_port: int | None = None
+
+    def _build(self) -> aio.Server:
+        """Create the grpc.aio server; it binds itself to the running event loop."""
+        max_bytes = self.settings.max_message_mb * 1024 * 1024
+        server = aio.server(
+            interceptors=[ErrorMappingInterceptor()],
+            options=[
+                ("grpc.max_receive_message_length", max_bytes),
+                ("grpc.max_send_message_length", max_bytes),
+                # Linux lets two servers share a port by default; a second one must fail.
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(self.servicer, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        return server
+
+    async def start(self) -> int:
+        """Bind, serve liveness at once, load the repository, then report ready."""
+        self.health = health.aio.HealthServicer()
+        self._server = self._build()
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        address = f"{self.settings.host}:{self.settings.port}"
+        self.port = self._server.add_insecure_port(address)
+        if self.port == 0:
+            raise OSError(f"could not bind gRPC port {address}")
+        await self._server.start()
+        log.info("listening", extra={"fields": {"address": f"{self.settings.host}:{self.port}"}})
+        await self.repository.start()
+        if self.settings.metrics_port is not None:
+            self.metrics_port = serve_metrics(self.settings.host, self.settings.metrics_port)
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        if self.settings.port_file is not None:
+            tmp = self.settings.port_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"grpc": self.port, "metrics": self.metrics_port}))
+            tmp.replace(self.settings.port_file)
+        log.info("ready", extra={"fields": {"models": self.repository.names()}})
+        return self.port
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Report not ready, refuse new calls, let in-flight calls finish, unload."""
+        self.servicer.draining = True
+        if self.health is not None:
+            await self.health.enter_graceful_shutdown()
+        if self._server is not None:
+            await self._server.stop(self.settings.grace_s if grace is None else grace)
+        await self.repository.stop()
+        log.info("stopped")
+
+
+async def serve(server: V2Server) -> None:
+    """Run until SIGTERM or SIGINT, then stop gracefully."""
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    try:
+        await server.start()
+    except Exception:
+        await server.stop(0)
+        raise
+    await stopping.wait()
+    log.info("shutting down", extra={"fields": {"grace_s": server.settings.grace_s}})
+    await server.stop()
+
+
+def channel_options(max_message_mb: int = 64) -> list[tuple[str, int]]:
+    """Options for client channels talking to v2 services."""
+    max_bytes = max_message_mb * 1024 * 1024
+    return [
+        ("grpc.max_receive_message_length", max_bytes),
+        ("grpc.max_send_message_length", max_bytes),
+    ]
+
+
+__all__ = ["V2Server", "channel_options", "serve"]

@@ -1,0 +1,88 @@
+"""The v2 GRPCInferenceService: translates protobuf <-> numpy and delegates."""
+
+from __future__ import annotations
+
+import asyncio
+
+from grpc import aio
+
+from protos import codec, pb, pb_grpc
+from protos.codec import TensorLimits
+from protos.errors import InvalidInput, NotFound
+from v2server.model import ModelRepository, ServedModel, TensorSpec
+from v2server.validation import check_inputs
+
+
+def _tensor_metadata(specs: list[TensorSpec] | tuple[TensorSpec, ...]) -> list:
+    return [
+        pb.ModelMetadataResponse.TensorMetadata(name=s.name, datatype=s.datatype, shape=s.shape)
+        for s in specs
+    ]
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(
+        self,
+        repository: ModelRepository,
+        *,
+        server_name: str,
+        server_version: str,
+        limits: TensorLimits = codec.DEFAULT_LIMITS,
+    ) -> None:
+        self._repository = repository
+        self._name = server_name
+        self._version = server_version
+        self._limits = limits
+        self.draining = False
+        """Set on shutdown: the server stays live but stops reporting ready."""
+
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: aio.ServicerContext):
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: aio.ServicerContext):
+        return pb.ServerReadyResponse(ready=self._repository.ready and not self.draining)
+
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: aio.ServicerContext):
+        try:
+            model = self._repository.resolve(request.name, request.version)
+        except NotFound:
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=model.ready and not self.draining)
+
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: aio.ServicerContext):
+        return pb.ServerMetadataResponse(name=self._name, version=self._version, extensions=[])
+
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: aio.ServicerContext):
+        model = self._repository.resolve(request.name, request.version)
+        return pb.ModelMetadataResponse(
+            name=model.name,
+            versions=self._repository.versions(model.name),
+            platform=model.platform,
+            inputs=_tensor_metadata(tuple(model.inputs)),
+            outputs=_tensor_metadata(tuple(model.outputs)),
+        )
+
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: aio.ServicerContext):
+        model = self._repository.resolve(request.model_name, request.model_version)
+        inputs = codec.request_inputs(request, self._limits)
+        check_inputs(model.name, model.inputs, inputs)
+        wanted = _requested_outputs(model, request)
+        remaining = context.time_remaining()
+        deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining
+        outputs = await model.infer(inputs, deadline)
+        if wanted is not None:
+            outputs = {name: outputs[name] for name in wanted}
+        return codec.build_response(model.name, model.version, outputs, request.id)
+
+
+def _requested_outputs(model: ServedModel, request: pb.ModelInferRequest) -> list[str] | None:
+    if not request.outputs:
+        return None
+    known = {s.name for s in model.outputs}
+    wanted = [o.name for o in request.outputs]
+    for name in wanted:
+        if name not in known:
+            raise InvalidInput(
+                f"model '{model.name}' has no output '{name}' (expected {', '.join(sorted(known))})"
+            )
+    return wanted

@@ -1,0 +1,36 @@
+"""Settings every v2 service shares; each service subclasses with its env prefix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from protos.codec import TensorLimits
+
+
+class ServerSettings(BaseSettings):
+    """Flags (`--kebab-case`) with environment equivalents (`<PREFIX>_UPPER_CASE`)."""
+
+    model_config = SettingsConfigDict(cli_kebab_case=True, cli_implicit_flags=False, extra="ignore")
+
+    host: str = "127.0.0.1"
+    """Address to bind; 0.0.0.0 inside containers."""
+    port: int = 8001
+    """gRPC port; 0 picks a free one (see port_file)."""
+    metrics_port: int | None = None
+    """Prometheus /metrics HTTP port; unset disables it, 0 picks a free one."""
+    port_file: Path | None = None
+    """Once ready, write {"grpc": port, "metrics": port} as JSON here."""
+    grace_s: float = 10.0
+    """On SIGTERM, how long in-flight calls may take to finish."""
+    log_level: str = "INFO"
+    max_message_mb: int = 64
+    """Largest gRPC message accepted or sent."""
+    max_tensor_elements: int = 1 << 28
+    """Largest element count one tensor may declare."""
+    max_inputs: int = 64
+    """Most input tensors in one request."""
+
+    def tensor_limits(self) -> TensorLimits:
+        return TensorLimits(max_elements=self.max_tensor_elements, max_inputs=self.max_inputs)

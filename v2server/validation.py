@@ -1,0 +1,57 @@
+"""Checks of request tensors against a model's declared inputs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from protos.codec import datatype_of
+from protos.errors import InvalidInput
+from v2server.model import TensorSpec
+
+
+def check_inputs(model: str, specs: Sequence[TensorSpec], inputs: Mapping[str, np.ndarray]) -> None:
+    """Raise InvalidInput naming the tensor, what was expected and what came."""
+    by_name = {s.name: s for s in specs}
+    for name in inputs:
+        if name not in by_name:
+            raise InvalidInput(
+                f"model '{model}' has no input '{name}' "
+                f"(expected {', '.join(sorted(by_name)) or 'none'})"
+            )
+    for spec in specs:
+        if spec.name not in inputs:
+            if spec.optional:
+                continue
+            raise InvalidInput(f"model '{model}': missing input '{spec.name}'")
+        arr = inputs[spec.name]
+        actual = datatype_of(arr)
+        if actual != spec.datatype:
+            raise InvalidInput(
+                f"model '{model}' input '{spec.name}': expected datatype "
+                f"{spec.datatype}, got {actual}"
+            )
+        if not shape_matches(spec.shape, arr.shape):
+            raise InvalidInput(
+                f"model '{model}' input '{spec.name}': expected shape "
+                f"{list(spec.shape)}, got {list(arr.shape)}"
+            )
+
+
+def shape_matches(expected: Sequence[int], actual: Sequence[int]) -> bool:
+    """True when ranks agree and every fixed dimension matches (-1 matches anything)."""
+    return len(expected) == len(actual) and all(
+        e == -1 or e == a for e, a in zip(expected, actual, strict=True)
+    )
+
+
+def batch_rows(model: str, inputs: Mapping[str, np.ndarray]) -> int:
+    """The shared first dimension of all inputs (the batch size)."""
+    rows = {name: arr.shape[0] if arr.ndim else -1 for name, arr in inputs.items()}
+    distinct = set(rows.values())
+    if -1 in distinct:
+        raise InvalidInput(f"model '{model}': batched inputs need a batch dimension")
+    if len(distinct) > 1:
+        raise InvalidInput(f"model '{model}': inputs disagree on batch size: {rows}")
+    return distinct.pop() if distinct else 0
