@@ -39,5 +39,3 @@ def predictor_stub(predictor: Service) -> Iterator[pb_grpc.GRPCInferenceServiceS
 def v2_target() -> str | None:
     """V2_TARGET=host:port points the contract suite at any v2 server."""
     return os.environ.get("V2_TARGET") or None
-
-
