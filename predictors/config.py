@@ -66,6 +66,9 @@ class OrtOptions(_Strict):
     """0 lets ONNX Runtime decide (one per core)."""
     inter_op_threads: int = Field(default=0, ge=0)
     graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
+    allow_spinning: bool = False
+    """Idle intra-op threads busy-wait for work; off by default because they would
+    steal the cores that gRPC and the other services share."""
 
 
 class ModelConfig(_Strict):

@@ -69,6 +69,9 @@ def session_options(config: ModelConfig) -> ort.SessionOptions:
     options.inter_op_num_threads = config.onnxruntime.inter_op_threads
     options.graph_optimization_level = _OPT_LEVELS[config.onnxruntime.graph_optimization_level]
     options.log_severity_level = 3
+    spin = "1" if config.onnxruntime.allow_spinning else "0"
+    options.add_session_config_entry("session.intra_op.allow_spinning", spin)
+    options.add_session_config_entry("session.inter_op.allow_spinning", spin)
     return options
 
 
@@ -110,9 +113,10 @@ class OnnxModel:
         """One synchronous ONNX Runtime call (called from the executor)."""
         feeds = {
             # ONNX Runtime wants str elements for string tensors; v2 BYTES carry bytes.
+            # Zero-copy decoded tensors may sit unaligned in the received buffer.
             name: np.vectorize(_to_str, otypes=[object])(arr)
             if name in self._string_inputs
-            else arr
+            else np.require(arr, requirements=["A", "C"])
             for name, arr in inputs.items()
         }
         try:

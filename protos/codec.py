@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from protos import pb
+from protos import pb, wire
 from protos.errors import InvalidInput
 
 # v2 datatype -> numpy dtype, explicitly little-endian.
@@ -127,11 +127,17 @@ def encode_bytes_elements(elements: Iterable[object]) -> bytes:
 
 def to_raw(array: np.ndarray) -> tuple[str, bytes]:
     """(datatype, raw little-endian bytes) for a numpy array."""
+    datatype, view = to_raw_view(array)
+    return datatype, view if isinstance(view, bytes) else view.tobytes()
+
+
+def to_raw_view(array: np.ndarray) -> tuple[str, bytes | memoryview]:
+    """Like to_raw, but a view of the array's memory when no conversion is needed."""
     datatype = datatype_of(array)
     if datatype == "BYTES":
         return datatype, encode_bytes_elements(array.reshape(-1))
     le = np.ascontiguousarray(array, dtype=DATATYPE_TO_DTYPE[datatype])
-    return datatype, le.tobytes()
+    return datatype, memoryview(le).cast("B")
 
 
 # ---------------------------------------------------------------- decoding
@@ -172,7 +178,7 @@ def decode_bytes_elements(raw: bytes | memoryview, count: int, tensor: str) -> n
 
 
 def from_raw(
-    raw: bytes,
+    raw: bytes | memoryview,
     datatype: str,
     shape: Sequence[int],
     tensor: str = "tensor",
@@ -184,9 +190,10 @@ def from_raw(
     if datatype == "BYTES":
         return decode_bytes_elements(raw, count, tensor).reshape(dims)
     expected = count * dtype.itemsize
-    if len(raw) != expected:
+    size = raw.nbytes if isinstance(raw, memoryview) else len(raw)
+    if size != expected:
         raise InvalidInput(
-            f"input '{tensor}': raw contents are {len(raw)} bytes, but shape "
+            f"input '{tensor}': raw contents are {size} bytes, but shape "
             f"{list(dims)} of {datatype} needs {expected}"
         )
     return np.frombuffer(raw, dtype=dtype).reshape(dims)
@@ -229,13 +236,21 @@ def from_contents(
 
 
 def request_inputs(
-    request: pb.ModelInferRequest, limits: TensorLimits = DEFAULT_LIMITS
+    request: pb.ModelInferRequest | wire.ParsedInferRequest,
+    limits: TensorLimits = DEFAULT_LIMITS,
 ) -> dict[str, np.ndarray]:
-    """All input tensors of a ModelInferRequest, by name."""
+    """All input tensors of a ModelInferRequest, by name (zero-copy for parsed requests)."""
+    if isinstance(request, wire.ParsedInferRequest):
+        if request.error:
+            raise InvalidInput(f"request does not parse: {request.error}")
+        raw_contents: Sequence[bytes | memoryview] = request.raw
+        request = request.message
+    else:
+        raw_contents = request.raw_input_contents
     n_inputs = len(request.inputs)
     if n_inputs > limits.max_inputs:
         raise InvalidInput(f"request has {n_inputs} inputs, more than {limits.max_inputs}")
-    n_raw = len(request.raw_input_contents)
+    n_raw = len(raw_contents)
     if n_raw and n_raw != n_inputs:
         raise InvalidInput(f"request has {n_inputs} inputs but {n_raw} raw_input_contents entries")
     out: dict[str, np.ndarray] = {}
@@ -247,9 +262,7 @@ def request_inputs(
                 raise InvalidInput(
                     f"input '{tensor.name}': both contents and raw_input_contents given"
                 )
-            arr = from_raw(
-                request.raw_input_contents[i], tensor.datatype, tensor.shape, tensor.name, limits
-            )
+            arr = from_raw(raw_contents[i], tensor.datatype, tensor.shape, tensor.name, limits)
         else:
             arr = from_contents(tensor.contents, tensor.datatype, tensor.shape, tensor.name, limits)
         out[tensor.name] = arr
@@ -257,14 +270,24 @@ def request_inputs(
 
 
 def response_outputs(
-    response: pb.ModelInferResponse, limits: TensorLimits = DEFAULT_LIMITS
+    response: pb.ModelInferResponse | wire.ParsedInferResponse,
+    limits: TensorLimits = DEFAULT_LIMITS,
 ) -> dict[str, np.ndarray]:
     """All output tensors of a ModelInferResponse, by name (raw or typed contents)."""
-    n_raw = len(response.raw_output_contents)
+    if isinstance(response, wire.ParsedInferResponse):
+        raw_contents: Sequence[bytes | memoryview] = response.raw
+        response = response.message
+    else:
+        raw_contents = response.raw_output_contents
+    n_raw = len(raw_contents)
+    if n_raw and n_raw != len(response.outputs):
+        raise InvalidInput(
+            f"response has {len(response.outputs)} outputs but {n_raw} raw_output_contents"
+        )
     out: dict[str, np.ndarray] = {}
     for i, tensor in enumerate(response.outputs):
         if n_raw:
-            raw = response.raw_output_contents[i]
+            raw = raw_contents[i]
             out[tensor.name] = from_raw(raw, tensor.datatype, tensor.shape, tensor.name, limits)
         else:
             out[tensor.name] = from_contents(
@@ -292,6 +315,22 @@ def build_request(
     for name in outputs:
         request.outputs.add(name=name)
     return request
+
+
+def build_response_bytes(
+    model_name: str,
+    model_version: str,
+    outputs: Mapping[str, np.ndarray],
+    request_id: str = "",
+) -> bytes:
+    """The serialized ModelInferResponse, tensor bytes copied once (see protos.wire)."""
+    head = pb.ModelInferResponse(model_name=model_name, model_version=model_version, id=request_id)
+    views = []
+    for name, array in outputs.items():
+        datatype, view = to_raw_view(np.asarray(array))
+        head.outputs.add(name=name, datatype=datatype, shape=array.shape)
+        views.append(view)
+    return wire.with_field(head, wire.RAW_OUTPUT_FIELD, views)
 
 
 def build_response(

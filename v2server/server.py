@@ -10,11 +10,10 @@ import signal
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from protos import pb_grpc
 from v2server.interceptors import ErrorMappingInterceptor
 from v2server.metrics import serve_metrics
 from v2server.model import ModelRepository
-from v2server.servicer import InferenceServicer
+from v2server.servicer import InferenceServicer, rpc_handler
 from v2server.settings import ServerSettings
 
 log = logging.getLogger("v2server")
@@ -58,7 +57,7 @@ class V2Server:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(self.servicer, server)
+        server.add_generic_rpc_handlers((rpc_handler(self.servicer),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         return server
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
 from grpc import aio
 
-from protos import codec, pb, pb_grpc
+from protos import codec, pb, pb_grpc, wire
 from protos.codec import TensorLimits
 from protos.errors import InvalidInput, NotFound
 from v2server.model import ModelRepository, ServedModel, TensorSpec
@@ -62,17 +63,42 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             outputs=_tensor_metadata(tuple(model.outputs)),
         )
 
-    async def ModelInfer(self, request: pb.ModelInferRequest, context: aio.ServicerContext):
-        model = self._repository.resolve(request.model_name, request.model_version)
+    async def ModelInfer(
+        self,
+        request: pb.ModelInferRequest | wire.ParsedInferRequest,
+        context: aio.ServicerContext,
+    ) -> bytes:
         inputs = codec.request_inputs(request, self._limits)
+        message = request.message if isinstance(request, wire.ParsedInferRequest) else request
+        model = self._repository.resolve(message.model_name, message.model_version)
         check_inputs(model.name, model.inputs, inputs)
-        wanted = _requested_outputs(model, request)
+        wanted = _requested_outputs(model, message)
         remaining = context.time_remaining()
         deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining
         outputs = await model.infer(inputs, deadline)
         if wanted is not None:
             outputs = {name: outputs[name] for name in wanted}
-        return codec.build_response(model.name, model.version, outputs, request.id)
+        return codec.build_response_bytes(model.name, model.version, outputs, message.id)
+
+
+SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+
+
+def rpc_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
+    """The service's method handlers; ModelInfer uses the zero-copy wire codec."""
+    handlers = {}
+    for method in SERVICE.methods:
+        if method.name == "ModelInfer":
+            deserialize, serialize = wire.parse_infer_request, wire.serialize_response
+        else:
+            deserialize = getattr(pb, method.input_type.name).FromString
+            serialize = getattr(pb, method.output_type.name).SerializeToString
+        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, method.name),
+            request_deserializer=deserialize,
+            response_serializer=serialize,
+        )
+    return grpc.method_handlers_generic_handler(SERVICE.full_name, handlers)
 
 
 def _requested_outputs(model: ServedModel, request: pb.ModelInferRequest) -> list[str] | None:

@@ -187,3 +187,28 @@ async def test_oversized_request_and_stop(executor: ThreadPoolExecutor) -> None:
             await task
     with pytest.raises(Unavailable):
         await batcher.submit(x_of(1, 0), 1, None)
+
+
+async def test_unbatched_path_is_bounded_and_checks_deadlines(
+    executor: ThreadPoolExecutor,
+) -> None:
+    run = Recorder()
+    run.gate.clear()
+    batcher = make(run, executor, rows=0, queue=2)
+    loop = asyncio.get_running_loop()
+    running = asyncio.create_task(batcher.submit(x_of(1, 0), 0, None))
+    await asyncio.sleep(0.05)
+    late = asyncio.create_task(batcher.submit(x_of(1, 1), 0, loop.time() + 0.01))
+    waiting = asyncio.create_task(batcher.submit(x_of(1, 2), 0, None))
+    await asyncio.sleep(0)
+    with pytest.raises(Overloaded, match="queue full"):
+        await batcher.submit(x_of(1, 3), 0, None)
+    await asyncio.sleep(0.05)
+    run.gate.set()
+    with pytest.raises(DeadlineExceeded):
+        await late
+    out = await waiting
+    await running
+    await batcher.stop()
+    np.testing.assert_array_equal(out["y"], np.full((1, 3), 4.0))
+    assert run.batches == [1, 1], "the late request must not be run"

@@ -1,0 +1,20 @@
+"""`python -m bench NAME [args]`: run one benchmark (`predictor`)."""
+
+from __future__ import annotations
+
+import sys
+
+from bench import predictor
+
+BENCHMARKS = {"predictor": predictor.main}
+
+
+def main() -> int:
+    if len(sys.argv) < 2 or sys.argv[1] not in BENCHMARKS:
+        print(f"usage: python -m bench {{{','.join(BENCHMARKS)}}} [args]", file=sys.stderr)
+        return 2
+    return BENCHMARKS[sys.argv[1]](sys.argv[2:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""Protobuf wire-format shortcuts that keep tensor bytes out of protobuf copies.
+
+A 600 KB image tensor costs ~0.3 ms per copy on a small VM, and the generic
+path copies it four times per hop (parse, field access, tobytes, serialize).
+Here the raw tensor fields of ModelInferRequest / ModelInferResponse are split
+off as memoryviews of the received buffer, and written by one join when
+sending; protobuf only ever sees the small remainder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from google.protobuf.message import DecodeError, Message
+
+from protos import pb
+from protos.errors import InvalidInput
+
+RAW_INPUT_FIELD = 7  # ModelInferRequest.raw_input_contents
+RAW_OUTPUT_FIELD = 6  # ModelInferResponse.raw_output_contents
+_LENGTH_DELIMITED = 2
+
+
+def _varint(view: memoryview, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(view) or shift > 63:
+            raise InvalidInput("malformed protobuf message: truncated varint")
+        byte = view[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+
+
+def encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def split_field(data: bytes | memoryview, field: int) -> tuple[bytes, list[memoryview]]:
+    """(the message without `field`, the `field` values as views into `data`)."""
+    view = memoryview(data)
+    size = len(view)
+    rest: list[memoryview] = []
+    values: list[memoryview] = []
+    pos = 0
+    while pos < size:
+        start = pos
+        tag, pos = _varint(view, pos)
+        number, wire_type = tag >> 3, tag & 7
+        if wire_type == 0:
+            _, end = _varint(view, pos)
+        elif wire_type == 1:
+            end = pos + 8
+        elif wire_type == _LENGTH_DELIMITED:
+            length, pos = _varint(view, pos)
+            end = pos + length
+        elif wire_type == 5:
+            end = pos + 4
+        else:
+            raise InvalidInput(f"malformed protobuf message: wire type {wire_type}")
+        if end > size:
+            raise InvalidInput("malformed protobuf message: field runs past the end")
+        if number == field and wire_type == _LENGTH_DELIMITED:
+            values.append(view[pos:end])
+        else:
+            rest.append(view[start:end])
+        pos = end
+    return b"".join(rest), values
+
+
+def with_field(head: Message, field: int, values: Sequence[bytes | memoryview]) -> bytes:
+    """`head` serialized, followed by `values` as repeated bytes `field`: one copy each."""
+    tag = encode_varint((field << 3) | _LENGTH_DELIMITED)
+    parts: list[bytes | memoryview] = [head.SerializeToString()]
+    for value in values:
+        parts += [
+            tag,
+            encode_varint(len(value) if isinstance(value, bytes) else value.nbytes),
+            value,
+        ]
+    return b"".join(parts)
+
+
+class ParsedInferRequest:
+    """A ModelInferRequest whose raw_input_contents stayed in the received buffer."""
+
+    __slots__ = ("error", "message", "raw")
+
+    def __init__(
+        self, message: pb.ModelInferRequest, raw: list[memoryview], error: str = ""
+    ) -> None:
+        self.message = message
+        self.raw = raw
+        self.error = error
+        """Set when the bytes did not parse; the handler reports it as INVALID_ARGUMENT."""
+
+    # The interceptor and logs read these like on a plain message.
+    @property
+    def model_name(self) -> str:
+        return self.message.model_name
+
+    @property
+    def id(self) -> str:
+        return self.message.id
+
+
+def parse_infer_request(data: bytes) -> ParsedInferRequest:
+    """gRPC request deserializer for ModelInfer; never raises (gRPC would answer UNKNOWN)."""
+    try:
+        head, raw = split_field(data, RAW_INPUT_FIELD)
+        return ParsedInferRequest(pb.ModelInferRequest.FromString(head), raw)
+    except (InvalidInput, DecodeError) as exc:
+        return ParsedInferRequest(pb.ModelInferRequest(), [], error=str(exc) or "malformed")
+
+
+def serialize_infer_request(request: pb.ModelInferRequest | ParsedInferRequest | bytes) -> bytes:
+    """gRPC request serializer accepting a message, a parsed request or ready bytes."""
+    if isinstance(request, bytes):
+        return request
+    if isinstance(request, ParsedInferRequest):
+        return with_field(request.message, RAW_INPUT_FIELD, request.raw)
+    return request.SerializeToString()
+
+
+def serialize_response(response: Message | bytes) -> bytes:
+    """gRPC response serializer: ready bytes pass through untouched."""
+    return response if isinstance(response, bytes) else response.SerializeToString()
+
+
+class ParsedInferResponse:
+    """A ModelInferResponse whose raw_output_contents stayed in the received buffer."""
+
+    __slots__ = ("message", "raw")
+
+    def __init__(self, message: pb.ModelInferResponse, raw: list[memoryview]) -> None:
+        self.message = message
+        self.raw = raw
+
+
+def parse_infer_response(data: bytes) -> ParsedInferResponse:
+    head, raw = split_field(data, RAW_OUTPUT_FIELD)
+    return ParsedInferResponse(pb.ModelInferResponse.FromString(head), raw)

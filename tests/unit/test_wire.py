@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from protos import codec, pb, wire
+
+
+def sample_request() -> pb.ModelInferRequest:
+    return codec.build_request(
+        "m",
+        {"a": np.arange(300, dtype=np.float32), "b": np.array([b"x", b"yz"], dtype=object)},
+        model_version="2",
+        request_id="r",
+        outputs=["o"],
+    )
+
+
+def test_parsed_request_equals_protobuf_parse() -> None:
+    request = sample_request()
+    parsed = wire.parse_infer_request(request.SerializeToString())
+    assert not parsed.error
+    assert [bytes(v) for v in parsed.raw] == list(request.raw_input_contents)
+    head = pb.ModelInferRequest()
+    head.CopyFrom(request)
+    del head.raw_input_contents[:]
+    assert parsed.message == head
+    a, b = codec.request_inputs(parsed).values()
+    np.testing.assert_array_equal(a, np.arange(300, dtype=np.float32))
+    assert list(b) == [b"x", b"yz"]
+
+
+def test_reserialized_request_is_equivalent() -> None:
+    request = sample_request()
+    again = wire.serialize_infer_request(wire.parse_infer_request(request.SerializeToString()))
+    assert pb.ModelInferRequest.FromString(again) == request
+
+
+def test_response_bytes_parse_like_build_response() -> None:
+    outputs = {
+        "p": np.random.default_rng(0).random((2, 5), dtype=np.float32),
+        "label": np.array([3, 1], dtype=np.int64),
+    }
+    data = codec.build_response_bytes("m", "1", outputs, "id-9")
+    assert pb.ModelInferResponse.FromString(data) == codec.build_response("m", "1", outputs, "id-9")
+    parsed = wire.parse_infer_response(data)
+    got = codec.response_outputs(parsed)
+    for name, arr in outputs.items():
+        np.testing.assert_array_equal(got[name], arr)
+
+
+@given(st.binary(max_size=200))
+def test_garbage_never_raises_from_the_deserializer(data: bytes) -> None:
+    parsed = wire.parse_infer_request(data)
+    if parsed.error:
+        assert parsed.raw == []
+
+
+def test_truncated_request_reports_an_error() -> None:
+    data = sample_request().SerializeToString()
+    parsed = wire.parse_infer_request(data[:-7])
+    assert parsed.error
