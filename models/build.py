@@ -9,9 +9,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from models import digits
+from models import digits, ocr
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "repository"
+CACHE = Path(__file__).resolve().parent / "build"
 
 
 def _complete(repository: Path, names: list[str]) -> bool:
@@ -28,6 +29,14 @@ def main(argv: list[str] | None = None) -> int:
         digits.build(args.out)
     else:
         print(f"digits models already in {args.out}")
+    if (
+        args.force
+        or not _complete(args.out, ocr.NAMES)
+        or not (args.out / "ocr_rec" / "characters.txt").is_file()
+    ):
+        ocr.build(args.out, CACHE)
+    else:
+        print(f"OCR models already in {args.out}")
     return 0
 
 

@@ -11,10 +11,10 @@ import numpy as np
 import onnxruntime as ort
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
 
-from predictors.batcher import Batcher
 from predictors.config import ConfigError, ModelConfig, TensorConfig
 from protos.codec import dtype_of
 from protos.errors import InvalidInput
+from v2server.batcher import Batcher
 from v2server.model import TensorSpec
 from v2server.validation import batch_rows
 

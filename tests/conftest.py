@@ -39,3 +39,11 @@ def predictor_stub(predictor: Service) -> Iterator[pb_grpc.GRPCInferenceServiceS
 def v2_target() -> str | None:
     """V2_TARGET=host:port points the contract suite at any v2 server."""
     return os.environ.get("V2_TARGET") or None
+
+
+@pytest.fixture(scope="session")
+def preprocess_service(workdir: Path) -> Iterator[Service]:
+    """One real preprocess process serving the shipped recipes."""
+    service = start_service("preprocess", [], workdir)
+    yield service
+    service.stop()

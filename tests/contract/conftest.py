@@ -5,10 +5,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import grpc
+import numpy as np
 import pytest
 
 from protos import pb_grpc
 from tests.conftest import v2_target
+from tests.images import encode, render_digit
 
 
 @dataclass(frozen=True)
@@ -16,15 +18,29 @@ class Target:
     address: str
     model: str
     ours: bool
-    """True when the server is this project's predictor started by the suite."""
+    """True when the server is one of this project's services started by the suite."""
+    sample: dict[str, np.ndarray] | None = None
+    """A valid input; None: zeros of the declared shapes."""
 
 
-@pytest.fixture(scope="module")
+def _digit_png() -> dict[str, np.ndarray]:
+    image = np.empty(1, dtype=object)
+    image[0] = encode(render_digit(np.eye(8) * 16))
+    return {"image": image}
+
+
+@pytest.fixture(scope="module", params=["predictor", "preprocess"])
 def target(request: pytest.FixtureRequest) -> Target:
+    """Each of our v2 services, or the one server V2_TARGET names."""
     address = v2_target()
     if address:
+        if request.param != "predictor":
+            pytest.skip("V2_TARGET given: the suite runs once, against it")
         return Target(address, os.environ.get("V2_MODEL", "linear"), ours=False)
-    return Target(request.getfixturevalue("predictor").address, "linear", ours=True)
+    if request.param == "predictor":
+        return Target(request.getfixturevalue("predictor").address, "linear", ours=True)
+    service = request.getfixturevalue("preprocess_service")
+    return Target(service.address, "digits", ours=True, sample=_digit_png())
 
 
 @pytest.fixture(scope="module")

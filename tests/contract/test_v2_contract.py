@@ -21,8 +21,10 @@ def metadata(stub: pb_grpc.GRPCInferenceServiceStub, model: str) -> pb.ModelMeta
     return stub.ModelMetadata(pb.ModelMetadataRequest(name=model), timeout=TIMEOUT)
 
 
-def zeros_for(meta: pb.ModelMetadataResponse) -> dict[str, np.ndarray]:
-    """A valid input for every declared input: dynamic dimensions become 1."""
+def valid_input(meta: pb.ModelMetadataResponse, target: Target) -> dict[str, np.ndarray]:
+    """The target's sample, or zeros for every declared input (dynamic dimensions: 1)."""
+    if target.sample is not None:
+        return dict(target.sample)
     out = {}
     for t in meta.inputs:
         shape = [1 if d < 0 else d for d in t.shape]
@@ -69,7 +71,8 @@ def test_infer_returns_declared_outputs_as_raw(
 ) -> None:
     meta = metadata(stub, target.model)
     response = stub.ModelInfer(
-        codec.build_request(target.model, zeros_for(meta), request_id="r-1"), timeout=TIMEOUT
+        codec.build_request(target.model, valid_input(meta, target), request_id="r-1"),
+        timeout=TIMEOUT,
     )
     assert response.model_name == target.model
     assert response.id == "r-1"
@@ -86,7 +89,7 @@ def test_infer_requested_output_only(
 ) -> None:
     meta = metadata(stub, target.model)
     wanted = meta.outputs[-1].name
-    request = codec.build_request(target.model, zeros_for(meta), outputs=[wanted])
+    request = codec.build_request(target.model, valid_input(meta, target), outputs=[wanted])
     response = stub.ModelInfer(request, timeout=TIMEOUT)
     assert [o.name for o in response.outputs] == [wanted]
 
@@ -104,13 +107,13 @@ def test_unknown_version_is_not_found(
     stub: pb_grpc.GRPCInferenceServiceStub, target: Target
 ) -> None:
     meta = metadata(stub, target.model)
-    request = codec.build_request(target.model, zeros_for(meta), model_version="987654")
+    request = codec.build_request(target.model, valid_input(meta, target), model_version="987654")
     expect_error(lambda: stub.ModelInfer(request, timeout=TIMEOUT), grpc.StatusCode.NOT_FOUND)
 
 
 def _first_input(stub: pb_grpc.GRPCInferenceServiceStub, target: Target):
     meta = metadata(stub, target.model)
-    inputs = zeros_for(meta)
+    inputs = valid_input(meta, target)
     return meta, inputs, meta.inputs[0].name
 
 

@@ -8,8 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from predictors.batcher import Batcher
 from protos.errors import DeadlineExceeded, InvalidInput, Overloaded, Unavailable
+from v2server.batcher import Batcher
 
 
 class Recorder:

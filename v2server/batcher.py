@@ -22,7 +22,7 @@ import numpy as np
 from protos.errors import DeadlineExceeded, InvalidInput, Overloaded, Unavailable
 from v2server import metrics
 
-log = logging.getLogger("predictors.batcher")
+log = logging.getLogger("v2server.batcher")
 
 RunFn = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 

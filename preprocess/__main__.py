@@ -1,0 +1,36 @@
+"""`python -m preprocess --config FILE --port P` (or PREPROCESS_* variables)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+import cv2
+
+from preprocess import __version__
+from preprocess.config import RecipeFileError
+from preprocess.recipes import RecipeRepository
+from preprocess.settings import PreprocessSettings
+from v2server import logs
+from v2server.server import V2Server, serve
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = PreprocessSettings(_cli_parse_args=sys.argv[1:] if argv is None else argv)
+    logs.configure(settings.log_level)
+    cv2.setNumThreads(1)  # parallelism comes from the worker threads
+    repository = RecipeRepository(settings.config, settings.workers, settings.max_queue_size)
+    server = V2Server(
+        repository, settings, server_name="inference-mesh-preprocess", server_version=__version__
+    )
+    try:
+        asyncio.run(serve(server))
+    except RecipeFileError as exc:
+        logging.getLogger("preprocess").error("cannot start: %s", exc)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

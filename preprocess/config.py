@@ -1,0 +1,90 @@
+"""The recipe file: named recipes, each a list of operations plus its v2 tensor metadata."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from preprocess import ocr as _ocr  # noqa: F401  (registers the OCR operations)
+from preprocess.ops import check_params
+from protos.codec import DATATYPE_TO_DTYPE
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TensorConfig(_Strict):
+    name: str
+    datatype: str
+    shape: list[int]
+    optional: bool = False
+
+    @field_validator("datatype")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if value not in DATATYPE_TO_DTYPE:
+            raise ValueError(f"unknown datatype '{value}'")
+        return value
+
+
+class RecipeConfig(_Strict):
+    inputs: list[TensorConfig] = Field(min_length=1)
+    outputs: list[TensorConfig] = Field(min_length=1)
+    steps: list[dict[str, dict[str, Any]]] = Field(min_length=1)
+    """Each step is `{operation: {parameter: value}}`."""
+
+    @field_validator("steps")
+    @classmethod
+    def _known_ops(cls, steps: list[dict[str, dict[str, Any]]]) -> list[dict[str, dict[str, Any]]]:
+        for i, step in enumerate(steps):
+            if len(step) != 1:
+                raise ValueError(f"step {i} must name exactly one operation, not {list(step)}")
+            ((name, params),) = step.items()
+            check_params(name, params or {})
+        return steps
+
+
+class LimitsConfig(_Strict):
+    max_encoded_bytes: int = Field(default=20 * 1024 * 1024, ge=1)
+    max_pixels: int = Field(default=40_000_000, ge=1)
+
+
+class RecipeFile(_Strict):
+    limits: LimitsConfig = LimitsConfig()
+    recipes: dict[str, RecipeConfig] = Field(min_length=1)
+
+
+class RecipeFileError(ValueError):
+    """The recipe file cannot be used; the message names the file and the problem."""
+
+
+def load(path: Path) -> RecipeFile:
+    try:
+        raw = yaml.safe_load(path.read_text())
+        parsed = RecipeFile.model_validate(raw or {})
+    except (OSError, yaml.YAMLError, ValidationError) as exc:
+        raise RecipeFileError(f"{path}: {exc}") from exc
+    return _resolve_paths(parsed, path.parent)
+
+
+def _resolve_paths(parsed: RecipeFile, base: Path) -> RecipeFile:
+    """Parameters ending in `_file` are relative to the recipe file."""
+    recipes = {}
+    for name, recipe in parsed.recipes.items():
+        steps = []
+        for step in recipe.steps:
+            ((op, params),) = step.items()
+            params = dict(params or {})
+            for key, value in params.items():
+                if key.endswith("_file"):
+                    resolved = (base / value).resolve()
+                    if not resolved.is_file():
+                        raise RecipeFileError(f"recipe '{name}', {op}.{key}: {resolved} not found")
+                    params[key] = str(resolved)
+            steps.append({op: params})
+        recipes[name] = recipe.model_copy(update={"steps": steps})
+    return parsed.model_copy(update={"recipes": recipes})

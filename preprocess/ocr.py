@@ -1,0 +1,369 @@
+"""PP-OCR pre/post-processing as recipe operations (own implementation).
+
+Parameters and conventions follow the reference pipeline that ships with the
+PP-OCR models (rapidocr-onnxruntime 1.4.4's config.yaml): BGR images,
+mean = std = 0.5, detection side limit 736 ("min"), DB thresholds 0.3 / 0.5,
+unclip ratio 1.6, classifier input 3x48x192, recogniser height 48 and width
+at least 320.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from preprocess.ops import ceil_width, op
+from preprocess.state import State
+from protos.errors import InvalidInput
+
+# ---------------------------------------------------------------- detection input
+
+
+def _round32(x: float) -> int:
+    return int(round(x / 32) * 32)
+
+
+def _limit_sides(img: np.ndarray, max_side: int, min_side: int) -> np.ndarray:
+    h, w = img.shape[:2]
+    if max(h, w) > max_side:
+        r = max_side / max(h, w)
+        img = cv2.resize(img, (max(32, _round32(int(w * r))), max(32, _round32(int(h * r)))))
+    h, w = img.shape[:2]
+    if min(h, w) < min_side:
+        r = min_side / min(h, w)
+        img = cv2.resize(img, (max(32, _round32(int(w * r))), max(32, _round32(int(h * r)))))
+    return img
+
+
+@op
+def ocr_det_prepare(
+    state: State,
+    max_side_len: int = 2000,
+    min_side_len: int = 30,
+    min_height: int = 30,
+    width_height_ratio: float = 8,
+    limit_side_len: int = 736,
+    limit_type: str = "min",
+    image_output: str = "image",
+    transform_output: str = "transform",
+) -> None:
+    """Bring one image to the detector's size; keep what maps boxes back to it.
+
+    Emits `image` (the image crops are cut from) and `transform`
+    [pad_top, pad_left, ratio_h, ratio_w, height, width] from `image` to the original.
+    """
+    if len(state.images) != 1:
+        raise InvalidInput(f"text detection takes one image per request, got {len(state.images)}")
+    raw = state.images[0]
+    raw_h, raw_w = raw.shape[:2]
+    img = _limit_sides(raw, max_side_len, min_side_len)
+    h, w = img.shape[:2]
+    pad_top = 0
+    if h <= min_height or w / h > width_height_ratio:
+        # Very flat images (one line of text) get blank bands above and below.
+        new_h = max(int(w / width_height_ratio), min_height) * 2
+        pad_top = int(abs(new_h - h) / 2)
+        img = cv2.copyMakeBorder(img, pad_top, pad_top, 0, 0, cv2.BORDER_CONSTANT, value=(0, 0, 0))
+    state.tensors[image_output] = np.ascontiguousarray(img)
+    state.tensors[transform_output] = np.array(
+        [pad_top, 0, raw_h / h, raw_w / w, raw_h, raw_w], dtype=np.float32
+    )
+    ih, iw = img.shape[:2]
+    if limit_type == "min":
+        ratio = limit_side_len / min(ih, iw) if min(ih, iw) < limit_side_len else 1.0
+    else:
+        ratio = limit_side_len / max(ih, iw) if max(ih, iw) > limit_side_len else 1.0
+    rh, rw = _round32(int(ih * ratio)), _round32(int(iw * ratio))
+    if rh <= 0 or rw <= 0:
+        raise InvalidInput(f"image of {iw}x{ih} is too small for text detection")
+    state.images = [cv2.resize(img, (rw, rh))]
+
+
+# ---------------------------------------------------------------- boxes and crops
+
+
+def _mini_box(contour: np.ndarray) -> tuple[np.ndarray, float]:
+    """The minimum-area rectangle's corners (tl, tr, br, bl) and its shorter side."""
+    rect = cv2.minAreaRect(contour)
+    pts = sorted(cv2.boxPoints(rect).tolist(), key=lambda p: p[0])
+    left = sorted(pts[:2], key=lambda p: p[1])
+    right = sorted(pts[2:], key=lambda p: p[1])
+    box = np.array([left[0], right[0], right[1], left[1]], dtype=np.float32)
+    return box, min(rect[1])
+
+
+def _box_score(prob: np.ndarray, box: np.ndarray) -> float:
+    """Mean probability inside the box (the "fast" DB score)."""
+    h, w = prob.shape
+    xmin = int(np.clip(np.floor(box[:, 0].min()), 0, w - 1))
+    xmax = int(np.clip(np.ceil(box[:, 0].max()), 0, w - 1))
+    ymin = int(np.clip(np.floor(box[:, 1].min()), 0, h - 1))
+    ymax = int(np.clip(np.ceil(box[:, 1].max()), 0, h - 1))
+    mask = np.zeros((ymax - ymin + 1, xmax - xmin + 1), dtype=np.uint8)
+    shifted = (box - np.array([xmin, ymin], np.float32)).astype(np.int32)
+    cv2.fillPoly(mask, shifted.reshape(1, -1, 2), 1)
+    return float(cv2.mean(prob[ymin : ymax + 1, xmin : xmax + 1], mask)[0])
+
+
+def _unclip(box: np.ndarray, ratio: float) -> np.ndarray:
+    """Grow a rectangle by area*ratio/perimeter on every side.
+
+    Offsetting a rectangle outwards with round joins and taking the minimum-area
+    rectangle of the result gives exactly this: the same rectangle, each side
+    pushed out by the offset distance.
+    """
+    area = cv2.contourArea(box)
+    perimeter = cv2.arcLength(box.reshape(-1, 1, 2), True)
+    if perimeter == 0:
+        return box
+    distance = area * ratio / perimeter
+    (cx, cy), (rw, rh), angle = cv2.minAreaRect(box)
+    grown = ((cx, cy), (rw + 2 * distance, rh + 2 * distance), angle)
+    return cv2.boxPoints(grown).astype(np.float32)
+
+
+def db_boxes(
+    prob: np.ndarray,
+    dest_w: int,
+    dest_h: int,
+    *,
+    thresh: float,
+    box_thresh: float,
+    max_candidates: int,
+    unclip_ratio: float,
+    use_dilation: bool,
+    min_size: int,
+) -> list[np.ndarray]:
+    """Differentiable-binarisation post-processing: text boxes in destination pixels."""
+    h, w = prob.shape
+    bitmap = (prob > thresh).astype(np.uint8)
+    if use_dilation:
+        bitmap = cv2.dilate(bitmap, np.ones((2, 2), np.uint8))
+    contours, _ = cv2.findContours(bitmap * 255, cv2.RETR_LIST, cv2.CHAIN_APPROX_SIMPLE)
+    boxes = []
+    for contour in contours[:max_candidates]:
+        points, side = _mini_box(contour)
+        if side < min_size:
+            continue
+        if _box_score(prob, points) < box_thresh:
+            continue
+        grown, side = _mini_box(_unclip(points, unclip_ratio).reshape(-1, 1, 2))
+        if side < min_size + 2:
+            continue
+        grown[:, 0] = np.clip(np.round(grown[:, 0] / w * dest_w), 0, dest_w)
+        grown[:, 1] = np.clip(np.round(grown[:, 1] / h * dest_h), 0, dest_h)
+        boxes.append(grown.astype(np.int32).astype(np.float32))
+    return boxes
+
+
+def _clockwise(pts: np.ndarray) -> np.ndarray:
+    xs = pts[np.argsort(pts[:, 0])]
+    left = xs[:2][np.argsort(xs[:2, 1])]
+    right = xs[2:][np.argsort(xs[2:, 1])]
+    return np.array([left[0], right[0], right[1], left[1]], dtype=np.float32)
+
+
+def _tidy(boxes: list[np.ndarray], h: int, w: int) -> list[np.ndarray]:
+    out = []
+    for box in boxes:
+        box = _clockwise(box)
+        box[:, 0] = np.clip(box[:, 0], 0, w - 1).astype(np.int32)
+        box[:, 1] = np.clip(box[:, 1], 0, h - 1).astype(np.int32)
+        if int(np.linalg.norm(box[0] - box[1])) <= 3 or int(np.linalg.norm(box[0] - box[3])) <= 3:
+            continue
+        out.append(box)
+    return out
+
+
+def reading_order(boxes: list[np.ndarray]) -> list[np.ndarray]:
+    """Top to bottom; boxes whose tops are within 10 px count as one line, left to right."""
+    ordered = sorted(boxes, key=lambda b: (b[0][1], b[0][0]))
+    for i in range(len(ordered) - 1):
+        for j in range(i, -1, -1):
+            if abs(ordered[j + 1][0][1] - ordered[j][0][1]) < 10 and (
+                ordered[j + 1][0][0] < ordered[j][0][0]
+            ):
+                ordered[j], ordered[j + 1] = ordered[j + 1], ordered[j]
+            else:
+                break
+    return ordered
+
+
+def perspective_crop(img: np.ndarray, box: np.ndarray) -> np.ndarray:
+    """The quadrilateral `box` of `img`, straightened; tall crops are turned upright."""
+    width = int(max(np.linalg.norm(box[0] - box[1]), np.linalg.norm(box[2] - box[3])))
+    height = int(max(np.linalg.norm(box[0] - box[3]), np.linalg.norm(box[1] - box[2])))
+    target = np.array([[0, 0], [width, 0], [width, height], [0, height]], dtype=np.float32)
+    matrix = cv2.getPerspectiveTransform(box.astype(np.float32), target)
+    crop = cv2.warpPerspective(
+        img, matrix, (width, height), borderMode=cv2.BORDER_REPLICATE, flags=cv2.INTER_CUBIC
+    )
+    if crop.shape[0] / max(crop.shape[1], 1) >= 1.5:
+        crop = np.rot90(crop)
+    return np.ascontiguousarray(crop)
+
+
+@op
+def ocr_crops(
+    state: State,
+    map: str = "maps",
+    image: str = "image",
+    transform: str = "transform",
+    thresh: float = 0.3,
+    box_thresh: float = 0.5,
+    max_candidates: int = 1000,
+    unclip_ratio: float = 1.6,
+    use_dilation: bool = True,
+    min_size: int = 3,
+    boxes_output: str = "boxes",
+) -> None:
+    """Text-line crops (into state.images) and their boxes in original-image pixels."""
+    prob, img, tf = state.tensor(map), state.tensor(image), state.tensor(transform)
+    if prob.ndim != 4 or prob.shape[:2] != (1, 1):
+        raise InvalidInput(f"input '{map}': expected [1,1,H,W], got {list(prob.shape)}")
+    if img.ndim != 3 or img.dtype != np.uint8:
+        raise InvalidInput(f"input '{image}': expected UINT8 [H,W,C], got {list(img.shape)}")
+    if tf.shape != (6,):
+        raise InvalidInput(f"input '{transform}': expected 6 values, got {list(tf.shape)}")
+    h, w = img.shape[:2]
+    boxes = db_boxes(
+        prob[0, 0],
+        w,
+        h,
+        thresh=thresh,
+        box_thresh=box_thresh,
+        max_candidates=max_candidates,
+        unclip_ratio=unclip_ratio,
+        use_dilation=use_dilation,
+        min_size=min_size,
+    )
+    boxes = reading_order(_tidy(boxes, h, w))
+    state.images = [perspective_crop(img, box) for box in boxes]
+    pad_top, pad_left, ratio_h, ratio_w, raw_h, raw_w = tf.tolist()
+    original = np.array(boxes, dtype=np.float32).reshape(-1, 4, 2)
+    original[..., 0] = np.clip((original[..., 0] - pad_left) * ratio_w, 0, raw_w)
+    original[..., 1] = np.clip((original[..., 1] - pad_top) * ratio_h, 0, raw_h)
+    state.tensors[boxes_output] = original
+
+
+# ---------------------------------------------------------------- classifier / recogniser
+
+
+def _paddle_norm(img: np.ndarray, height: int, resized_w: int, width: int) -> np.ndarray:
+    resized = cv2.resize(img, (resized_w, height)).astype(np.float32)
+    chw = resized.transpose(2, 0, 1) / 255.0
+    chw = (chw - 0.5) / 0.5
+    out = np.zeros((3, height, width), dtype=np.float32)
+    out[:, :, :resized_w] = chw
+    return out
+
+
+def _bgr(img: np.ndarray) -> np.ndarray:
+    return cv2.cvtColor(img, cv2.COLOR_GRAY2BGR) if img.ndim == 2 or img.shape[2] == 1 else img
+
+
+@op
+def ocr_cls_batch(state: State, output: str = "x", height: int = 48, width: int = 192) -> None:
+    """Crops as the direction classifier's [N,3,48,192] input."""
+    batch = [
+        _paddle_norm(_bgr(im), height, ceil_width(im.shape[0], im.shape[1], height, width), width)
+        for im in state.images
+    ]
+    state.tensors[output] = (
+        np.stack(batch) if batch else np.zeros((0, 3, height, width), np.float32)
+    )
+
+
+@op
+def rotate_by_class(
+    state: State, probs: str = "probs", index: int = 1, threshold: float = 0.9
+) -> None:
+    """Turn crops 180 degrees where class `index` (upside down) scores above `threshold`."""
+    p = state.tensor(probs)
+    if p.ndim != 2 or p.shape[0] != len(state.images) or p.shape[1] <= index:
+        raise InvalidInput(
+            f"input '{probs}': expected [{len(state.images)}, >{index}], got {list(p.shape)}"
+        )
+    labels = p.argmax(axis=1)
+    state.images = [
+        cv2.rotate(im, cv2.ROTATE_180) if labels[i] == index and p[i, index] > threshold else im
+        for i, im in enumerate(state.images)
+    ]
+
+
+@op
+def ocr_rec_batch(state: State, output: str = "x", height: int = 48, min_width: int = 320) -> None:
+    """Crops as the recogniser's [N,3,48,W] input, W fitting the widest crop (>= min_width)."""
+    ratios = [im.shape[1] / im.shape[0] for im in state.images]
+    width = int(height * max([min_width / height, *ratios]))
+    batch = [
+        _paddle_norm(_bgr(im), height, ceil_width(im.shape[0], im.shape[1], height, width), width)
+        for im in state.images
+    ]
+    state.tensors[output] = (
+        np.stack(batch) if batch else np.zeros((0, 3, height, min_width), np.float32)
+    )
+
+
+# ---------------------------------------------------------------- CTC decoding
+
+
+_CHARSETS: dict[Path, list[str]] = {}
+
+
+def charset(path: Path) -> list[str]:
+    """Index 0 is the CTC blank; the file's characters follow, then a space."""
+    if path not in _CHARSETS:
+        chars = path.read_text(encoding="utf-8").split("\n")
+        if chars and chars[-1] == "":
+            chars.pop()
+        _CHARSETS[path] = ["", *chars, " "]
+    return _CHARSETS[path]
+
+
+def ctc_greedy(probs: np.ndarray, chars: list[str]) -> list[tuple[str, float]]:
+    """Best path: argmax per step, merge repeats, drop blanks; score = mean kept prob."""
+    best = probs.argmax(axis=2)
+    best_p = probs.max(axis=2)
+    out = []
+    for idx, p in zip(best, best_p, strict=True):
+        keep = np.ones(len(idx), dtype=bool)
+        keep[1:] = idx[1:] != idx[:-1]
+        keep &= idx != 0
+        text = "".join(chars[i] for i in idx[keep])
+        out.append((text, float(np.mean(p[keep])) if keep.any() else 0.0))
+    return out
+
+
+@op
+def ocr_ctc_decode(
+    state: State,
+    characters_file: str,
+    probs: str = "probs",
+    boxes: str = "boxes",
+    min_score: float = 0.5,
+    text_output: str = "text",
+    score_output: str = "score",
+    boxes_output: str = "boxes",
+) -> None:
+    """Recogniser probabilities -> text and confidence per line (lines under min_score drop)."""
+    chars = charset(Path(characters_file))
+    p = state.tensor(probs)
+    if p.ndim != 3 or p.shape[2] != len(chars):
+        raise InvalidInput(
+            f"input '{probs}': expected [N,T,{len(chars)}] for this character list, "
+            f"got {list(p.shape)}"
+        )
+    decoded = ctc_greedy(p, chars)
+    box = state.tensors.get(boxes)
+    if box is not None and box.shape[0] != len(decoded):
+        raise InvalidInput(f"input '{boxes}' has {box.shape[0]} boxes for {len(decoded)} lines")
+    keep = [i for i, (text, score) in enumerate(decoded) if text and score >= min_score]
+    state.tensors[text_output] = np.array(
+        [decoded[i][0].encode() for i in keep] or [], dtype=object
+    )
+    state.tensors[score_output] = np.array([decoded[i][1] for i in keep], dtype=np.float32)
+    if box is not None:
+        state.tensors[boxes_output] = box[keep].reshape(-1, 4, 2).astype(np.float32)

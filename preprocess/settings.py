@@ -1,0 +1,25 @@
+"""Settings of the preprocess service: flags, or PREPROCESS_* environment variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic_settings import SettingsConfigDict
+
+from v2server.settings import ServerSettings
+
+DEFAULT_RECIPES = Path(__file__).resolve().parent / "recipes.yaml"
+
+
+class PreprocessSettings(ServerSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="PREPROCESS_", cli_prog_name="python -m preprocess"
+    )
+
+    port: int = 8002
+    config: Path = DEFAULT_RECIPES
+    """The recipe file."""
+    workers: int = 2
+    """Threads running recipes (OpenCV itself runs single-threaded in each)."""
+    max_queue_size: int = 256
+    """Requests per recipe that may wait for a worker; more get RESOURCE_EXHAUSTED."""

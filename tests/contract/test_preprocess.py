@@ -1,0 +1,93 @@
+"""The preprocess service as a process: recipes over gRPC, errors, start-up checks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sklearn.datasets import load_digits
+
+from preprocess.recipes import RecipeRepository
+from preprocess.settings import DEFAULT_RECIPES
+from protos import codec, pb, pb_grpc
+from tests.images import encode, render_digit
+from tests.procs import Service, run_module
+
+TIMEOUT = 10.0
+
+
+@pytest.fixture(scope="module")
+def stub(preprocess_service: Service) -> Iterator[pb_grpc.GRPCInferenceServiceStub]:
+    with grpc.insecure_channel(preprocess_service.address) as channel:
+        yield pb_grpc.GRPCInferenceServiceStub(channel)
+
+
+def images(*blobs: bytes) -> np.ndarray:
+    out = np.empty(len(blobs), dtype=object)
+    out[:] = list(blobs)
+    return out
+
+
+def test_every_recipe_is_listed_with_metadata(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    for name in RecipeRepository(DEFAULT_RECIPES).load():
+        meta = stub.ModelMetadata(pb.ModelMetadataRequest(name=name), timeout=TIMEOUT)
+        assert meta.platform == "opencv_recipe" and meta.inputs and meta.outputs
+
+
+def test_digits_over_grpc_equals_in_process(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    data = load_digits()
+    batch = images(*(encode(render_digit(v)) for v in data.images[:32]))
+    response = stub.ModelInfer(codec.build_request("digits", {"image": batch}), timeout=TIMEOUT)
+    remote = codec.response_outputs(response)["input"]
+    local = RecipeRepository(DEFAULT_RECIPES).load()["digits"].run({"image": batch})["input"]
+    np.testing.assert_array_equal(remote, local)
+
+
+def test_unknown_recipe_is_not_found(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    request = codec.build_request("sharpen", {"image": images(b"x")})
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ModelInfer(request, timeout=TIMEOUT)
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "unknown recipe 'sharpen'" in (info.value.details() or "")
+
+
+def test_not_an_image_is_invalid_and_named(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    request = codec.build_request(
+        "digits", {"image": images(encode(np.zeros((8, 8), np.uint8)), b"GIF89a-nonsense")}
+    )
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ModelInfer(request, timeout=TIMEOUT)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "input 'image' element 1 is not a decodable image" in (info.value.details() or "")
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(blob=st.binary(max_size=512))
+def test_random_uploads_get_a_clean_answer(
+    stub: pb_grpc.GRPCInferenceServiceStub, blob: bytes
+) -> None:
+    request = codec.build_request("digits", {"image": images(blob)})
+    try:
+        stub.ModelInfer(request, timeout=TIMEOUT)
+    except grpc.RpcError as exc:
+        assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT, exc.details()
+    assert stub.ServerLive(pb.ServerLiveRequest(), timeout=TIMEOUT).live
+
+
+def test_bad_recipe_file_fails_start_naming_the_problem(tmp_path: Path) -> None:
+    bad = tmp_path / "recipes.yaml"
+    bad.write_text(
+        "recipes:\n  r:\n    inputs: [{name: i, datatype: BYTES, shape: [-1]}]\n"
+        "    outputs: [{name: o, datatype: FP32, shape: [-1]}]\n"
+        "    steps: [{sharpen: {amount: 2}}]\n"
+    )
+    result = run_module("preprocess", ["--config", str(bad), "--port", "0"])
+    assert result.returncode == 2
+    assert "recipes.yaml" in result.stderr and "unknown operation 'sharpen'" in result.stderr

@@ -1,0 +1,41 @@
+"""Test images made here: rendered digits and text lines, encoded like uploads."""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+FONTS = [
+    cv2.FONT_HERSHEY_SIMPLEX,
+    cv2.FONT_HERSHEY_DUPLEX,
+    cv2.FONT_HERSHEY_COMPLEX,
+    cv2.FONT_HERSHEY_TRIPLEX,
+]
+
+
+def encode(img: np.ndarray, ext: str = ".png") -> bytes:
+    ok, buf = cv2.imencode(ext, img)
+    assert ok
+    return buf.tobytes()
+
+
+def render_digit(values: np.ndarray, scale: int = 8) -> np.ndarray:
+    """An 8x8 digits-data sample (0..16, ink high) as dark-on-light gray pixels."""
+    gray = np.round(255 - values * (255 / 16)).astype(np.uint8)
+    return cv2.resize(gray, (8 * scale, 8 * scale), interpolation=cv2.INTER_NEAREST)
+
+
+def render_lines(
+    lines: list[str], font: int = FONTS[0], scale: float = 1.0, thickness: int = 2, margin: int = 20
+) -> tuple[np.ndarray, list[tuple]]:
+    """Black text on white, one line per entry; returns the image and each line's bbox."""
+    sizes = [cv2.getTextSize(t, font, scale, thickness) for t in lines]
+    width = max(w for (w, _), _ in sizes) + 2 * margin
+    line_h = max(h + b for (_, h), b in sizes) + margin
+    img = np.full((line_h * len(lines) + margin, width, 3), 255, np.uint8)
+    boxes = []
+    for i, (text, ((w, h), base)) in enumerate(zip(lines, sizes, strict=True)):
+        y = margin + i * line_h + h
+        cv2.putText(img, text, (margin, y), font, scale, (0, 0, 0), thickness, cv2.LINE_AA)
+        boxes.append((margin, y - h, margin + w, y + base))
+    return img, boxes

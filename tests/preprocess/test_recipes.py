@@ -1,0 +1,203 @@
+"""The shipped recipes, run in-process against known values."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import cv2
+import numpy as np
+import onnxruntime as ort
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sklearn.datasets import load_digits
+
+from preprocess import images
+from preprocess.ocr import ctc_greedy
+from preprocess.recipes import Recipe, RecipeRepository
+from preprocess.settings import DEFAULT_RECIPES
+from protos.errors import InvalidInput
+from tests.images import encode, render_digit, render_lines
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def recipes() -> dict[str, Recipe]:
+    return RecipeRepository(DEFAULT_RECIPES).load()
+
+
+def as_bytes(*blobs: bytes) -> np.ndarray:
+    out = np.empty(len(blobs), dtype=object)
+    out[:] = list(blobs)
+    return out
+
+
+def test_digits_round_trip_recovers_the_data_set_values(recipes: dict[str, Recipe]) -> None:
+    data = load_digits()
+    blobs = [encode(render_digit(v)) for v in data.images]
+    out = recipes["digits"].run({"image": as_bytes(*blobs)})["input"]
+    assert out.shape == (len(blobs), 64) and out.dtype == np.float32
+    assert np.abs(out - data.data).max() < 0.1
+
+
+def test_digits_handles_light_on_dark_and_color(recipes: dict[str, Recipe]) -> None:
+    values = load_digits().images[7]
+    gray = render_digit(values)
+    color = cv2.cvtColor(255 - gray, cv2.COLOR_GRAY2BGR)  # light ink on dark, 3 channels
+    out = recipes["digits"].run({"image": as_bytes(encode(color, ".jpg"))})["input"]
+    assert np.abs(out[0] - values.ravel()).max() < 1.5  # JPEG is lossy
+
+
+def test_digits_crops_a_small_digit_on_a_big_page(recipes: dict[str, Recipe]) -> None:
+    """A digit drawn small on a large page is still classified right."""
+    data = load_digits()
+    rng = np.random.default_rng(3)
+    picks = rng.choice(len(data.images), 150, replace=False)
+    blobs = []
+    for i in picks:
+        page = np.full((400, 400), 255, np.uint8)
+        y, x = rng.integers(20, 300, size=2)
+        page[y : y + 64, x : x + 64] = render_digit(data.images[i])
+        blobs.append(encode(page))
+    feats = recipes["digits"].run({"image": as_bytes(*blobs)})["input"]
+    session = ort.InferenceSession(str(ROOT / "models/repository/digits_logreg/1/model.onnx"))
+    labels = session.run(["label"], {"input": feats})[0]
+    assert (labels == data.target[picks]).mean() >= 0.9
+
+
+def test_det_input_shape_and_transform(recipes: dict[str, Recipe]) -> None:
+    img, _ = render_lines(["some text"])
+    out = recipes["ocr_det_input"].run({"image_bytes": as_bytes(encode(img))})
+    x, prepared, tf = out["x"], out["image"], out["transform"]
+    assert x.dtype == np.float32 and x.shape[:2] == (1, 3)
+    assert x.shape[2] % 32 == 0 and x.shape[3] % 32 == 0 and min(x.shape[2:]) >= 736 - 16
+    assert x.min() >= -1.0 and x.max() <= 1.0
+    assert prepared.dtype == np.uint8 and prepared.shape[2] == 3
+    pad_top, _pad_left, rh, _rw, h, w = tf.tolist()
+    assert (h, w) == img.shape[:2]
+    assert prepared.shape[0] == pytest.approx(h / rh + 2 * pad_top, abs=1)
+
+
+def _ocr_session(name: str) -> ort.InferenceSession:
+    return ort.InferenceSession(str(ROOT / f"models/repository/{name}/1/model.onnx"))
+
+
+def test_crops_find_each_line_and_its_box(recipes: dict[str, Recipe]) -> None:
+    img, truth = render_lines(["First line 123", "and another one"], scale=1.2)
+    det_in = recipes["ocr_det_input"].run({"image_bytes": as_bytes(encode(img))})
+    maps = _ocr_session("ocr_det").run(None, {"x": det_in["x"]})[0]
+    out = recipes["ocr_crops"].run(
+        {"maps": maps, "image": det_in["image"], "transform": det_in["transform"]}
+    )
+    boxes = out["boxes"]
+    # The detector may split a line at wide gaps (the reference pipeline does too):
+    # the boxes of each line must together cover that line, in reading order.
+    centers = boxes[:, :, 1].mean(axis=1)
+    assert (np.diff(centers) > -10).all(), "boxes come top to bottom"
+    for x0, y0, x1, y1 in truth:
+        line = boxes[(centers > y0) & (centers < y1)]
+        assert len(line) >= 1
+        assert abs(line[:, :, 0].min() - x0) < 12 and abs(line[:, :, 0].max() - x1) < 12
+        assert abs(line[:, :, 1].min() - y0) < 12 and abs(line[:, :, 1].max() - y1) < 12
+        lefts = line[:, 0, 0]
+        assert (np.diff(lefts) > 0).all(), "boxes of one line come left to right"
+    assert out["crops"].shape[0] == len(boxes) == len(out["crop_sizes"])
+
+
+def test_no_text_gives_no_crops(recipes: dict[str, Recipe]) -> None:
+    blank = np.full((200, 300, 3), 255, np.uint8)
+    det_in = recipes["ocr_det_input"].run({"image_bytes": as_bytes(encode(blank))})
+    maps = _ocr_session("ocr_det").run(None, {"x": det_in["x"]})[0]
+    out = recipes["ocr_crops"].run(
+        {"maps": maps, "image": det_in["image"], "transform": det_in["transform"]}
+    )
+    assert out["crops"].shape[0] == 0 and out["boxes"].shape == (0, 4, 2)
+
+
+def test_rotate_turns_only_confident_upside_down_crops(recipes: dict[str, Recipe]) -> None:
+    crop = np.zeros((10, 30, 3), np.uint8)
+    crop[:, :5] = 255  # a bright band on the left
+    crops = np.stack([crop, crop, crop])
+    sizes = np.array([[10, 30]] * 3, np.int32)
+    probs = np.array([[0.99, 0.01], [0.05, 0.95], [0.2, 0.8]], np.float32)
+    out = recipes["ocr_rotate"].run({"crops": crops, "crop_sizes": sizes, "probs": probs})
+    turned = out["crops"]
+    assert turned[0, :, :5].min() == 255, "class 0: unchanged"
+    assert turned[1, :, -5:].min() == 255, "class 180 above 0.9: turned"
+    assert turned[2, :, :5].min() == 255, "class 180 at 0.8: below threshold, unchanged"
+
+
+def test_ctc_decode_merges_repeats_and_drops_blanks(recipes: dict[str, Recipe]) -> None:
+    chars = (ROOT / "models/repository/ocr_rec/characters.txt").read_text().split("\n")[:-1]
+    index = {c: i + 1 for i, c in enumerate(chars)}  # 0 is the CTC blank
+    steps = ["a", "a", "", "a", "b", "b", "", "", "7", ""]  # "aab7"
+    probs = np.full((1, len(steps), len(chars) + 2), 0.001, np.float32)
+    for t, c in enumerate(steps):
+        probs[0, t, index[c] if c else 0] = 0.9
+    out = recipes["ocr_ctc_decode"].run({"probs": probs, "boxes": np.zeros((1, 4, 2), np.float32)})
+    assert out["text"].tolist() == [b"aab7"]
+    assert out["score"][0] == pytest.approx(0.9)
+    assert ctc_greedy(probs, ["", *chars, " "]) == [("aab7", pytest.approx(0.9))]
+
+
+def test_ctc_decode_rejects_a_wrong_alphabet_size(recipes: dict[str, Recipe]) -> None:
+    with pytest.raises(InvalidInput, match=r"expected \[N,T,6625\]"):
+        recipes["ocr_ctc_decode"].run({"probs": np.zeros((1, 5, 10), np.float32)})
+
+
+@pytest.mark.parametrize(
+    ("blob", "message"),
+    [
+        (b"", "is empty"),
+        (b"not an image at all", "not a decodable image"),
+        (encode(np.zeros((40, 40), np.uint8))[:60], "not a decodable image"),
+        (encode(np.zeros((40, 40, 3), np.uint8), ".jpg")[:-40], "truncated JPEG"),
+        (
+            b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + (100000).to_bytes(4, "big") * 2 + b"\x08\x02",
+            "more than the limit",
+        ),
+        (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(8) + b"\x08\x02", "zero-size"),
+    ],
+)
+def test_bad_images_are_named(recipes: dict[str, Recipe], blob: bytes, message: str) -> None:
+    with pytest.raises(InvalidInput, match=message) as info:
+        recipes["digits"].run({"image": as_bytes(blob)})
+    assert "input 'image' element 0" in str(info.value)
+
+
+def test_oversized_upload_is_rejected_before_decoding() -> None:
+    limits = images.ImageLimits(max_encoded_bytes=1000)
+    with pytest.raises(InvalidInput, match="more than the limit of 1000"):
+        images.decode(b"\x00" * 1001, "upload", limits)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=2048))
+def test_random_bytes_never_escape_as_other_errors(blob: bytes) -> None:
+    with contextlib.suppress(InvalidInput):
+        images.decode(blob, "x", images.ImageLimits())
+
+
+_PNG = encode(np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.uint8))
+_JPG = encode(np.random.default_rng(1).integers(0, 255, (32, 32, 3), dtype=np.uint8), ".jpg")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.sampled_from([_PNG, _JPG]),
+    st.integers(0, 10_000),
+    st.binary(min_size=1, max_size=8),
+    st.booleans(),
+)
+def test_mutated_images_decode_or_fail_cleanly(
+    base: bytes, at: int, patch: bytes, truncate: bool
+) -> None:
+    at %= len(base)
+    blob = base[:at] if truncate else base[:at] + patch + base[at + len(patch) :]
+    try:
+        out = images.decode(blob, "x", images.ImageLimits())
+        assert out.dtype == np.uint8 and out.ndim == 3
+    except InvalidInput:
+        pass
