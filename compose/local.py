@@ -76,9 +76,36 @@ class LocalMesh:
             time.sleep(0.2)
 
     def up(self, timeout: float = 180.0) -> None:
-        for name in start_order(self.services):
-            self.start(name)
-            self.wait_healthy(name, timeout)
+        """Start in waves: every service whose dependencies are healthy starts at once."""
+        pending = start_order(self.services)
+        healthy: set[str] = set()
+        while pending:
+            wave = [n for n in pending if set(self.services[n].depends_on) <= healthy]
+            for name in wave:
+                self.start(name)
+            for name in wave:
+                self.wait_healthy(name, timeout)
+            healthy.update(wave)
+            pending = [n for n in pending if n not in healthy]
+
+    def supervise(self) -> bool:
+        """Restart exited services as their restart policy says; False when one may not."""
+        for name, proc in list(self.procs.items()):
+            code = proc.poll()
+            if code is None:
+                continue
+            policy = self.services[name].restart
+            if policy in ("always", "unless-stopped") or (policy == "on-failure" and code != 0):
+                print(
+                    f"compose.local: {name} exited with {code}; restarting ({policy})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                self.start(name)
+            else:
+                print(f"compose.local: {name} exited with {code}; stopping", file=sys.stderr)
+                return False
+        return True
 
     def down(self, grace: float = 15.0) -> None:
         for name in reversed(list(self.procs)):
@@ -122,9 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         mesh.up(args.timeout)
         print(ready_banner(services), flush=True)
         while not stop.is_set():
-            dead = [n for n, p in mesh.procs.items() if p.poll() is not None]
-            if dead:
-                print(f"compose.local: {', '.join(dead)} exited; stopping", file=sys.stderr)
+            if not mesh.supervise():
                 return 1
             stop.wait(0.5)
     except KeyboardInterrupt:

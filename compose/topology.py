@@ -33,6 +33,8 @@ class LocalService:
     env: dict[str, str]
     healthcheck: list[str] | None = None
     depends_on: list[str] = field(default_factory=list)
+    restart: str = "no"
+    """Compose restart policy: no, always, on-failure or unless-stopped."""
 
 
 def interpolate(text: str, environ: Mapping[str, str]) -> str:
@@ -116,6 +118,7 @@ def load(files: list[Path], environ: Mapping[str, str] | None = None) -> dict[st
             env={k: local(v) for k, v in _as_env(spec.get("environment")).items()},
             healthcheck=check,
             depends_on=list(depends),
+            restart=str(spec.get("restart", "no")),
         )
     for svc in services.values():
         unknown = [d for d in svc.depends_on if d not in services]

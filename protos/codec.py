@@ -348,3 +348,23 @@ def build_response(
         response.outputs.add(name=name, datatype=datatype, shape=array.shape)
         response.raw_output_contents.append(raw)
     return response
+
+
+def build_request_bytes(
+    model_name: str,
+    inputs: Mapping[str, np.ndarray],
+    *,
+    model_version: str = "",
+    request_id: str = "",
+    outputs: Sequence[str] = (),
+) -> bytes:
+    """The serialized ModelInferRequest; tensors already little-endian are not re-encoded."""
+    head = pb.ModelInferRequest(model_name=model_name, model_version=model_version, id=request_id)
+    views = []
+    for name, array in inputs.items():
+        datatype, view = to_raw_view(np.asarray(array))
+        head.inputs.add(name=name, datatype=datatype, shape=array.shape)
+        views.append(view)
+    for name in outputs:
+        head.outputs.add(name=name)
+    return wire.with_field(head, wire.RAW_INPUT_FIELD, views)

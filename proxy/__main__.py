@@ -1,0 +1,46 @@
+"""`python -m proxy`: serve the REST API with uvicorn (PROXY_HOST / PROXY_PORT)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import uvicorn
+
+from proxy.app import create_app
+from proxy.errors import DefinitionError
+from proxy.settings import ProxySettings
+from v2server import logs
+
+
+def main() -> int:
+    settings = ProxySettings()
+    logs.configure(settings.log_level)
+    try:
+        app = create_app(settings)
+    except DefinitionError as exc:
+        logging.getLogger("proxy").error("cannot start: %s", exc)
+        return 2
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        loop="uvloop",
+        http="httptools" if _has_httptools() else "h11",
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=10,
+    )
+    return 0
+
+
+def _has_httptools() -> bool:
+    try:
+        import httptools  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+if __name__ == "__main__":
+    sys.exit(main())

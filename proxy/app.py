@@ -1,0 +1,258 @@
+"""The proxy's REST API (FastAPI): pipelines, health, metrics, and the v2 REST protocol."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from proxy import definitions, metrics, v2rest
+from proxy.client import Channels
+from proxy.errors import RETRY_AFTER, StepError
+from proxy.executor import Executor
+from proxy.settings import ProxySettings
+from v2server.logs import REQUEST_ID
+
+log = logging.getLogger("proxy")
+
+
+class Problem(Exception):
+    """An HTTP error answer with a JSON body naming the reason."""
+
+    def __init__(self, status: int, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.extra = extra
+
+
+def json_response(
+    body: Any, status: int = 200, headers: Mapping[str, str] | None = None
+) -> Response:
+    return Response(
+        orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY),
+        status_code=status,
+        media_type="application/json",
+        headers=dict(headers or {}),
+    )
+
+
+def problem_response(exc: Problem, request_id: str) -> Response:
+    headers = {"X-Request-Id": request_id}
+    if exc.status in RETRY_AFTER:
+        headers["Retry-After"] = RETRY_AFTER[exc.status]
+    return json_response({"error": exc.message, "id": request_id, **exc.extra}, exc.status, headers)
+
+
+async def read_image(request: Request, max_bytes: int) -> bytes:
+    """The uploaded image: a raw image/* or octet-stream body, or multipart field `file`."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > max_bytes:
+        raise Problem(413, f"body of {length} bytes exceeds the limit of {max_bytes}")
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type.startswith("multipart/form-data"):
+        form = await request.form(max_files=1, max_fields=10, max_part_size=max_bytes)
+        upload = form.get("file")
+        if upload is None or isinstance(upload, str):
+            raise Problem(422, "multipart body has no file field named 'file'")
+        data = await upload.read()
+    elif content_type.startswith("image/") or content_type in ("application/octet-stream", ""):
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise Problem(413, f"body exceeds the limit of {max_bytes} bytes")
+            chunks.append(chunk)
+        data = b"".join(chunks)
+    else:
+        raise Problem(
+            415,
+            f"unsupported Content-Type '{content_type}': send the image as "
+            "image/*, application/octet-stream or multipart field 'file'",
+        )
+    if len(data) > max_bytes:
+        raise Problem(413, f"body exceeds the limit of {max_bytes} bytes")
+    if not data:
+        raise Problem(400, "empty body: send an image")
+    return data
+
+
+def budget_s(request: Request, default_ms: float, cap_ms: float) -> float:
+    raw = request.headers.get("x-request-timeout-ms")
+    if raw is None:
+        return min(default_ms, cap_ms) / 1000
+    try:
+        value = float(raw)
+    except ValueError:
+        raise Problem(
+            400, f"X-Request-Timeout-Ms must be a number of milliseconds, not {raw!r}"
+        ) from None
+    if not value > 0:
+        raise Problem(400, "X-Request-Timeout-Ms must be positive")
+    return min(value, cap_ms) / 1000
+
+
+def create_app(
+    settings: ProxySettings | None = None, environ: Mapping[str, str] | None = None
+) -> FastAPI:
+    """The app; pipelines are loaded (and checked) here, so a bad definition fails at once."""
+    import os
+
+    settings = settings or ProxySettings()
+    env = os.environ if environ is None else environ
+    plans = definitions.load(settings.pipelines, env)
+    channels = Channels(settings.max_message_mb)
+    executor = Executor(channels)
+    max_bytes = int(settings.max_body_mb * 1024 * 1024)
+    slots = asyncio.Semaphore(settings.max_in_flight)
+    open_paths = {p.strip() for p in settings.open_paths.split(",") if p.strip()}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await channels.close()
+
+    app = FastAPI(
+        title="inference-mesh proxy",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="Runs REST requests through pipelines of v2 gRPC services.",
+    )
+    app.state.plans = plans
+    app.state.channels = channels
+
+    @app.middleware("http")
+    async def request_context(request: Request, call_next):
+        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        request.state.request_id = request_id
+        token = REQUEST_ID.set(request_id)
+        try:
+            if settings.api_key and request.url.path not in open_paths:
+                given = request.headers.get("x-api-key") or ""
+                auth = request.headers.get("authorization", "")
+                if auth.lower().startswith("bearer "):
+                    given = auth[7:]
+                if not hmac.compare_digest(given.encode(), settings.api_key.encode()):
+                    return problem_response(Problem(401, "missing or wrong API key"), request_id)
+            response = await call_next(request)
+            response.headers["X-Request-Id"] = request_id
+            return response
+        finally:
+            REQUEST_ID.reset(token)
+
+    @app.exception_handler(Problem)
+    async def on_problem(request: Request, exc: Problem) -> Response:
+        return problem_response(exc, getattr(request.state, "request_id", ""))
+
+    @app.exception_handler(Exception)
+    async def on_bug(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error")
+        return problem_response(
+            Problem(500, "internal error (see the proxy log)"),
+            getattr(request.state, "request_id", ""),
+        )
+
+    @app.post("/v1/pipelines/{name}/infer", summary="Run an image through a pipeline")
+    async def infer(name: str, request: Request) -> Response:
+        request_id = request.state.request_id
+        plan = plans.get(name)
+        if plan is None:
+            raise Problem(404, f"unknown pipeline '{name}' (known: {', '.join(sorted(plans))})")
+        if slots.locked():
+            metrics.REQUESTS.labels(name, "503").inc()
+            raise Problem(503, f"proxy at capacity ({settings.max_in_flight} requests in flight)")
+        started = time.perf_counter()
+        async with slots:
+            metrics.IN_FLIGHT.inc()
+            try:
+                body = await read_image(request, max_bytes)
+                budget = budget_s(request, plan.pipeline.timeout_ms, settings.max_timeout_ms)
+                run = await executor.run(plan, body, request_id, budget)
+                result = executor.result(run)
+            except StepError as exc:
+                metrics.REQUESTS.labels(name, str(exc.http_status)).inc()
+                log.info(
+                    "step failed",
+                    extra={"fields": {"pipeline": name, "step": exc.step, "code": exc.code.name}},
+                )
+                raise Problem(
+                    exc.http_status, str(exc), step=exc.step, code=exc.code.name, pipeline=name
+                ) from None
+            except Problem as exc:
+                metrics.REQUESTS.labels(name, str(exc.status)).inc()
+                raise
+            finally:
+                metrics.IN_FLIGHT.dec()
+                metrics.LATENCY.labels(name).observe(time.perf_counter() - started)
+        metrics.REQUESTS.labels(name, "200").inc()
+        return json_response(
+            {
+                "id": request_id,
+                "pipeline": name,
+                "result": result,
+                "partial": run.partial,
+                "steps": [s.__dict__ for s in run.steps],
+                "latency_ms": round((time.perf_counter() - started) * 1000, 3),
+            }
+        )
+
+    @app.get("/v1/pipelines", summary="Pipelines and their resolved endpoints")
+    async def list_pipelines() -> Response:
+        return json_response(
+            {
+                name: {
+                    "description": plan.pipeline.description,
+                    "timeout_ms": plan.pipeline.timeout_ms,
+                    "targets": {k: t.model_dump() for k, t in plan.targets.items()},
+                    "definition": plan.pipeline.model_dump(mode="json", exclude_defaults=True),
+                }
+                for name, plan in plans.items()
+            }
+        )
+
+    @app.get("/healthz", summary="Liveness")
+    async def healthz() -> Response:
+        return json_response({"live": True})
+
+    @app.get("/readyz", summary="Every endpoint ready (v2 ServerReady/ModelReady)")
+    async def readyz() -> Response:
+        report = await readiness(plans, channels, settings.ready_timeout_ms / 1000)
+        ready = all(item["ready"] for item in report.values())
+        return json_response({"ready": ready, "endpoints": report}, 200 if ready else 503)
+
+    @app.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)
+    async def prometheus() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    v2rest.mount(app, plans, channels, json_response, Problem, max_bytes)
+    return app
+
+
+async def readiness(
+    plans: Mapping[str, definitions.Plan], channels: Channels, timeout: float
+) -> dict[str, dict[str, Any]]:
+    """One check per (address, model) pair any pipeline uses."""
+    pairs: dict[tuple[str, str], str] = {}
+    for plan in plans.values():
+        for target in plan.targets.values():
+            pairs[(target.address, target.model)] = target.endpoint
+    checks = await asyncio.gather(*(channels.ready(a, m, timeout) for a, m in pairs))
+    report: dict[str, dict[str, Any]] = {}
+    for ((address, model), variable), (ok, why) in zip(pairs.items(), checks, strict=True):
+        report[f"{variable}/{model}"] = {
+            "address": address,
+            "model": model,
+            "ready": ok,
+            **({"error": why} if why else {}),
+        }
+    return report

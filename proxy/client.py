@@ -1,0 +1,150 @@
+"""v2 gRPC calls from the proxy: one persistent channel per address, bytes forwarded."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Mapping, Sequence
+
+import grpc
+import numpy as np
+from grpc import aio
+
+from protos import codec, pb, wire
+from proxy.errors import StepError
+from v2server.server import channel_options
+
+SERVICE = "/inference.GRPCInferenceService/"
+
+
+class Channels:
+    """The proxy's channels, created on first use and kept for its lifetime."""
+
+    def __init__(self, max_message_mb: int = 64) -> None:
+        self._channels: dict[str, aio.Channel] = {}
+        self._options = [
+            *channel_options(max_message_mb),
+            # Reconnect quickly when a restarted service comes back.
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000),
+            ("grpc.keepalive_time_ms", 30_000),
+        ]
+
+    def get(self, address: str) -> aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = aio.insecure_channel(address, options=self._options)
+            self._channels[address] = channel
+        return channel
+
+    async def close(self) -> None:
+        await asyncio.gather(*(c.close() for c in self._channels.values()))
+        self._channels.clear()
+
+    async def infer(
+        self,
+        address: str,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        version: str = "",
+        outputs: Sequence[str] = (),
+        timeout: float,
+        request_id: str,
+    ) -> dict[str, np.ndarray]:
+        """One ModelInfer; raises grpc.aio.AioRpcError. Tensors stay as received bytes."""
+        call = self.get(address).unary_unary(
+            SERVICE + "ModelInfer",
+            request_serializer=wire.serialize_infer_request,
+            response_deserializer=wire.parse_infer_response,
+        )
+        request = codec.build_request_bytes(
+            model, inputs, model_version=version, request_id=request_id, outputs=outputs
+        )
+        response = await call(request, timeout=timeout, metadata=(("x-request-id", request_id),))
+        return codec.response_outputs(response)
+
+    async def ready(self, address: str, model: str | None, timeout: float) -> tuple[bool, str]:
+        """(ready, why not) from ServerReady / ModelReady."""
+        channel = self.get(address)
+        try:
+            server = channel.unary_unary(
+                SERVICE + "ServerReady",
+                request_serializer=pb.ServerReadyRequest.SerializeToString,
+                response_deserializer=pb.ServerReadyResponse.FromString,
+            )
+            if not (await server(pb.ServerReadyRequest(), timeout=timeout)).ready:
+                return False, "server not ready"
+            if model:
+                check = channel.unary_unary(
+                    SERVICE + "ModelReady",
+                    request_serializer=pb.ModelReadyRequest.SerializeToString,
+                    response_deserializer=pb.ModelReadyResponse.FromString,
+                )
+                if not (await check(pb.ModelReadyRequest(name=model), timeout=timeout)).ready:
+                    return False, f"model '{model}' not ready"
+        except aio.AioRpcError as exc:
+            return False, f"{exc.code().name}: {exc.details()}"
+        return True, ""
+
+    async def unary(self, address: str, method: str, request, response_type, timeout: float):
+        """Any other v2 RPC (metadata, health) with plain protobuf messages."""
+        call = self.get(address).unary_unary(
+            SERVICE + method,
+            request_serializer=type(request).SerializeToString,
+            response_deserializer=response_type.FromString,
+        )
+        return await call(request, timeout=timeout)
+
+
+async def infer_with_retries(
+    channels: Channels,
+    step: str,
+    address: str,
+    model: str,
+    inputs: Mapping[str, np.ndarray],
+    *,
+    version: str,
+    outputs: Sequence[str],
+    deadline: float,
+    per_call_s: float | None,
+    retries: int,
+    request_id: str,
+) -> dict[str, np.ndarray]:
+    """ModelInfer within the request's deadline, retrying UNAVAILABLE with jittered backoff."""
+    loop = asyncio.get_running_loop()
+    attempt = 0
+    while True:
+        remaining = deadline - loop.time()
+        if remaining <= 0.001:
+            raise StepError(
+                step, grpc.StatusCode.DEADLINE_EXCEEDED, "no time left in the request's budget"
+            )
+        timeout = remaining if per_call_s is None else min(per_call_s, remaining)
+        try:
+            return await channels.infer(
+                address,
+                model,
+                inputs,
+                version=version,
+                outputs=outputs,
+                timeout=timeout,
+                request_id=request_id,
+            )
+        except aio.AioRpcError as exc:
+            code = exc.code()
+            if code == grpc.StatusCode.UNAVAILABLE and attempt < retries:
+                attempt += 1
+                backoff = min(0.05 * 2**attempt, 0.5) * (0.5 + random.random() / 2)
+                if deadline - loop.time() > backoff:
+                    await asyncio.sleep(backoff)
+                    continue
+            raise StepError(step, code, _describe(code, exc.details(), address)) from None
+
+
+def _describe(code: grpc.StatusCode, details: str | None, address: str) -> str:
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return f"endpoint {address} unavailable ({details})"
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return f"endpoint {address} did not answer in time"
+    return details or code.name

@@ -1,0 +1,276 @@
+"""Pipeline definitions (YAML): declarative steps, checked once at start-up.
+
+A reference names a tensor: `request.<input>` for the uploaded body, or
+`<step>.<tensor>` for an output of an earlier step (tensor names may contain
+dots; step names may not). Referring only to earlier steps rules out cycles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from proxy import endpoints
+from proxy.endpoints import Endpoint
+from proxy.errors import DefinitionError
+
+_NAME = r"^[A-Za-z0-9_\-]+$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CallStep(_Strict):
+    name: str = Field(pattern=_NAME)
+    endpoint: str
+    """Environment variable holding host:port[/model[/version]]."""
+    model: str | None = None
+    version: str = ""
+    inputs: dict[str, str] = Field(min_length=1)
+    """Model input name -> reference."""
+    outputs: list[str] = []
+    """Outputs to ask for; empty: all of them."""
+    timeout_ms: float | None = Field(default=None, gt=0)
+    retries: int = Field(default=1, ge=0, le=5)
+    """Extra attempts when the endpoint is UNAVAILABLE (inference is idempotent)."""
+
+
+class Branch(_Strict):
+    name: str = Field(pattern=_NAME)
+    endpoint: str
+    model: str | None = None
+    version: str = ""
+
+
+class BranchesFrom(_Strict):
+    prefix: str
+    """Every `<prefix><BRANCH>_URL` variable becomes a branch named `<branch>`."""
+    model: str = "{branch}"
+    """Model name template; `{branch}` is replaced (the URL may name the model instead)."""
+
+
+class Combine(_Strict):
+    op: Literal["collect", "mean", "vote", "argmax"] = "collect"
+    tensor: str | None = None
+    """The branch output to combine (mean/argmax: scores; vote: labels)."""
+    labels: list[str] | None = None
+    """Class names for the combined label (argmax/mean); default: the index."""
+
+
+class ParallelStep(_Strict):
+    name: str = Field(pattern=_NAME)
+    branches: list[Branch] = []
+    branches_from: BranchesFrom | None = None
+    inputs: dict[str, str] = Field(min_length=1)
+    outputs: list[str] = []
+    timeout_ms: float | None = Field(default=None, gt=0)
+    retries: int = Field(default=1, ge=0, le=5)
+    aggregation: Literal["all_or_nothing", "partial"] = "all_or_nothing"
+    combine: Combine = Combine()
+
+
+class Condition(_Strict):
+    empty: bool | None = None
+    """True: the tensor has no rows."""
+    equals: Any = None
+    one_of: list[Any] | None = None
+
+
+class Case(_Strict):
+    when: Condition
+    steps: list[Step] = []
+
+
+class SwitchStep(_Strict):
+    name: str = Field(pattern=_NAME)
+    input: str
+    """Reference to the tensor the cases look at (its first element for equals/one_of)."""
+    cases: list[Case] = Field(min_length=1)
+    default: list[Step] = []
+
+
+class CallSpec(_Strict):
+    call: CallStep
+
+
+class ParallelSpec(_Strict):
+    parallel: ParallelStep
+
+
+class SwitchSpec(_Strict):
+    switch: SwitchStep
+
+
+Step = CallSpec | ParallelSpec | SwitchSpec
+Case.model_rebuild()
+SwitchStep.model_rebuild()
+
+
+class Pipeline(_Strict):
+    description: str = ""
+    input: str = Field(default="image", pattern=_NAME)
+    """Name of the request tensor (BYTES [1]) holding the uploaded body."""
+    timeout_ms: float = Field(default=5000, gt=0)
+    """Budget of a request unless X-Request-Timeout-Ms asks for less (or more, up to the cap)."""
+    steps: list[Step] = Field(min_length=1)
+    result: dict[str, Any]
+
+
+class PipelineFile(_Strict):
+    pipelines: dict[str, Pipeline] = Field(min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_extensions(cls, data: Any) -> Any:
+        """Top-level `x-*` keys hold YAML anchors, as in compose files."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if not str(k).startswith("x-")}
+        return data
+
+
+def _explain(exc: ValidationError) -> str:
+    lines = [
+        f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False)
+    ]
+    return "\n  ".join(["invalid pipeline definition:", *lines])
+
+
+# ---------------------------------------------------------------- resolved plan
+
+
+class Target(_Strict):
+    """Where one call goes: the endpoint and the model/version to ask for."""
+
+    endpoint: str
+    address: str
+    model: str
+    version: str = ""
+
+
+def _target(
+    variable: str, model: str | None, version: str, env: Mapping[str, str], where: str
+) -> Target:
+    try:
+        ep: Endpoint = endpoints.resolve(variable, env)
+    except DefinitionError as exc:
+        raise DefinitionError(f"{where}: {exc}") from None
+    chosen = ep.model or model
+    if not chosen:
+        raise DefinitionError(
+            f"{where}: no model named (give `model` or {variable}=host:port/model)"
+        )
+    return Target(
+        endpoint=variable, address=ep.address, model=chosen, version=ep.version or version
+    )
+
+
+def _check_ref(ref: str, known: set[str], inputs: set[str], where: str) -> None:
+    step, _, tensor = ref.partition(".")
+    if not tensor:
+        raise DefinitionError(f"{where}: reference '{ref}' must be <step>.<tensor>")
+    if step == "request":
+        if tensor not in inputs:
+            raise DefinitionError(f"{where}: the request has no tensor '{tensor}'")
+        return
+    if step not in known:
+        raise DefinitionError(
+            f"{where}: reference '{ref}' names no earlier step "
+            f"(known: {', '.join(sorted(known)) or 'none'}); steps may only use earlier outputs"
+        )
+
+
+class Plan:
+    """A pipeline with every endpoint resolved and every reference checked."""
+
+    def __init__(self, name: str, pipeline: Pipeline, env: Mapping[str, str]) -> None:
+        self.name = name
+        self.pipeline = pipeline
+        self.targets: dict[str, Target] = {}
+        """Call step name, or `<parallel step>/<branch>`, -> target."""
+        self._known: set[str] = set()
+        self._inputs = {pipeline.input}
+        self._env = env
+        self._walk(pipeline.steps)
+
+    def branches(self, step: ParallelStep) -> dict[str, Target]:
+        prefix = f"{step.name}/"
+        return {k[len(prefix) :]: t for k, t in self.targets.items() if k.startswith(prefix)}
+
+    def _walk(self, steps: list[Step]) -> None:
+        for spec in steps:
+            if isinstance(spec, CallSpec):
+                self._call(spec.call)
+            elif isinstance(spec, ParallelSpec):
+                self._parallel(spec.parallel)
+            else:
+                self._switch(spec.switch)
+
+    def _claim(self, name: str) -> str:
+        where = f"pipeline '{self.name}', step '{name}'"
+        if name in self._known or name == "request":
+            raise DefinitionError(f"{where}: step names must be unique")
+        return where
+
+    def _call(self, step: CallStep) -> None:
+        where = self._claim(step.name)
+        for ref in step.inputs.values():
+            _check_ref(ref, self._known, self._inputs, where)
+        self.targets[step.name] = _target(step.endpoint, step.model, step.version, self._env, where)
+        self._known.add(step.name)
+
+    def _parallel(self, step: ParallelStep) -> None:
+        where = self._claim(step.name)
+        for ref in step.inputs.values():
+            _check_ref(ref, self._known, self._inputs, where)
+        branches = {
+            b.name: _target(b.endpoint, b.model, b.version, self._env, where) for b in step.branches
+        }
+        if step.branches_from is not None:
+            found = endpoints.with_prefix(step.branches_from.prefix, self._env)
+            for branch, ep in found.items():
+                model = step.branches_from.model.replace("{branch}", branch)
+                branches[branch] = _target(ep.variable, model, "", self._env, where)
+        if not branches:
+            prefix = step.branches_from.prefix if step.branches_from else None
+            raise DefinitionError(
+                f"{where}: no branches"
+                + (f" (no {prefix}<NAME>_URL variable is set)" if prefix else "")
+            )
+        if step.combine.op != "collect" and not step.combine.tensor:
+            raise DefinitionError(f"{where}: combine '{step.combine.op}' needs `tensor`")
+        for branch, target in branches.items():
+            self.targets[f"{step.name}/{branch}"] = target
+        self._known.add(step.name)
+
+    def _switch(self, step: SwitchStep) -> None:
+        where = self._claim(step.name)
+        _check_ref(step.input, self._known, self._inputs, where)
+        self._known.add(step.name)
+        before = set(self._known)
+        for case in [*step.cases, Case(when=Condition(), steps=step.default)]:
+            self._known = set(before)
+            self._walk(case.steps)
+        # After a switch only what every path defines is certain; results tolerate the rest.
+        self._known = before | {n.split("/")[0] for n in self.targets}
+
+
+def load(path: Path, env: Mapping[str, str]) -> dict[str, Plan]:
+    try:
+        raw = yaml.safe_load(path.read_text())
+        parsed = PipelineFile.model_validate(raw or {})
+    except (OSError, yaml.YAMLError) as exc:
+        raise DefinitionError(f"{path}: {exc}") from exc
+    except ValidationError as exc:
+        raise DefinitionError(f"{path}: {_explain(exc)}") from exc
+    plans = {}
+    for name, pipeline in parsed.pipelines.items():
+        try:
+            plans[name] = Plan(name, pipeline, env)
+        except DefinitionError as exc:
+            raise DefinitionError(f"{path}: {exc}") from exc
+    return plans

@@ -1,0 +1,46 @@
+"""Errors of the proxy and the one table from gRPC status to HTTP status."""
+
+from __future__ import annotations
+
+import grpc
+
+GRPC_TO_HTTP: dict[grpc.StatusCode, int] = {
+    grpc.StatusCode.OK: 200,
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.CANCELLED: 499,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
+"""Anything else (INTERNAL, UNKNOWN, DATA_LOSS, ...) is a 502: the fault is downstream."""
+
+RETRY_AFTER: dict[int, str] = {429: "1", 503: "1"}
+"""Statuses that tell the client when to come back."""
+
+
+def http_status(code: grpc.StatusCode) -> int:
+    return GRPC_TO_HTTP.get(code, 502)
+
+
+class StepError(Exception):
+    """A pipeline step failed; carries the step, the gRPC status and a safe message."""
+
+    def __init__(self, step: str, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(f"step '{step}': {message}")
+        self.step = step
+        self.code = code
+        self.message = message
+
+    @property
+    def http_status(self) -> int:
+        return http_status(self.code)
+
+
+class DefinitionError(ValueError):
+    """A pipeline definition cannot be used; raised at start-up with a clear message."""

@@ -1,0 +1,222 @@
+"""Runs one request through a pipeline plan: serial, parallel and switch steps.
+
+One absolute deadline per request (loop time); every call gets what is left
+of it (or less, its own timeout_ms). A failing all_or_nothing branch cancels
+its siblings; a finished or failed request leaves no call running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+
+from proxy import metrics
+from proxy.client import Channels, infer_with_retries
+from proxy.combine import combine
+from proxy.definitions import CallSpec, CallStep, Condition, ParallelSpec, ParallelStep, Plan, Step
+from proxy.definitions import SwitchStep as SwitchDef
+from proxy.errors import StepError
+from proxy.results import render
+
+
+@dataclass
+class StepStatus:
+    name: str
+    status: str
+    latency_ms: float
+    error: str | None = None
+
+
+@dataclass
+class Run:
+    """The state of one request."""
+
+    plan: Plan
+    request_id: str
+    deadline: float
+    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    branches: dict[str, dict[str, dict[str, np.ndarray]]] = field(default_factory=dict)
+    steps: list[StepStatus] = field(default_factory=list)
+    partial: bool = False
+
+    def resolve(self, ref: str, step: str) -> np.ndarray:
+        try:
+            return self.tensors[ref]
+        except KeyError:
+            raise StepError(
+                step,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"input '{ref}' was not produced by an earlier step",
+            ) from None
+
+
+class Executor:
+    def __init__(self, channels: Channels) -> None:
+        self.channels = channels
+
+    async def run(self, plan: Plan, body: bytes, request_id: str, budget_s: float) -> Run:
+        loop = asyncio.get_running_loop()
+        run = Run(plan, request_id, loop.time() + budget_s)
+        upload = np.empty(1, dtype=object)
+        upload[0] = body
+        run.tensors[f"request.{plan.pipeline.input}"] = upload
+        await self._steps(plan.pipeline.steps, run)
+        return run
+
+    def result(self, run: Run) -> object:
+        return render(run.plan.pipeline.result, run.tensors, run.branches)
+
+    async def _steps(self, steps: list[Step], run: Run) -> None:
+        for spec in steps:
+            if isinstance(spec, CallSpec):
+                await self._call(spec.call, run)
+            elif isinstance(spec, ParallelSpec):
+                await self._parallel(spec.parallel, run)
+            else:
+                await self._switch(spec.switch, run)
+
+    async def _invoke(
+        self,
+        run: Run,
+        label: str,
+        target_key: str,
+        inputs: dict[str, str],
+        outputs: list[str],
+        timeout_ms: float | None,
+        retries: int,
+        step_name: str,
+    ) -> dict[str, np.ndarray]:
+        target = run.plan.targets[target_key]
+        feeds = {name: run.resolve(ref, label) for name, ref in inputs.items()}
+        start = time.perf_counter()
+        status, error = "ok", None
+        try:
+            return await infer_with_retries(
+                self.channels,
+                label,
+                target.address,
+                target.model,
+                feeds,
+                version=target.version,
+                outputs=outputs,
+                deadline=run.deadline,
+                per_call_s=None if timeout_ms is None else timeout_ms / 1000,
+                retries=retries,
+                request_id=run.request_id,
+            )
+        except StepError as exc:
+            status, error = exc.code.name.lower(), exc.message
+            raise
+        except asyncio.CancelledError:
+            status, error = "cancelled", "cancelled: the request ended first"
+            raise
+        finally:
+            latency = (time.perf_counter() - start) * 1000
+            run.steps.append(StepStatus(label, status, round(latency, 3), error))
+            metrics.STEP_LATENCY.labels(run.plan.name, step_name, status).observe(latency / 1000)
+
+    async def _call(self, step: CallStep, run: Run) -> None:
+        out = await self._invoke(
+            run,
+            step.name,
+            step.name,
+            step.inputs,
+            step.outputs,
+            step.timeout_ms,
+            step.retries,
+            step.name,
+        )
+        for name, value in out.items():
+            run.tensors[f"{step.name}.{name}"] = value
+
+    async def _parallel(self, step: ParallelStep, run: Run) -> None:
+        branches = run.plan.branches(step)
+        start = time.perf_counter()
+
+        async def branch(name: str) -> dict[str, np.ndarray]:
+            return await self._invoke(
+                run,
+                f"{step.name}/{name}",
+                f"{step.name}/{name}",
+                step.inputs,
+                step.outputs,
+                step.timeout_ms,
+                step.retries,
+                step.name,
+            )
+
+        tasks = {name: asyncio.ensure_future(branch(name)) for name in branches}
+        try:
+            if step.aggregation == "all_or_nothing":
+                done, _ = await asyncio.wait(tasks.values(), return_when=asyncio.FIRST_EXCEPTION)
+                failed = [t for t in done if t.exception() is not None]
+                if failed:
+                    raise failed[0].exception()  # type: ignore[misc]
+            else:
+                await asyncio.wait(tasks.values())
+        finally:
+            for task in tasks.values():
+                task.cancel()
+            # Cancelled siblings must finish (and record their status) before we go on.
+            await asyncio.gather(*tasks.values(), return_exceptions=True)
+        succeeded = {
+            n: t.result() for n, t in tasks.items() if not t.cancelled() and t.exception() is None
+        }
+        if not succeeded:
+            first = next(t.exception() for t in tasks.values() if not t.cancelled())
+            raise StepError(step.name, first.code, f"every branch failed; {first}")  # type: ignore[union-attr]
+        if len(succeeded) < len(tasks):
+            run.partial = True
+        run.branches[step.name] = succeeded
+        for branch_name, out in succeeded.items():
+            for name, value in out.items():
+                run.tensors[f"{step.name}/{branch_name}.{name}"] = value
+        for name, value in combine(step.combine, succeeded).items():
+            run.tensors[f"{step.name}.{name}"] = value
+        latency = (time.perf_counter() - start) * 1000
+        status = "ok" if len(succeeded) == len(tasks) else "partial"
+        failed_names = sorted(set(tasks) - set(succeeded))
+        run.steps.append(
+            StepStatus(
+                step.name,
+                status,
+                round(latency, 3),
+                f"failed branches: {', '.join(failed_names)}" if failed_names else None,
+            )
+        )
+
+    async def _switch(self, step: SwitchDef, run: Run) -> None:
+        value = run.resolve(step.input, step.name)
+        for case in step.cases:
+            if _matches(case.when, value):
+                chosen = case.steps
+                break
+        else:
+            chosen = step.default
+        run.steps.append(StepStatus(step.name, "ok", 0.0, None))
+        await self._steps(chosen, run)
+
+
+def _matches(cond: Condition, value: np.ndarray) -> bool:
+    if cond.empty is not None and (value.shape[0] == 0 if value.ndim else False) != cond.empty:
+        return False
+    if cond.equals is not None or cond.one_of is not None:
+        if value.size == 0:
+            return False
+        first = value.reshape(-1)[0]
+        first = (
+            first.decode()
+            if isinstance(first, bytes)
+            else first.item()
+            if isinstance(first, np.generic)
+            else first
+        )
+        if cond.equals is not None and first != cond.equals:
+            return False
+        if cond.one_of is not None and first not in cond.one_of:
+            return False
+    return True
