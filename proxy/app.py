@@ -61,11 +61,11 @@ async def read_image(request: Request, max_bytes: int) -> bytes:
         raise Problem(413, f"body of {length} bytes exceeds the limit of {max_bytes}")
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type.startswith("multipart/form-data"):
-        form = await request.form(max_files=1, max_fields=10, max_part_size=max_bytes)
-        upload = form.get("file")
-        if upload is None or isinstance(upload, str):
-            raise Problem(422, "multipart body has no file field named 'file'")
-        data = await upload.read()
+        async with request.form(max_files=1, max_fields=10, max_part_size=max_bytes) as form:
+            upload = form.get("file")
+            if upload is None or isinstance(upload, str):
+                raise Problem(422, "multipart body has no file field named 'file'")
+            data = await upload.read()
     elif content_type.startswith("image/") or content_type in ("application/octet-stream", ""):
         chunks, size = [], 0
         async for chunk in request.stream():

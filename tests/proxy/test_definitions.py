@@ -1,0 +1,98 @@
+"""Pipeline definitions are checked at start-up with errors that say what to fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from proxy import definitions, endpoints
+from proxy.errors import DefinitionError
+
+ENV = {"A_URL": "127.0.0.1:1", "B_URL": "127.0.0.1:2/model_b/3"}
+
+
+def load(tmp_path: Path, pipelines: dict, env: dict | None = None):
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({"pipelines": pipelines}))
+    return definitions.load(path, ENV if env is None else env)
+
+
+def step(name: str, source: str, endpoint: str = "A_URL", model: str | None = "m") -> dict:
+    return {"call": {"name": name, "endpoint": endpoint, "model": model, "inputs": {"x": source}}}
+
+
+def test_the_shipped_pipelines_load() -> None:
+    env = {
+        v: "127.0.0.1:1"
+        for v in (
+            "PREPROCESS_URL",
+            "PREDICTOR_DIGITS_A_URL",
+            "PREDICTOR_DIGITS_B_URL",
+            "PREDICTOR_OCR_DET_URL",
+            "PREDICTOR_OCR_CLS_URL",
+            "PREDICTOR_OCR_REC_URL",
+        )
+    }
+    plans = definitions.load(Path("proxy/pipelines.yaml"), env)
+    assert set(plans) == {"digits", "digits-partial", "ocr"}
+    assert plans["digits"].targets["ensemble/a"].model == "digits_a"
+
+
+@pytest.mark.parametrize(
+    ("steps", "message"),
+    [
+        ([step("a", "request.image", endpoint="NOPE_URL")], "NOPE_URL is not set"),
+        ([step("a", "ghost.y")], "names no earlier step"),
+        ([step("a", "b.y"), step("b", "request.image")], "names no earlier step"),
+        ([step("a", "a.y")], "names no earlier step"),
+        ([step("a", "request.image"), step("a", "request.image")], "must be unique"),
+        ([step("a", "request.nothing")], "request has no tensor 'nothing'"),
+        ([step("a", "request.image", model=None)], "no model named"),
+        ([step("a", "noseparator")], "must be <step>.<tensor>"),
+        (
+            [
+                {
+                    "parallel": {
+                        "name": "p",
+                        "inputs": {"x": "request.image"},
+                        "branches_from": {"prefix": "ZZZ_"},
+                    }
+                }
+            ],
+            "no ZZZ_<NAME>_URL",
+        ),
+        (
+            [
+                {
+                    "parallel": {
+                        "name": "p",
+                        "inputs": {"x": "request.image"},
+                        "branches": [{"name": "a", "endpoint": "A_URL", "model": "m"}],
+                        "combine": {"op": "mean"},
+                    }
+                }
+            ],
+            "needs `tensor`",
+        ),
+        ([{"teleport": {"name": "t"}}], "invalid pipeline definition"),
+    ],
+)
+def test_bad_definitions_are_explained(tmp_path: Path, steps: list, message: str) -> None:
+    with pytest.raises(DefinitionError, match=message):
+        load(tmp_path, {"p": {"steps": steps, "result": {}}})
+
+
+def test_endpoint_url_may_name_model_and_version(tmp_path: Path) -> None:
+    plan = load(
+        tmp_path, {"p": {"steps": [step("a", "request.image", endpoint="B_URL")], "result": {}}}
+    )["p"]
+    target = plan.targets["a"]
+    assert (target.address, target.model, target.version) == ("127.0.0.1:2", "model_b", "3")
+
+
+@pytest.mark.parametrize("value", ["localhost", "host:99999", "a b:1", ""])
+def test_bad_endpoint_values(value: str) -> None:
+    with pytest.raises(DefinitionError):
+        endpoints.resolve("X_URL", {"X_URL": value})

@@ -1,0 +1,128 @@
+"""The proxy's REST surface: status mapping, limits, ids, health, metrics, v2 REST."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.proxy.scripted import affine, serve
+from tests.proxy.test_pipelines import body, call, parse_model, pipeline, post
+
+
+@pytest.fixture
+async def env():
+    parse, models = await serve(parse_model()), await serve(affine("plus1", 1, 1))
+    yield {"PARSE_URL": f"127.0.0.1:{parse.port}", "MODELS_URL": f"127.0.0.1:{models.port}"}
+    await parse.stop(0)
+    await models.stop(0)
+
+
+PIPES = {"p": pipeline([call("a", "plus1", "parse")], {"y": "a.y[0]"})}
+
+
+async def test_answer_shape_and_request_id(env, make_client) -> None:
+    async with make_client(PIPES, env) as client:
+        r = await post(client, "p", body(1), **{"X-Request-Id": "abc-123"})
+    data = r.json()
+    assert r.status_code == 200 and r.headers["X-Request-Id"] == "abc-123"
+    assert set(data) == {"id", "pipeline", "result", "partial", "steps", "latency_ms"}
+    assert data["id"] == "abc-123" and data["pipeline"] == "p"
+    assert all(set(s) == {"name", "status", "latency_ms", "error"} for s in data["steps"])
+
+
+async def test_multipart_upload(env, make_client) -> None:
+    async with make_client(PIPES, env) as client:
+        r = await client.post("/v1/pipelines/p/infer", files={"file": ("x.bin", body(2))})
+        missing = await client.post("/v1/pipelines/p/infer", files={"other": ("x", b"1")})
+    assert r.status_code == 200 and r.json()["result"] == {"y": [3.0]}
+    assert missing.status_code == 422 and "'file'" in missing.json()["error"]
+
+
+@pytest.mark.parametrize(
+    ("path", "data", "headers", "status", "text"),
+    [
+        ("/v1/pipelines/nope/infer", b"x", {}, 404, "unknown pipeline 'nope'"),
+        ("/v1/pipelines/p/infer", b"", {}, 400, "empty body"),
+        ("/v1/pipelines/p/infer", b"x" * 2048, {}, 413, "exceeds the limit"),
+        ("/v1/pipelines/p/infer", b"x", {"Content-Type": "text/plain"}, 415, "Content-Type"),
+        ("/v1/pipelines/p/infer", b"x", {"X-Request-Timeout-Ms": "soon"}, 400, "milliseconds"),
+        ("/v1/pipelines/p/infer", b"x", {"X-Request-Timeout-Ms": "-5"}, 400, "positive"),
+    ],
+)
+async def test_bad_requests_are_named(env, make_client, path, data, headers, status, text) -> None:
+    async with make_client(PIPES, env, max_body_mb=1 / 1024) as client:
+        r = await client.post(
+            path, content=data, headers={"Content-Type": "application/octet-stream", **headers}
+        )
+    assert r.status_code == status, r.text
+    assert text in r.json()["error"] and r.json()["id"]
+
+
+async def test_downstream_invalid_input_is_400_naming_the_step(env, make_client) -> None:
+    async with make_client(PIPES, env) as client:
+        r = await post(client, "p", b"abc")  # 3 bytes: not float32 data
+    assert r.status_code in (400, 502)
+    assert r.json()["step"] == "parse"
+
+
+async def test_health_ready_metrics_listing_and_docs(env, make_client) -> None:
+    async with make_client(PIPES, env) as client:
+        assert (await client.get("/healthz")).json() == {"live": True}
+        ready = await client.get("/readyz")
+        await post(client, "p", body(1))
+        metrics = (await client.get("/metrics")).text
+        listing = (await client.get("/v1/pipelines")).json()
+        docs = await client.get("/docs")
+    assert ready.status_code == 200 and ready.json()["ready"] is True
+    assert 'proxy_requests_total{pipeline="p",status="200"}' in metrics
+    assert "proxy_step_duration_seconds_bucket" in metrics
+    assert listing["p"]["targets"]["a"]["model"] == "plus1"
+    assert docs.status_code == 200
+
+
+async def test_readyz_names_what_is_not_ready(env, make_client) -> None:
+    async with make_client(
+        PIPES, {**env, "MODELS_URL": "127.0.0.1:9"}, ready_timeout_ms=300
+    ) as client:
+        r = await client.get("/readyz")
+    assert r.status_code == 503
+    assert r.json()["endpoints"]["MODELS_URL/plus1"]["ready"] is False
+    assert r.json()["endpoints"]["PARSE_URL/parse"]["ready"] is True
+
+
+async def test_api_key(env, make_client) -> None:
+    async with make_client(PIPES, env, api_key="s3cret") as client:
+        denied = await post(client, "p", body(1))
+        allowed = await post(client, "p", body(1), Authorization="Bearer s3cret")
+        other = await post(client, "p", body(1), **{"X-API-Key": "s3cret"})
+        health = await client.get("/healthz")
+    assert denied.status_code == 401 and allowed.status_code == 200 and other.status_code == 200
+    assert health.status_code == 200
+
+
+async def test_v2_rest_protocol(env, make_client) -> None:
+    async with make_client(PIPES, env) as client:
+        meta = await client.get("/v2/models/plus1")
+        r = await client.post(
+            "/v2/models/plus1/infer",
+            json={
+                "id": "q1",
+                "inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1.5, 2.5]}],
+            },
+        )
+        bad = await client.post(
+            "/v2/models/plus1/infer",
+            json={"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1]}]},
+        )
+        unknown = await client.get("/v2/models/nothing")
+        live = await client.get("/v2/health/live")
+    assert meta.status_code == 200 and meta.json()["inputs"][0]["shape"] == [-1, -1]
+    out = r.json()
+    assert r.status_code == 200 and out["id"] == "q1"
+    assert out["outputs"] == [
+        {"name": "y", "datatype": "FP32", "shape": [1, 2], "data": [2.5, 3.5]}
+    ]
+    assert bad.status_code == 400 and "do not fill shape" in bad.json()["error"]
+    assert unknown.status_code == 404
+    assert live.json() == {"live": True}
+    assert np.isclose(out["outputs"][0]["data"][0], 2.5)
