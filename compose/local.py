@@ -35,10 +35,11 @@ class LocalMesh:
         self._width = max(len(n) for n in services)
 
     def _pump(self, name: str, stream) -> None:
-        for raw in iter(stream.readline, b""):
-            line = raw.decode(errors="replace").rstrip("\n")
-            with self._lock:
-                print(f"{name:<{self._width}} | {line}", file=self._out, flush=True)
+        with stream:
+            for raw in iter(stream.readline, b""):
+                line = raw.decode(errors="replace").rstrip("\n")
+                with self._lock:
+                    print(f"{name:<{self._width}} | {line}", file=self._out, flush=True)
 
     def start(self, name: str) -> None:
         svc = self.services[name]
@@ -138,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        services = load(args.file or [DEFAULT_FILE])
+        services = load(args.file or [DEFAULT_FILE], port_offset=args.port_offset)
     except (TopologyError, OSError) as exc:
         print(f"compose.local: {exc}", file=sys.stderr)
         return 2

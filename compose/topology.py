@@ -70,8 +70,13 @@ def _as_env(raw: object) -> dict[str, str]:
     return {str(k): "" if v is None else str(v) for k, v in dict(raw).items()}  # type: ignore[call-overload]
 
 
-def load(files: list[Path], environ: Mapping[str, str] | None = None) -> dict[str, LocalService]:
-    """Services of the compose file(s), translated to local processes."""
+def load(
+    files: list[Path], environ: Mapping[str, str] | None = None, port_offset: int = 0
+) -> dict[str, LocalService]:
+    """Services of the compose file(s), translated to local processes.
+
+    `port_offset` moves every port (so a second mesh can run beside `./mesh up`).
+    """
     environ = os.environ if environ is None else environ
     specs = _merge_files(files)
     if not specs:
@@ -90,7 +95,7 @@ def load(files: list[Path], environ: Mapping[str, str] | None = None) -> dict[st
 
         def local(value: str, mounts: list[tuple[str, str]] = mounts) -> str:
             value = interpolate(value, environ)
-            value = host_re.sub(r"127.0.0.1:\2", value)
+            value = host_re.sub(lambda m: f"127.0.0.1:{int(m.group(2)) + port_offset}", value)
             value = value.replace("0.0.0.0", "127.0.0.1")
             for container, host in mounts:
                 value = re.sub(rf"(?<![\w/]){re.escape(container)}(?=/|$|\s|:)", host, value)
@@ -115,7 +120,10 @@ def load(files: list[Path], environ: Mapping[str, str] | None = None) -> dict[st
         services[name] = LocalService(
             name=name,
             argv=argv,
-            env={k: local(v) for k, v in _as_env(spec.get("environment")).items()},
+            env={
+                k: str(int(v) + port_offset) if k.endswith("_PORT") and v.isdigit() else local(v)
+                for k, v in _as_env(spec.get("environment")).items()
+            },
             healthcheck=check,
             depends_on=list(depends),
             restart=str(spec.get("restart", "no")),

@@ -178,17 +178,22 @@ def _tidy(boxes: list[np.ndarray], h: int, w: int) -> list[np.ndarray]:
 
 
 def reading_order(boxes: list[np.ndarray]) -> list[np.ndarray]:
-    """Top to bottom; boxes whose tops are within 10 px count as one line, left to right."""
-    ordered = sorted(boxes, key=lambda b: (b[0][1], b[0][0]))
-    for i in range(len(ordered) - 1):
-        for j in range(i, -1, -1):
-            if abs(ordered[j + 1][0][1] - ordered[j][0][1]) < 10 and (
-                ordered[j + 1][0][0] < ordered[j][0][0]
-            ):
-                ordered[j], ordered[j + 1] = ordered[j + 1], ordered[j]
-            else:
-                break
-    return ordered
+    """Top to bottom, then left to right within a line.
+
+    A box belongs to the line above when its vertical centre falls inside that line's
+    first box: robust to the detector splitting one line into boxes whose tops differ
+    (a fixed pixel tolerance on the tops misorders those).
+    """
+    lines: list[list[np.ndarray]] = []
+    for box in sorted(boxes, key=lambda b: float(b[:, 1].mean())):
+        centre = float(box[:, 1].mean())
+        if lines:
+            first = lines[-1][0]
+            if float(first[:, 1].min()) <= centre <= float(first[:, 1].max()):
+                lines[-1].append(box)
+                continue
+        lines.append([box])
+    return [box for line in lines for box in sorted(line, key=lambda b: float(b[:, 0].min()))]
 
 
 def perspective_crop(img: np.ndarray, box: np.ndarray) -> np.ndarray:
@@ -278,19 +283,33 @@ def ocr_cls_batch(state: State, output: str = "x", height: int = 48, width: int 
 
 @op
 def rotate_by_class(
-    state: State, probs: str = "probs", index: int = 1, threshold: float = 0.9
+    state: State,
+    probs: str = "probs",
+    index: int = 1,
+    threshold: float = 0.9,
+    boxes: str | None = None,
 ) -> None:
-    """Turn crops 180 degrees where class `index` (upside down) scores above `threshold`."""
+    """Turn crops 180 degrees where class `index` (upside down) scores above `threshold`.
+
+    With `boxes`: when most crops were upside down the page itself is, so its reading
+    order runs backwards; crops and boxes are then reversed to read naturally.
+    """
     p = state.tensor(probs)
     if p.ndim != 2 or p.shape[0] != len(state.images) or p.shape[1] <= index:
         raise InvalidInput(
             f"input '{probs}': expected [{len(state.images)}, >{index}], got {list(p.shape)}"
         )
-    labels = p.argmax(axis=1)
+    flipped = (p.argmax(axis=1) == index) & (p[:, index] > threshold)
     state.images = [
-        cv2.rotate(im, cv2.ROTATE_180) if labels[i] == index and p[i, index] > threshold else im
-        for i, im in enumerate(state.images)
+        cv2.rotate(im, cv2.ROTATE_180) if flipped[i] else im for i, im in enumerate(state.images)
     ]
+    if boxes is not None:
+        b = state.tensor(boxes)
+        if b.shape[:1] != (len(state.images),):
+            raise InvalidInput(f"input '{boxes}' has {b.shape[0]} boxes for {len(p)} crops")
+        if flipped.sum() * 2 > len(flipped):
+            state.images = state.images[::-1]
+            state.tensors[boxes] = b[::-1].copy()
 
 
 @op

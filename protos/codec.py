@@ -137,7 +137,8 @@ def to_raw_view(array: np.ndarray) -> tuple[str, bytes | memoryview]:
     if datatype == "BYTES":
         return datatype, encode_bytes_elements(array.reshape(-1))
     le = np.ascontiguousarray(array, dtype=DATATYPE_TO_DTYPE[datatype])
-    return datatype, memoryview(le).cast("B")
+    # reshape(-1) first: memoryview refuses to cast views with a zero in their shape.
+    return datatype, memoryview(le.reshape(-1)).cast("B")
 
 
 # ---------------------------------------------------------------- decoding

@@ -39,3 +39,45 @@ def render_lines(
         cv2.putText(img, text, (margin, y), font, scale, (0, 0, 0), thickness, cv2.LINE_AA)
         boxes.append((margin, y - h, margin + w, y + base))
     return img, boxes
+
+
+# Letters, digits and punctuation, less the glyphs these fonts draw alike (O/0, l/I/1).
+TEXT_CHARS = "ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz0123456789.,:;!?-()'"
+
+
+def text_samples(count: int, seed: int = 0) -> list[tuple[bytes, list[str]]]:
+    """Encoded images of 1-3 lines of 5-40 random characters, several fonts and sizes,
+    every third one upside down (a page turned over still reads first line first);
+    with the true lines."""
+    rng = np.random.default_rng(seed)
+    samples = []
+    for i in range(count):
+        lines = []
+        for _ in range(int(rng.integers(1, 4))):
+            n = int(rng.integers(5, 41))
+            words, left = [], n
+            while left > 0:
+                k = int(min(left, rng.integers(2, 9)))
+                words.append("".join(rng.choice(list(TEXT_CHARS), k)))
+                left -= k + 1
+            lines.append(" ".join(words)[:n].strip())
+        font = FONTS[i % len(FONTS)]
+        scale = float(rng.choice([0.9, 1.1, 1.4]))
+        img, _ = render_lines(lines, font=font, scale=scale, thickness=2)
+        if i % 3 == 2:
+            img = cv2.rotate(img, cv2.ROTATE_180)
+        samples.append((encode(img), lines))
+    return samples
+
+
+def cer(predicted: list[str], truth: list[str]) -> tuple[int, int]:
+    """(edit distance, reference length) over all lines joined, spaces ignored."""
+    a = "".join(predicted).replace(" ", "")
+    b = "".join(truth).replace(" ", "")
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        prev = cur
+    return prev[-1], len(b)

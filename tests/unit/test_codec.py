@@ -129,3 +129,11 @@ def test_response_outputs_reads_raw() -> None:
     resp = codec.build_response("m", "1", {"p": probs})
     assert resp.raw_output_contents and not resp.outputs[0].HasField("contents")
     np.testing.assert_array_equal(codec.response_outputs(resp)["p"], probs)
+
+
+@pytest.mark.parametrize("shape", [(0,), (0, 4, 2), (3, 0), ()])
+def test_empty_and_scalar_tensors_round_trip(shape: tuple[int, ...]) -> None:
+    arr = np.zeros(shape, dtype=np.float32)
+    data = codec.build_response_bytes("m", "1", {"t": arr})
+    back = codec.response_outputs(pb.ModelInferResponse.FromString(data))["t"]
+    assert back.shape == shape

@@ -1,0 +1,71 @@
+"""The shipped pipelines run in one process: the same recipes and ONNX models, no hops.
+
+This is the reference the mesh is compared with, in the end-to-end tests (same
+answers) and in the benchmarks (the limit).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from preprocess.recipes import Recipe, RecipeRepository
+from preprocess.settings import DEFAULT_RECIPES
+
+ROOT = Path(__file__).resolve().parent.parent
+REPOSITORY = ROOT / "models" / "repository"
+DIGITS_MODELS = ("digits_forest", "digits_logreg", "digits_mlp")
+
+
+def _session(name: str, threads: int = 1) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    return ort.InferenceSession(
+        str(REPOSITORY / name / "1" / "model.onnx"), options, providers=["CPUExecutionProvider"]
+    )
+
+
+class InProcess:
+    def __init__(self, threads: int = 1) -> None:
+        self.recipes: dict[str, Recipe] = RecipeRepository(DEFAULT_RECIPES).load()
+        self.sessions = {
+            n: _session(n, threads) for n in (*DIGITS_MODELS, "ocr_det", "ocr_cls", "ocr_rec")
+        }
+
+    def _run(self, model: str, x: np.ndarray) -> list[np.ndarray]:
+        session = self.sessions[model]
+        return session.run(None, {session.get_inputs()[0].name: x})
+
+    def digits(self, image: bytes) -> dict:
+        feats = self.recipes["digits"].run({"image": _bytes(image)})["input"]
+        probs = {n: self._run(n, feats)[1][0] for n in DIGITS_MODELS}
+        mean = np.mean(np.stack(list(probs.values())), axis=0)
+        return {"label": int(mean.argmax()), "probabilities": mean.tolist()}
+
+    def ocr(self, image: bytes) -> dict:
+        r = self.recipes
+        det_in = r["ocr_det_input"].run({"image_bytes": _bytes(image)})
+        maps = self._run("ocr_det", det_in["x"])[0]
+        crops = r["ocr_crops"].run(
+            {"maps": maps, "image": det_in["image"], "transform": det_in["transform"]}
+        )
+        if len(crops["crop_sizes"]) == 0:
+            return {"lines": []}
+        cls = self._run("ocr_cls", r["ocr_cls_input"].run(crops)["x"])[0]
+        rec_in = r["ocr_rotate_rec_input"].run({**crops, "probs": cls})
+        probs = self._run("ocr_rec", rec_in["x"])[0]
+        out = r["ocr_ctc_decode"].run({"probs": probs, "boxes": rec_in["boxes"]})
+        return {
+            "lines": [
+                {"text": t.decode(), "score": float(s), "box": b.tolist()}
+                for t, s, b in zip(out["text"], out["score"], out["boxes"], strict=True)
+            ]
+        }
+
+
+def _bytes(blob: bytes) -> np.ndarray:
+    out = np.empty(1, dtype=object)
+    out[0] = blob
+    return out
