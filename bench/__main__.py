@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import sys
 
-from bench import predictor
+from bench import mesh, predictor
 
-BENCHMARKS = {"predictor": predictor.main}
+BENCHMARKS = {
+    "predictor": predictor.main,
+    "proxy": mesh.proxy_main,
+    "pipelines": mesh.pipelines_main,
+}
 
 
 def main() -> int:

@@ -123,8 +123,9 @@ def test_rotate_turns_only_confident_upside_down_crops(recipes: dict[str, Recipe
     sizes = np.array([[10, 30]] * 3, np.int32)
     probs = np.array([[0.99, 0.01], [0.05, 0.95], [0.2, 0.8]], np.float32)
     boxes = np.arange(24, dtype=np.float32).reshape(3, 4, 2)
-    out = recipes["ocr_rotate"].run({"crops": crops, "crop_sizes": sizes, "probs": probs,
-                                     "boxes": boxes})
+    out = recipes["ocr_rotate"].run(
+        {"crops": crops, "crop_sizes": sizes, "probs": probs, "boxes": boxes}
+    )
     turned = out["crops"]
     assert turned[0, :, :5].min() == 255, "class 0: unchanged"
     assert turned[1, :, -5:].min() == 255, "class 180 above 0.9: turned"
@@ -137,8 +138,9 @@ def test_an_upside_down_page_reads_backwards(recipes: dict[str, Recipe]) -> None
     sizes = np.array([[10, 30]] * 3, np.int32)
     probs = np.array([[0.01, 0.99], [0.02, 0.98], [0.9, 0.1]], np.float32)
     boxes = np.arange(24, dtype=np.float32).reshape(3, 4, 2)
-    out = recipes["ocr_rotate"].run({"crops": crops, "crop_sizes": sizes, "probs": probs,
-                                     "boxes": boxes})
+    out = recipes["ocr_rotate"].run(
+        {"crops": crops, "crop_sizes": sizes, "probs": probs, "boxes": boxes}
+    )
     np.testing.assert_array_equal(out["boxes"], boxes[::-1])
     assert [int(c[0, 0, 0]) for c in out["crops"]] == [100, 50, 0]
 

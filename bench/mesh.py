@@ -1,0 +1,258 @@
+"""Mesh benchmarks, each a ratio to its baseline measured in the same run.
+
+`python -m bench proxy`: proxy overhead per hop: pipelines of k trivial steps (k = 1, 2, 4)
+through the REST proxy vs the same k gRPC calls made directly, at concurrency 1 and 16.
+
+`python -m bench pipelines`: the shipped digits and ocr pipelines through the whole mesh
+(REST, every service a process) vs the same steps in one process (the limit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import numpy as np
+import onnx
+import yaml
+from onnx import TensorProto, helper
+
+from bench.httpload import Connection, post_bytes
+from bench.inprocess import InProcess
+from bench.loadgen import Stats, run_async, run_threads
+from protos import codec, wire
+from v2server.server import channel_options
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+
+def _wait_file(path: Path, proc: subprocess.Popen, what: str) -> None:
+    while not path.exists():
+        if proc.poll() is not None:
+            raise SystemExit(f"{what} failed to start")
+        time.sleep(0.05)
+
+
+def _wait_http(url: str, proc: subprocess.Popen) -> None:
+    import urllib.request
+
+    for _ in range(600):
+        if proc.poll() is not None:
+            raise SystemExit("proxy failed to start")
+        try:
+            urllib.request.urlopen(url, timeout=1)
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit("proxy not ready")
+
+
+async def http_closed_loop(url: str, raw: bytes, concurrency: int, duration: float) -> Stats:
+    conns = [await Connection.open(url) for _ in range(concurrency)]
+    free = list(conns)
+
+    async def call() -> None:
+        conn = free.pop()
+        try:
+            status, _ = await conn.request(raw)
+            if status != 200:
+                raise RuntimeError(status)
+        finally:
+            free.append(conn)
+
+    try:
+        return await run_async(call, concurrency, duration)
+    finally:
+        for conn in conns:
+            await conn.close()
+
+
+def _row(label: str, c: int, s: Stats, base: Stats) -> str:
+    return (
+        f"| {label} | {c} | {s.rps:,.1f} | {s.rps / base.rps:.2f}x | {s.p50_ms:.2f} | "
+        f"{s.p50_ms / base.p50_ms:.2f}x | {s.p99_ms:.2f} | {s.errors} |"
+    )
+
+
+HEADER = (
+    "| system | concurrency | req/s | throughput vs baseline | p50 ms | p50 vs baseline "
+    "| p99 ms | errors |\n| --- | --- | --- | --- | --- | --- | --- | --- |"
+)
+
+
+# ---------------------------------------------------------------- proxy overhead
+
+
+def _echo_repository(root: Path) -> Path:
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "echo",
+        [helper.make_tensor_value_info("x", TensorProto.STRING, [-1])],
+        [helper.make_tensor_value_info("y", TensorProto.STRING, [-1])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    (root / "echo" / "1").mkdir(parents=True)
+    onnx.save(model, root / "echo" / "1" / "model.onnx")
+    (root / "echo" / "config.yaml").write_text(yaml.safe_dump({"instance_count": 1}))
+    return root
+
+
+def _chain(k: int) -> dict:
+    steps, source = [], "request.body"
+    for i in range(k):
+        steps.append(
+            {
+                "call": {
+                    "name": f"s{i}",
+                    "endpoint": "ECHO_URL",
+                    "model": "echo",
+                    "inputs": {"x": source},
+                }
+            }
+        )
+        source = f"s{i}.y"
+    return {"input": "body", "steps": steps, "result": {"size": f"s{k - 1}.y"}}
+
+
+def proxy_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description="proxy overhead per hop")
+    parser.add_argument("--duration", type=float, default=4.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="bench-proxy-"))
+    repo = _echo_repository(work / "repo")
+    port_file = work / "port.json"
+    pred = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "predictors",
+            "--repository",
+            str(repo),
+            "--port",
+            "0",
+            "--port-file",
+            str(port_file),
+            "--log-level",
+            "WARNING",
+        ],
+        cwd=ROOT,
+    )
+    proxy = None
+    try:
+        _wait_file(port_file, pred, "predictor")
+        address = f"127.0.0.1:{json.loads(port_file.read_text())['grpc']}"
+        pipes = work / "pipelines.yaml"
+        pipes.write_text(yaml.safe_dump({"pipelines": {f"k{k}": _chain(k) for k in (1, 2, 4)}}))
+        env = {
+            "ECHO_URL": address,
+            "PROXY_PORT": "18481",
+            "PROXY_PIPELINES": str(pipes),
+            "PROXY_LOG_LEVEL": "WARNING",
+        }
+        import os
+
+        proxy = subprocess.Popen(
+            [sys.executable, "-m", "proxy"], cwd=ROOT, env={**os.environ, **env}
+        )
+        _wait_http("http://127.0.0.1:18481/healthz", proxy)
+        payload = b"x" * 64
+        tensor = np.empty(1, dtype=object)
+        tensor[0] = payload
+        request = codec.build_request("echo", {"x": tensor}).SerializeToString()
+
+        async def direct(k: int, c: int) -> Stats:
+            async with grpc.aio.insecure_channel(address, options=channel_options()) as ch:
+                infer = ch.unary_unary(
+                    MODEL_INFER,
+                    request_serializer=wire.serialize_infer_request,
+                    response_deserializer=wire.parse_infer_response,
+                )
+
+                async def call() -> None:
+                    for _ in range(k):
+                        await infer(request, timeout=10)
+
+                return await run_async(call, c, args.duration)
+
+        print("\n### Proxy overhead: k trivial steps via REST proxy vs the same k gRPC calls\n")
+        print(HEADER)
+        for k in (1, 2, 4):
+            raw = post_bytes(f"http://127.0.0.1:18481/v1/pipelines/k{k}/infer", payload)
+            for c in (1, 16):
+                base_runs, mesh_runs = [], []
+                for _ in range(args.rounds):
+                    base_runs.append(asyncio.run(direct(k, c)))
+                    mesh_runs.append(
+                        asyncio.run(
+                            http_closed_loop("http://127.0.0.1:18481", raw, c, args.duration)
+                        )
+                    )
+                base, mesh = _median(base_runs), _median(mesh_runs)
+                print(_row(f"direct gRPC, {k} call(s)", c, base, base))
+                print(_row(f"proxy, {k}-step pipeline", c, mesh, base), flush=True)
+    finally:
+        for p in (proxy, pred):
+            if p is not None:
+                p.terminate()
+                p.wait(30)
+    return 0
+
+
+def _median(runs: list[Stats]) -> Stats:
+    return sorted(runs, key=lambda s: s.rps)[len(runs) // 2]
+
+
+# ---------------------------------------------------------------- shipped pipelines
+
+
+def pipelines_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description="mesh vs in-process for the shipped pipelines")
+    parser.add_argument("--duration", type=float, default=5.0)
+    parser.add_argument("--ocr-duration", type=float, default=20.0)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    args = parser.parse_args(argv)
+    from compose.local import DEFAULT_FILE, LocalMesh
+    from compose.topology import load
+
+    sys.path.insert(0, str(ROOT))
+    from tests.images import encode, render_digit, render_lines
+
+    services = load([DEFAULT_FILE], environ={}, port_offset=30000)
+    log = open(Path(tempfile.mkdtemp(prefix="bench-mesh-")) / "mesh.log", "w")  # noqa: SIM115
+    mesh = LocalMesh(services, out=log)
+    mesh.up()
+    url = f"http://127.0.0.1:{services['proxy'].env['PROXY_PORT']}"
+    try:
+        from sklearn.datasets import load_digits
+
+        digit = encode(render_digit(load_digits().images[0], scale=4))
+        page, _ = render_lines(["Inference mesh, 2026.", "Text in two lines: 0123"], scale=1.2)
+        text = encode(page)
+        local = InProcess(threads=1)
+        cases: list[tuple[str, bytes, Callable[[bytes], object], float]] = [
+            ("digits", digit, local.digits, args.duration),
+            ("ocr", text, local.ocr, args.ocr_duration),
+        ]
+        for name, blob, fn, duration in cases:
+            raw = post_bytes(f"{url}/v1/pipelines/{name}/infer", blob, "image/png")
+            print(f"\n### `{name}`: whole mesh over REST vs the same steps in one process\n")
+            print(HEADER)
+            for c in args.concurrency:
+                base = run_threads(lambda b=blob, f=fn: f(b), c, duration, warmup_s=1.0)
+                mesh_stats = asyncio.run(http_closed_loop(url, raw, c, duration))
+                print(_row("in-process", c, base, base))
+                print(_row("mesh (proxy + services)", c, mesh_stats, base), flush=True)
+    finally:
+        mesh.down()
+        log.close()
+    return 0
