@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import sys
 
 import cv2
@@ -13,23 +11,20 @@ from preprocess.config import RecipeFileError
 from preprocess.recipes import RecipeRepository
 from preprocess.settings import PreprocessSettings
 from v2server import logs
-from v2server.server import V2Server, serve
+from v2server.server import run_service
 
 
 def main(argv: list[str] | None = None) -> int:
     settings = PreprocessSettings(_cli_parse_args=sys.argv[1:] if argv is None else argv)
     logs.configure(settings.log_level)
     cv2.setNumThreads(1)  # parallelism comes from the worker threads
-    repository = RecipeRepository(settings.config, settings.workers, settings.max_queue_size)
-    server = V2Server(
-        repository, settings, server_name="inference-mesh-preprocess", server_version=__version__
+    return run_service(
+        RecipeRepository(settings.config, settings.workers, settings.max_queue_size),
+        settings,
+        server_name="inference-mesh-preprocess",
+        server_version=__version__,
+        config_errors=(RecipeFileError,),
     )
-    try:
-        asyncio.run(serve(server))
-    except RecipeFileError as exc:
-        logging.getLogger("preprocess").error("cannot start: %s", exc)
-        return 2
-    return 0
 
 
 if __name__ == "__main__":

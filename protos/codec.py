@@ -326,12 +326,17 @@ def build_response_bytes(
 ) -> bytes:
     """The serialized ModelInferResponse, tensor bytes copied once (see protos.wire)."""
     head = pb.ModelInferResponse(model_name=model_name, model_version=model_version, id=request_id)
+    return _with_raw_tensors(head, head.outputs, wire.RAW_OUTPUT_FIELD, outputs)
+
+
+def _with_raw_tensors(head, tensors, field: int, arrays: Mapping[str, np.ndarray]) -> bytes:
+    """Describe `arrays` in the `tensors` list of `head`, append their bytes as `field`."""
     views = []
-    for name, array in outputs.items():
+    for name, array in arrays.items():
         datatype, view = to_raw_view(np.asarray(array))
-        head.outputs.add(name=name, datatype=datatype, shape=array.shape)
+        tensors.add(name=name, datatype=datatype, shape=array.shape)
         views.append(view)
-    return wire.with_field(head, wire.RAW_OUTPUT_FIELD, views)
+    return wire.with_field(head, field, views)
 
 
 def build_response(
@@ -361,11 +366,6 @@ def build_request_bytes(
 ) -> bytes:
     """The serialized ModelInferRequest; tensors already little-endian are not re-encoded."""
     head = pb.ModelInferRequest(model_name=model_name, model_version=model_version, id=request_id)
-    views = []
-    for name, array in inputs.items():
-        datatype, view = to_raw_view(np.asarray(array))
-        head.inputs.add(name=name, datatype=datatype, shape=array.shape)
-        views.append(view)
     for name in outputs:
         head.outputs.add(name=name)
-    return wire.with_field(head, wire.RAW_INPUT_FIELD, views)
+    return _with_raw_tensors(head, head.inputs, wire.RAW_INPUT_FIELD, inputs)

@@ -121,4 +121,22 @@ def channel_options(max_message_mb: int = 64) -> list[tuple[str, int]]:
     ]
 
 
-__all__ = ["V2Server", "channel_options", "serve"]
+def run_service(
+    repository: ModelRepository,
+    settings: ServerSettings,
+    *,
+    server_name: str,
+    server_version: str,
+    config_errors: tuple[type[Exception], ...],
+) -> int:
+    """The body of every service's `main`: serve until SIGTERM; 2 on a configuration error."""
+    server = V2Server(repository, settings, server_name=server_name, server_version=server_version)
+    try:
+        asyncio.run(serve(server))
+    except config_errors as exc:
+        log.error("cannot start: %s", exc)
+        return 2
+    return 0
+
+
+__all__ = ["V2Server", "channel_options", "run_service", "serve"]
