@@ -78,10 +78,19 @@ def session_options(config: ModelConfig) -> ort.SessionOptions:
 class OnnxModel:
     platform = "onnxruntime_onnx"
 
-    def __init__(self, name: str, version: int, path: Path, config: ModelConfig) -> None:
+    def __init__(
+        self,
+        name: str,
+        version: int,
+        path: Path,
+        config: ModelConfig,
+        labels: list[str] | None = None,
+    ) -> None:
         self.name = name
         self.version = str(version)
         self.config = config
+        self.labels = labels
+        """Class names (config `labels`), used by the classification extension."""
         where = f"{name}/{version}"
         self._session = ort.InferenceSession(
             str(path), session_options(config), providers=["CPUExecutionProvider"]

@@ -23,9 +23,20 @@ def _version_dirs(model_dir: Path) -> dict[int, Path]:
     }
 
 
-def _load(name: str, version: int, path: Path, config: ModelConfig) -> OnnxModel:
+def _labels(model_dir: Path, config: ModelConfig) -> list[str] | None:
+    if config.labels is None:
+        return None
+    path = model_dir / config.labels
+    if not path.is_file():
+        raise ConfigError(f"{model_dir}: labels file {config.labels} not found")
+    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def _load(
+    name: str, version: int, path: Path, config: ModelConfig, labels: list[str] | None
+) -> OnnxModel:
     try:
-        return OnnxModel(name, version, path, config)
+        return OnnxModel(name, version, path, config, labels)
     except Exception as exc:  # onnxruntime raises several unrelated types
         raise ConfigError(f"{path}: cannot load: {exc}") from exc
 
@@ -62,7 +73,8 @@ class OnnxRepository:
                 chosen = config.version_policy.select(list(available))
             except ValueError as exc:
                 raise ConfigError(f"{model_dir}: {exc}") from exc
-            models[name] = {str(v): _load(name, v, available[v], config) for v in chosen}
+            labels = _labels(model_dir, config)
+            models[name] = {str(v): _load(name, v, available[v], config, labels) for v in chosen}
             log.info("loaded", extra={"fields": {"model": name, "versions": chosen}})
         if not models:
             raise ConfigError(f"model repository {self.root} holds no model")

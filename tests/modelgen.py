@@ -104,12 +104,14 @@ def build_test_repository(root: Path) -> Path:
             v,
             linear_model(v),
             {
+                "labels": "labels.txt",
                 "max_batch_size": 16,
                 "dynamic_batching": {"max_queue_delay_ms": 20},
                 "version_policy": {"latest": 2},
                 "onnxruntime": {"intra_op_threads": 1},
             },
         )
+    (root / "linear" / "labels.txt").write_text("cat\ndog\nemu\n")
     _write(root, "types", 1, types_model(), {})
     _write(
         root,

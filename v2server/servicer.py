@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import grpc
+import numpy as np
 from grpc import aio
 
 from protos import codec, pb, pb_grpc, wire
@@ -78,7 +79,34 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         outputs = await model.infer(inputs, deadline)
         if wanted is not None:
             outputs = {name: outputs[name] for name in wanted}
+        for requested in message.outputs:
+            param = requested.parameters.get("classification")
+            if param is not None and param.int64_param > 0:
+                outputs[requested.name] = classify(
+                    outputs[requested.name], param.int64_param, getattr(model, "labels", None)
+                )
         return codec.build_response_bytes(model.name, model.version, outputs, message.id)
+
+
+def classify(scores: np.ndarray, k: int, labels: list[str] | None) -> np.ndarray:
+    """Triton's classification extension: the top k of each row as BYTES
+    "value:index" (or "value:index:label" when the model has labels)."""
+    if scores.ndim not in (1, 2) or scores.dtype.kind != "f":
+        raise InvalidInput(
+            f"classification needs a float [N, C] or [C] output, got "
+            f"{scores.dtype} {list(scores.shape)}"
+        )
+    rows = scores.reshape(-1, scores.shape[-1])
+    k = min(k, rows.shape[1])
+    top = np.argsort(-rows, axis=1, kind="stable")[:, :k]
+    out = np.empty(top.shape, dtype=object)
+    for r, c in np.ndindex(top.shape):
+        index = int(top[r, c])
+        text = f"{rows[r, index]:f}:{index}"
+        if labels is not None and index < len(labels):
+            text += f":{labels[index]}"
+        out[r, c] = text.encode()
+    return out if scores.ndim == 2 else out[0]
 
 
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]

@@ -232,3 +232,20 @@ def test_corrupt_onnx_fails_start_naming_the_file(tmp_path: Path) -> None:
     result = run_module("predictors", ["--repository", str(tmp_path / "repo"), "--port", "0"])
     assert result.returncode == 2
     assert "junk/1/model.onnx" in result.stderr and "cannot load" in result.stderr
+
+
+def test_classification_extension_uses_labels(
+    predictor_stub: pb_grpc.GRPCInferenceServiceStub,
+) -> None:
+    x = np.random.default_rng(9).normal(size=(2, 4)).astype(np.float32)
+    request = codec.build_request("linear", {"x": x}, model_version="2")
+    wanted = request.outputs.add(name="y")
+    wanted.parameters["classification"].int64_param = 2
+    out = codec.response_outputs(predictor_stub.ModelInfer(request, timeout=TIMEOUT))["y"]
+    scores = linear_expected(x, 2)
+    assert out.shape == (2, 2)
+    for row, got in zip(scores, out, strict=True):
+        best = np.argsort(-row)[:2]
+        names = ["cat", "dog", "emu"]
+        assert [g.decode().split(":")[1:] for g in got] == [[str(i), names[i]] for i in best]
+        assert float(got[0].decode().split(":")[0]) == pytest.approx(row[best[0]], rel=1e-4)
