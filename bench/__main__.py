@@ -10,6 +10,7 @@ BENCHMARKS = {
     "predictor": predictor.main,
     "proxy": mesh.proxy_main,
     "pipelines": mesh.pipelines_main,
+    "preprocess": mesh.preprocess_main,
 }
 
 

@@ -220,6 +220,14 @@ def pipelines_main(argv: list[str]) -> int:
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--ocr-duration", type=float, default=20.0)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument(
+        "--ocr-concurrency",
+        type=int,
+        nargs="+",
+        default=[1, 8],
+        help="an OCR request takes ~1 s of both cores: 32 at once never "
+        "finish inside a measurement window",
+    )
     args = parser.parse_args(argv)
     from compose.local import DEFAULT_FILE, LocalMesh
     from compose.topology import load
@@ -239,15 +247,15 @@ def pipelines_main(argv: list[str]) -> int:
         page, _ = render_lines(["Inference mesh, 2026.", "Text in two lines: 0123"], scale=1.2)
         text = encode(page)
         local = InProcess(threads=1)
-        cases: list[tuple[str, bytes, Callable[[bytes], object], float]] = [
-            ("digits", digit, local.digits, args.duration),
-            ("ocr", text, local.ocr, args.ocr_duration),
+        cases: list[tuple[str, bytes, Callable[[bytes], object], float, list[int]]] = [
+            ("digits", digit, local.digits, args.duration, args.concurrency),
+            ("ocr", text, local.ocr, args.ocr_duration, args.ocr_concurrency),
         ]
-        for name, blob, fn, duration in cases:
+        for name, blob, fn, duration, levels in cases:
             raw = post_bytes(f"{url}/v1/pipelines/{name}/infer", blob, "image/png")
             print(f"\n### `{name}`: whole mesh over REST vs the same steps in one process\n")
             print(HEADER)
-            for c in args.concurrency:
+            for c in levels:
                 base = run_threads(lambda b=blob, f=fn: f(b), c, duration, warmup_s=1.0)
                 mesh_stats = asyncio.run(http_closed_loop(url, raw, c, duration))
                 print(_row("in-process", c, base, base))
@@ -255,4 +263,78 @@ def pipelines_main(argv: list[str]) -> int:
     finally:
         mesh.down()
         log.close()
+    return 0
+
+
+# ---------------------------------------------------------------- preprocess recipes
+
+
+def preprocess_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description="recipes over gRPC vs in-process")
+    parser.add_argument("--duration", type=float, default=4.0)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    from sklearn.datasets import load_digits
+
+    from preprocess.recipes import RecipeRepository
+    from preprocess.settings import DEFAULT_RECIPES
+    from tests.images import encode, render_digit, render_lines
+
+    work = Path(tempfile.mkdtemp(prefix="bench-preprocess-"))
+    port_file = work / "port.json"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "preprocess",
+            "--port",
+            "0",
+            "--port-file",
+            str(port_file),
+            "--log-level",
+            "WARNING",
+        ],
+        cwd=ROOT,
+    )
+    try:
+        _wait_file(port_file, proc, "preprocess")
+        address = f"127.0.0.1:{json.loads(port_file.read_text())['grpc']}"
+        recipes = RecipeRepository(DEFAULT_RECIPES).load()
+        page, _ = render_lines(["A page of text to detect,", "two lines of it."], scale=1.2)
+        cases = {
+            "digits": ("image", encode(render_digit(load_digits().images[0]))),
+            "ocr_det_input": ("image_bytes", encode(page)),
+        }
+        print("\n### Preprocess recipes: over gRPC vs the same OpenCV code in-process\n")
+        print(HEADER)
+        for name, (input_name, blob) in cases.items():
+            tensor = np.empty(1, dtype=object)
+            tensor[0] = blob
+            request = codec.build_request(name, {input_name: tensor}).SerializeToString()
+            recipe = recipes[name]
+
+            async def over_grpc(c: int, request: bytes = request) -> Stats:
+                async with grpc.aio.insecure_channel(address, options=channel_options()) as ch:
+                    infer = ch.unary_unary(
+                        MODEL_INFER,
+                        request_serializer=wire.serialize_infer_request,
+                        response_deserializer=wire.parse_infer_response,
+                    )
+
+                    async def call() -> None:
+                        await infer(request, timeout=30)
+
+                    return await run_async(call, c, args.duration)
+
+            for c in args.concurrency:
+                base = run_threads(
+                    lambda r=recipe, t=tensor, i=input_name: r.run({i: t}), c, args.duration
+                )
+                remote = asyncio.run(over_grpc(c))
+                print(_row(f"`{name}` in-process", c, base, base))
+                print(_row(f"`{name}` over gRPC", c, remote, base), flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(30)
     return 0
