@@ -137,6 +137,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=180.0,
         help="seconds each service may take to become healthy",
     )
+    parser.add_argument(
+        "--port-offset",
+        type=int,
+        default=0,
+        help="add this to every port (to run a second mesh beside another)",
+    )
     args = parser.parse_args(argv)
     try:
         services = load(args.file or [DEFAULT_FILE], port_offset=args.port_offset)
@@ -163,13 +169,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _port(svc: LocalService) -> str:
+    return next((v for k, v in svc.env.items() if k.endswith("_PORT") and "METRICS" not in k), "?")
+
+
 def ready_banner(services: dict[str, LocalService]) -> str:
     lines = ["", "mesh is up:"]
     for name, svc in services.items():
-        port = next(
-            (v for k, v in svc.env.items() if k.endswith("_PORT") and "METRICS" not in k), "?"
-        )
-        lines.append(f"  {name:<16} 127.0.0.1:{port}")
+        lines.append(f"  {name:<16} 127.0.0.1:{_port(svc)}")
+    if "proxy" in services:
+        url = f"http://127.0.0.1:{_port(services['proxy'])}"
+        lines += [
+            "",
+            f"proxy: {url}   (OpenAPI: {url}/docs, readiness: {url}/readyz)",
+            "try:",
+            f"  curl -s -X POST -H 'Content-Type: image/png' --data-binary @digit.png "
+            f"{url}/v1/pipelines/digits/infer",
+            f"  curl -s -X POST -F file=@page.png {url}/v1/pipelines/ocr/infer",
+        ]
     lines.append("Ctrl-C stops every service.")
     return "\n".join(lines)
 
