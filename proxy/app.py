@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -24,6 +25,8 @@ from proxy.settings import ProxySettings
 from v2server.logs import REQUEST_ID
 
 log = logging.getLogger("proxy")
+
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 
 
 class Problem(Exception):
@@ -133,7 +136,9 @@ def create_app(
 
     @app.middleware("http")
     async def request_context(request: Request, call_next):
-        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        given_id = request.headers.get("x-request-id", "")
+        # Ids travel in gRPC metadata and logs: only short, plain ones are kept.
+        request_id = given_id if _REQUEST_ID.fullmatch(given_id) else uuid.uuid4().hex
         request.state.request_id = request_id
         token = REQUEST_ID.set(request_id)
         try:

@@ -23,6 +23,7 @@ from v2server.logs import REQUEST_ID
 log = logging.getLogger("v2server")
 
 REQUEST_ID_KEY = "x-request-id"
+MAX_MESSAGE = 1000
 
 
 def _request_id(context: aio.ServicerContext) -> str:
@@ -52,7 +53,13 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):
                 return await inner(request, context)
             except MeshError as exc:
                 code = exc.code
-                await context.abort(exc.code, exc.message)
+                # Messages may quote caller input; gRPC refuses oversized trailers.
+                message = (
+                    exc.message
+                    if len(exc.message) <= MAX_MESSAGE
+                    else (exc.message[:MAX_MESSAGE] + "... (truncated)")
+                )
+                await context.abort(exc.code, message)
             except asyncio.CancelledError:
                 code = grpc.StatusCode.CANCELLED
                 raise

@@ -126,3 +126,9 @@ async def test_v2_rest_protocol(env, make_client) -> None:
     assert unknown.status_code == 404
     assert live.json() == {"live": True}
     assert np.isclose(out["outputs"][0]["data"][0], 2.5)
+
+
+async def test_odd_request_ids_are_replaced(env, make_client) -> None:
+    async with make_client(PIPES, env) as client:
+        r = await post(client, "p", body(1), **{"X-Request-Id": "x" * 5000})
+    assert r.status_code == 200 and len(r.headers["X-Request-Id"]) == 32
