@@ -83,6 +83,9 @@ class ModelConfig(_Strict):
     """Requests that may wait for an execution; more are refused (RESOURCE_EXHAUSTED)."""
     instance_count: int = Field(default=1, ge=1)
     """Executions of this model that may run at once."""
+    inline_below_ms: float = Field(default=0.3, ge=0)
+    """Executions whose average time is below this run on the event loop, saving the
+    thread hand-off (0 disables)."""
     version_policy: VersionPolicy = VersionPolicy()
     inputs: list[TensorConfig] = []
     outputs: list[TensorConfig] = []

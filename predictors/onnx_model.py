@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -111,6 +112,7 @@ class OnnxModel:
             max_delay_s=(batching.max_queue_delay_ms / 1000) if batching else 0.0,
             max_queue=config.max_queue_size,
             instances=config.instance_count,
+            inline_below_s=config.inline_below_ms / 1000,
         )
         self._ready = False
 
@@ -147,7 +149,11 @@ class OnnxModel:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self._executor, self.run, self.warmup_inputs())
+            inputs = self.warmup_inputs()
+            await loop.run_in_executor(self._executor, self.run, inputs)
+            start = time.perf_counter()
+            await loop.run_in_executor(self._executor, self.run, inputs)
+            self._batcher.seed(time.perf_counter() - start)
         except Exception as exc:
             raise ConfigError(
                 f"model '{self.name}' version {self.version}: warm-up inference failed "

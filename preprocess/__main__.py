@@ -19,7 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(settings.log_level)
     cv2.setNumThreads(1)  # parallelism comes from the worker threads
     return run_service(
-        RecipeRepository(settings.config, settings.workers, settings.max_queue_size),
+        RecipeRepository(
+            settings.config, settings.workers, settings.max_queue_size, settings.inline_below_ms
+        ),
         settings,
         server_name="inference-mesh-preprocess",
         server_version=__version__,

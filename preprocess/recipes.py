@@ -68,8 +68,11 @@ class Recipe:
 class RecipeRepository:
     """Every recipe of a recipe file, sharing one pool of worker threads."""
 
-    def __init__(self, path: Path, workers: int = 2, max_queue: int = 256) -> None:
+    def __init__(
+        self, path: Path, workers: int = 2, max_queue: int = 256, inline_below_ms: float = 0.0
+    ) -> None:
         self.path = path
+        self.inline_below_ms = inline_below_ms
         self.workers = workers
         self.max_queue = max_queue
         self._recipes: dict[str, Recipe] = {}
@@ -93,6 +96,9 @@ class RecipeRepository:
                     max_delay_s=0.0,
                     max_queue=self.max_queue,
                     instances=self.workers,
+                    # Small uploads of quick recipes skip the thread hand-off.
+                    inline_below_s=self.inline_below_ms / 1000,
+                    inline_max_bytes=64 * 1024,
                 )
             )
         self._recipes = recipes

@@ -21,5 +21,7 @@ class PreprocessSettings(ServerSettings):
     """The recipe file."""
     workers: int = 2
     """Threads running recipes (OpenCV itself runs single-threaded in each)."""
+    inline_below_ms: float = 0.5
+    """Recipes averaging less than this, on uploads under 64 KiB, run on the event loop."""
     max_queue_size: int = 256
     """Requests per recipe that may wait for a worker; more get RESOURCE_EXHAUSTED."""

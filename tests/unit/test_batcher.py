@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -212,3 +213,31 @@ async def test_unbatched_path_is_bounded_and_checks_deadlines(
     await batcher.stop()
     np.testing.assert_array_equal(out["y"], np.full((1, 3), 4.0))
     assert run.batches == [1, 1], "the late request must not be run"
+
+
+async def test_cheap_executions_run_on_the_loop_expensive_ones_do_not(
+    executor: ThreadPoolExecutor,
+) -> None:
+    threads: list[str] = []
+
+    def run(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        threads.append(threading.current_thread().name)
+        if inputs["x"].shape[0] > 1:
+            time.sleep(0.02)
+        return {"y": inputs["x"]}
+
+    batcher = Batcher(
+        run, executor, name="t", max_batch_rows=0, max_delay_s=0, max_queue=10, inline_below_s=0.001
+    )
+    batcher.start()
+    batcher.seed(0.0001)
+    await batcher.submit(x_of(1, 0), 0, None)  # cheap: on the loop
+    await batcher.submit(x_of(2, 0), 0, None)  # still looks cheap; takes 20 ms
+    await batcher.submit(x_of(2, 0), 0, None)  # the average now says expensive: a thread
+    big = {"x": np.zeros((1, 1 << 15), np.float32)}  # over the inline size limit
+    batcher.seed(0.0001)
+    await batcher.submit(big, 0, None)
+    await batcher.stop()
+    loop_thread = threading.current_thread().name
+    assert threads[0] == threads[1] == loop_thread
+    assert threads[2] != loop_thread and threads[3] != loop_thread
