@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import subprocess
 import sys
 import tempfile
@@ -19,27 +18,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import grpc
 import numpy as np
 import onnx
 import yaml
 from onnx import TensorProto, helper
 
+from bench import services
 from bench.httpload import Connection, post_bytes
 from bench.inprocess import InProcess
 from bench.loadgen import Stats, run_async, run_threads
-from protos import codec, wire
-from v2server.server import channel_options
+from protos import codec
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
-
-
-def _wait_file(path: Path, proc: subprocess.Popen, what: str) -> None:
-    while not path.exists():
-        if proc.poll() is not None:
-            raise SystemExit(f"{what} failed to start")
-        time.sleep(0.05)
 
 
 def _wait_http(url: str, proc: subprocess.Popen) -> None:
@@ -130,27 +121,9 @@ def proxy_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="bench-proxy-"))
     repo = _echo_repository(work / "repo")
-    port_file = work / "port.json"
-    pred = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "predictors",
-            "--repository",
-            str(repo),
-            "--port",
-            "0",
-            "--port-file",
-            str(port_file),
-            "--log-level",
-            "WARNING",
-        ],
-        cwd=ROOT,
-    )
+    pred, address = services.start("predictors", ["--repository", str(repo)], work)
     proxy = None
     try:
-        _wait_file(port_file, pred, "predictor")
-        address = f"127.0.0.1:{json.loads(port_file.read_text())['grpc']}"
         pipes = work / "pipelines.yaml"
         pipes.write_text(yaml.safe_dump({"pipelines": {f"k{k}": _chain(k) for k in (1, 2, 4)}}))
         env = {
@@ -171,18 +144,7 @@ def proxy_main(argv: list[str]) -> int:
         request = codec.build_request("echo", {"x": tensor}).SerializeToString()
 
         async def direct(k: int, c: int) -> Stats:
-            async with grpc.aio.insecure_channel(address, options=channel_options()) as ch:
-                infer = ch.unary_unary(
-                    MODEL_INFER,
-                    request_serializer=wire.serialize_infer_request,
-                    response_deserializer=wire.parse_infer_response,
-                )
-
-                async def call() -> None:
-                    for _ in range(k):
-                        await infer(request, timeout=10)
-
-                return await run_async(call, c, args.duration)
+            return await services.grpc_closed_loop(address, request, c, args.duration, calls=k)
 
         print("\n### Proxy overhead: k trivial steps via REST proxy vs the same k gRPC calls\n")
         print(HEADER)
@@ -282,24 +244,8 @@ def preprocess_main(argv: list[str]) -> int:
     from tests.images import encode, render_digit, render_lines
 
     work = Path(tempfile.mkdtemp(prefix="bench-preprocess-"))
-    port_file = work / "port.json"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "preprocess",
-            "--port",
-            "0",
-            "--port-file",
-            str(port_file),
-            "--log-level",
-            "WARNING",
-        ],
-        cwd=ROOT,
-    )
+    proc, address = services.start("preprocess", [], work)
     try:
-        _wait_file(port_file, proc, "preprocess")
-        address = f"127.0.0.1:{json.loads(port_file.read_text())['grpc']}"
         recipes = RecipeRepository(DEFAULT_RECIPES).load()
         page, _ = render_lines(["A page of text to detect,", "two lines of it."], scale=1.2)
         cases = {
@@ -314,24 +260,11 @@ def preprocess_main(argv: list[str]) -> int:
             request = codec.build_request(name, {input_name: tensor}).SerializeToString()
             recipe = recipes[name]
 
-            async def over_grpc(c: int, request: bytes = request) -> Stats:
-                async with grpc.aio.insecure_channel(address, options=channel_options()) as ch:
-                    infer = ch.unary_unary(
-                        MODEL_INFER,
-                        request_serializer=wire.serialize_infer_request,
-                        response_deserializer=wire.parse_infer_response,
-                    )
-
-                    async def call() -> None:
-                        await infer(request, timeout=30)
-
-                    return await run_async(call, c, args.duration)
-
             for c in args.concurrency:
                 base = run_threads(
                     lambda r=recipe, t=tensor, i=input_name: r.run({i: t}), c, args.duration
                 )
-                remote = asyncio.run(over_grpc(c))
+                remote = asyncio.run(services.grpc_closed_loop(address, request, c, args.duration))
                 print(_row(f"`{name}` in-process", c, base, base))
                 print(_row(f"`{name}` over gRPC", c, remote, base), flush=True)
     finally:

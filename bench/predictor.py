@@ -8,24 +8,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import grpc
 import numpy as np
 import onnxruntime as ort
 import yaml
 
-from bench.loadgen import Stats, run_async, run_threads
+from bench import services
+from bench.loadgen import Stats, run_threads
 from models import convnet
 from models.build import DEFAULT_OUT as DIGITS_REPOSITORY
-from protos import codec, wire
-from v2server.server import channel_options
+from protos import codec
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
@@ -71,28 +68,7 @@ def build_repository(root: Path) -> dict[str, tuple[Path, dict[str, np.ndarray]]
 
 
 def start_predictor(repository: Path, workdir: Path) -> tuple[subprocess.Popen, str]:
-    port_file = workdir / "port.json"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "predictors",
-            "--repository",
-            str(repository),
-            "--port",
-            "0",
-            "--port-file",
-            str(port_file),
-            "--log-level",
-            "WARNING",
-        ],
-        cwd=ROOT,
-    )
-    while not port_file.exists():
-        if proc.poll() is not None:
-            raise SystemExit("predictor failed to start")
-        time.sleep(0.05)
-    return proc, f"127.0.0.1:{json.loads(port_file.read_text())['grpc']}"
+    return services.start("predictors", ["--repository", str(repository)], workdir)
 
 
 def in_process(model_path: Path, sample: dict, c: int, duration: float) -> Stats:
@@ -114,19 +90,8 @@ def median(runs: list[Stats]) -> Stats:
 
 
 async def over_grpc(address: str, model: str, sample: dict, c: int, duration: float) -> Stats:
-    async with grpc.aio.insecure_channel(address, options=channel_options()) as channel:
-        # Serialized once, like a proxy forwarding tensor bytes it already holds.
-        request = codec.build_request(model, sample).SerializeToString()
-        infer = channel.unary_unary(
-            MODEL_INFER,
-            request_serializer=wire.serialize_infer_request,
-            response_deserializer=wire.parse_infer_response,
-        )
-
-        async def call() -> None:
-            await infer(request, timeout=30)
-
-        return await run_async(call, c, duration)
+    request = codec.build_request(model, sample).SerializeToString()
+    return await services.grpc_closed_loop(address, request, c, duration)
 
 
 def row(label: str, s: Stats, base: Stats) -> str:
