@@ -1,0 +1,89 @@
+"""Bounded closed-loop load that counts every answer; nothing may be lost or hang."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+import numpy as np
+
+
+@dataclass
+class Tally:
+    sent: int = 0
+    by_status: Counter = field(default_factory=Counter)
+    lost: int = 0
+    """Requests that raised on the client side (connection dropped, no answer)."""
+    hung: int = 0
+    """Requests with no answer by their deadline plus the margin."""
+    latencies: list[float] = field(default_factory=list)
+    timeline: list[tuple[float, int]] = field(default_factory=list)
+
+    def p99_ms(self) -> float:
+        return float(np.percentile(self.latencies, 99) * 1000) if self.latencies else 0.0
+
+    def summary(self, name: str) -> str:
+        statuses = ", ".join(f"{k}: {v}" for k, v in sorted(self.by_status.items()))
+        return (
+            f"{name}: sent {self.sent}, answered {{{statuses}}}, lost {self.lost}, "
+            f"hung {self.hung}, p99 {self.p99_ms():.0f} ms"
+        )
+
+
+async def run(
+    url: str,
+    path: str,
+    body: bytes,
+    *,
+    requests: int,
+    concurrency: int,
+    timeout_ms: float,
+    margin_s: float = 1.0,
+    on_progress: Callable[[int], None] | None = None,
+    headers: dict[str, str] | None = None,
+) -> Tally:
+    tally = Tally()
+    start = time.monotonic()
+    next_index = 0
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, limits=limits) as client:
+
+        async def worker() -> None:
+            nonlocal next_index
+            while next_index < requests:
+                index = next_index
+                next_index += 1
+                if on_progress is not None:
+                    on_progress(index)
+                tally.sent += 1
+                t0 = time.monotonic()
+                try:
+                    r = await asyncio.wait_for(
+                        client.post(
+                            path,
+                            content=body,
+                            headers={
+                                "Content-Type": "image/png",
+                                "X-Request-Timeout-Ms": str(timeout_ms),
+                                **(headers or {}),
+                            },
+                        ),
+                        timeout_ms / 1000 + margin_s,
+                    )
+                except TimeoutError:
+                    tally.hung += 1
+                    continue
+                except httpx.HTTPError:
+                    tally.lost += 1
+                    continue
+                elapsed = time.monotonic() - t0
+                tally.by_status[r.status_code] += 1
+                tally.latencies.append(elapsed)
+                tally.timeline.append((t0 - start, r.status_code))
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return tally

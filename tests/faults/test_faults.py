@@ -1,0 +1,119 @@
+"""Faults under bounded load: every request gets exactly one answer, in time, and the mesh
+heals by itself. Services are the real processes of the shipped topology."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from tests.conftest import Mesh
+from tests.faults.load import run
+from tests.images import encode, render_digit
+
+BODY = encode(render_digit(np.eye(8) * 16))
+
+
+def _later(delay: float, action) -> threading.Timer:
+    timer = threading.Timer(delay, action)
+    timer.start()
+    return timer
+
+
+def _ready_status(mesh: Mesh) -> int:
+    with mesh.client() as client:
+        return client.get("/readyz").status_code
+
+
+@pytest.mark.parametrize("pipeline", ["digits", "digits-partial"])
+def test_killed_predictor(mesh: Mesh, pipeline: str) -> None:
+    """SIGKILL one branch mid-load, restart it two seconds later."""
+    proc = mesh.local.procs["digits-mlp"]
+    observed: dict[str, int] = {}
+
+    def kill() -> None:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        observed["ready_during"] = _ready_status(mesh)
+
+    def restart() -> None:
+        mesh.local.start("digits-mlp")
+
+    timers = [_later(1.0, kill), _later(3.0, restart)]
+    try:
+        tally = asyncio.run(
+            run(
+                mesh.url,
+                f"/v1/pipelines/{pipeline}/infer",
+                BODY,
+                requests=1500,
+                concurrency=16,
+                timeout_ms=2000,
+            )
+        )
+    finally:
+        for t in timers:
+            t.join()
+        mesh.local.wait_healthy("digits-mlp", 60)
+    print("\n" + tally.summary(f"killed predictor, {pipeline}"))
+    assert tally.lost == 0 and tally.hung == 0
+    assert tally.sent == sum(tally.by_status.values())
+    allowed = {200, 503} if pipeline == "digits" else {200}
+    assert set(tally.by_status) <= allowed, tally.by_status
+    assert observed["ready_during"] == 503
+    if pipeline == "digits":
+        assert tally.by_status[503] > 0, "the outage must show"
+    # Healed without restarting the proxy: the last answers are 200 again.
+    assert [s for _, s in tally.timeline[-20:]] == [200] * 20
+    deadline = time.monotonic() + 10
+    while _ready_status(mesh) != 200:
+        assert time.monotonic() < deadline, "/readyz did not recover"
+        time.sleep(0.2)
+
+
+def test_hung_predictor(mesh: Mesh) -> None:
+    """SIGSTOP one branch for three seconds: answers stay within the deadline + margin."""
+    proc = mesh.local.procs["digits-forest"]
+    timers = [
+        _later(1.0, lambda: proc.send_signal(signal.SIGSTOP)),
+        _later(4.0, lambda: proc.send_signal(signal.SIGCONT)),
+    ]
+    try:
+        strict, partial = asyncio.run(_both(mesh))
+    finally:
+        for t in timers:
+            t.join()
+        proc.send_signal(signal.SIGCONT)
+    for name, tally in (("digits", strict), ("digits-partial", partial)):
+        print("\n" + tally.summary(f"hung predictor, {name}"))
+        assert tally.lost == 0 and tally.hung == 0
+        assert max(tally.latencies) < 0.8 + 0.5, "an answer came later than its deadline"
+    assert set(strict.by_status) <= {200, 504} and strict.by_status[504] > 0
+    assert set(partial.by_status) == {200}
+
+
+async def _both(mesh: Mesh):
+    return await asyncio.gather(
+        run(
+            mesh.url,
+            "/v1/pipelines/digits/infer",
+            BODY,
+            requests=600,
+            concurrency=8,
+            timeout_ms=800,
+            margin_s=0.5,
+        ),
+        run(
+            mesh.url,
+            "/v1/pipelines/digits-partial/infer",
+            BODY,
+            requests=600,
+            concurrency=8,
+            timeout_ms=800,
+            margin_s=0.5,
+        ),
+    )
