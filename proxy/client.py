@@ -15,6 +15,8 @@ from proxy.errors import StepError
 from v2server.server import channel_options
 
 SERVICE = "/inference.GRPCInferenceService/"
+RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
+"""Statuses a retry may fix: the endpoint is (re)starting or shutting down."""
 
 
 class Channels:
@@ -133,7 +135,7 @@ async def infer_with_retries(
             )
         except aio.AioRpcError as exc:
             code = exc.code()
-            if code == grpc.StatusCode.UNAVAILABLE and attempt < retries:
+            if code in RETRYABLE and attempt < retries:
                 attempt += 1
                 backoff = min(0.05 * 2**attempt, 0.5) * (0.5 + random.random() / 2)
                 if deadline - loop.time() > backoff:

@@ -13,7 +13,9 @@ GRPC_TO_HTTP: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.PERMISSION_DENIED: 403,
     grpc.StatusCode.NOT_FOUND: 404,
     grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
-    grpc.StatusCode.CANCELLED: 499,
+    # Our own calls are only cancelled with their request, which then gets no answer at all;
+    # a CANCELLED that reaches us came from a service shutting down.
+    grpc.StatusCode.CANCELLED: 503,
     grpc.StatusCode.UNIMPLEMENTED: 501,
     grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,

@@ -8,8 +8,9 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import httpx
 import numpy as np
+
+from bench.httpload import Connection, post_bytes
 
 
 @dataclass
@@ -46,14 +47,19 @@ async def run(
     on_progress: Callable[[int], None] | None = None,
     headers: dict[str, str] | None = None,
 ) -> Tally:
+    """Closed loop over keep-alive connections (a lean client: httpx's own CPU cost would
+    starve the mesh on two cores and show up as latency)."""
     tally = Tally()
     start = time.monotonic()
     next_index = 0
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, limits=limits) as client:
+    raw = post_bytes(
+        url + path, body, "image/png", {"X-Request-Timeout-Ms": str(timeout_ms), **(headers or {})}
+    )
 
-        async def worker() -> None:
-            nonlocal next_index
+    async def worker() -> None:
+        nonlocal next_index
+        conn = await Connection.open(url)
+        try:
             while next_index < requests:
                 index = next_index
                 next_index += 1
@@ -62,28 +68,23 @@ async def run(
                 tally.sent += 1
                 t0 = time.monotonic()
                 try:
-                    r = await asyncio.wait_for(
-                        client.post(
-                            path,
-                            content=body,
-                            headers={
-                                "Content-Type": "image/png",
-                                "X-Request-Timeout-Ms": str(timeout_ms),
-                                **(headers or {}),
-                            },
-                        ),
-                        timeout_ms / 1000 + margin_s,
+                    status, _ = await asyncio.wait_for(
+                        conn.request(raw), timeout_ms / 1000 + margin_s
                     )
                 except TimeoutError:
                     tally.hung += 1
+                    await conn.close()
+                    conn = await Connection.open(url)
                     continue
-                except httpx.HTTPError:
+                except (OSError, asyncio.IncompleteReadError, ValueError):
                     tally.lost += 1
+                    conn = await Connection.open(url)
                     continue
-                elapsed = time.monotonic() - t0
-                tally.by_status[r.status_code] += 1
-                tally.latencies.append(elapsed)
-                tally.timeline.append((t0 - start, r.status_code))
+                tally.by_status[status] += 1
+                tally.latencies.append(time.monotonic() - t0)
+                tally.timeline.append((t0 - start, status))
+        finally:
+            await conn.close()
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
     return tally

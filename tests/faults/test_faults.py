@@ -117,3 +117,102 @@ async def _both(mesh: Mesh):
             margin_s=0.5,
         ),
     )
+
+
+@pytest.mark.parametrize("service", ["digits-logreg", "preprocess"])
+def test_graceful_shutdown_under_load(mesh: Mesh, service: str) -> None:
+    """SIGTERM a service mid-load: accepted calls finish, new ones fail fast, never a 500."""
+    proc = mesh.local.procs[service]
+    timers = [_later(1.0, lambda: proc.send_signal(signal.SIGTERM))]
+    try:
+        tally = asyncio.run(
+            run(
+                mesh.url,
+                "/v1/pipelines/digits/infer",
+                BODY,
+                requests=800,
+                concurrency=16,
+                timeout_ms=2000,
+            )
+        )
+    finally:
+        for t in timers:
+            t.join()
+        code = proc.wait(30)
+        mesh.local.start(service)
+        mesh.local.wait_healthy(service, 60)
+    print("\n" + tally.summary(f"SIGTERM {service}, digits"))
+    assert code == 0, "the service exits cleanly after draining"
+    assert tally.lost == 0 and tally.hung == 0
+    assert set(tally.by_status) <= {200, 503}, tally.by_status
+    assert tally.by_status[503] > 0
+    assert max(tally.latencies) < 2.0
+
+
+def test_overload_is_shed_quickly_then_served(mesh: Mesh, tmp_path) -> None:
+    """Far more concurrency than a proxy admits: fast 503 + Retry-After, then normal service."""
+    import os
+    import subprocess
+    import sys
+
+    import httpx
+
+    from tests.procs import ROOT
+
+    port = 27180
+    env = {
+        **os.environ,
+        **mesh.local.services["proxy"].env,
+        "PROXY_PORT": str(port),
+        "PROXY_MAX_IN_FLIGHT": "8",
+    }
+    proxy = subprocess.Popen(
+        [sys.executable, "-m", "proxy"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline and proxy.poll() is None
+            time.sleep(0.2)
+        flood = asyncio.run(
+            run(
+                url,
+                "/v1/pipelines/digits/infer",
+                BODY,
+                requests=1200,
+                concurrency=96,
+                timeout_ms=3000,
+            )
+        )
+        calm = asyncio.run(
+            run(
+                url,
+                "/v1/pipelines/digits/infer",
+                BODY,
+                requests=100,
+                concurrency=4,
+                timeout_ms=3000,
+            )
+        )
+    finally:
+        proxy.terminate()
+        proxy.wait(30)
+    print("\n" + flood.summary("overload, 96 concurrent vs 8 admitted"))
+    print(calm.summary("after the overload, 4 concurrent"))
+    assert flood.lost == 0 and flood.hung == 0
+    assert set(flood.by_status) <= {200, 503} and flood.by_status[503] > 0
+    shed_latency = [
+        lat for (_, s), lat in zip(flood.timeline, flood.latencies, strict=True) if s == 503
+    ]
+    assert float(np.median(shed_latency)) < 0.5, "shedding must be quick"
+    assert calm.by_status == {200: 100}
