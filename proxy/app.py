@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
-import re
+import os
 import time
-import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -21,12 +19,10 @@ from proxy import definitions, metrics, v2rest
 from proxy.client import Channels
 from proxy.errors import RETRY_AFTER, StepError
 from proxy.executor import Executor
+from proxy.middleware import RequestContext
 from proxy.settings import ProxySettings
-from v2server.logs import REQUEST_ID
 
 log = logging.getLogger("proxy")
-
-_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 
 
 class Problem(Exception):
@@ -109,8 +105,6 @@ def create_app(
     settings: ProxySettings | None = None, environ: Mapping[str, str] | None = None
 ) -> FastAPI:
     """The app; pipelines are loaded (and checked) here, so a bad definition fails at once."""
-    import os
-
     settings = settings or ProxySettings()
     env = os.environ if environ is None else environ
     plans = definitions.load(settings.pipelines, env)
@@ -134,26 +128,7 @@ def create_app(
     app.state.plans = plans
     app.state.channels = channels
 
-    @app.middleware("http")
-    async def request_context(request: Request, call_next):
-        given_id = request.headers.get("x-request-id", "")
-        # Ids travel in gRPC metadata and logs: only short, plain ones are kept.
-        request_id = given_id if _REQUEST_ID.fullmatch(given_id) else uuid.uuid4().hex
-        request.state.request_id = request_id
-        token = REQUEST_ID.set(request_id)
-        try:
-            if settings.api_key and request.url.path not in open_paths:
-                given = request.headers.get("x-api-key") or ""
-                auth = request.headers.get("authorization", "")
-                if auth.lower().startswith("bearer "):
-                    given = auth[7:]
-                if not hmac.compare_digest(given.encode(), settings.api_key.encode()):
-                    return problem_response(Problem(401, "missing or wrong API key"), request_id)
-            response = await call_next(request)
-            response.headers["X-Request-Id"] = request_id
-            return response
-        finally:
-            REQUEST_ID.reset(token)
+    app.add_middleware(RequestContext, api_key=settings.api_key, open_paths=open_paths)
 
     @app.exception_handler(Problem)
     async def on_problem(request: Request, exc: Problem) -> Response:

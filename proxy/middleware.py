@@ -1,0 +1,73 @@
+"""Request id and API key, as plain ASGI middleware (Starlette's BaseHTTPMiddleware costs
+a task and a stream per request on the hot path)."""
+
+from __future__ import annotations
+
+import hmac
+import re
+import uuid
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import orjson
+
+from v2server.logs import REQUEST_ID
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+_PLAIN_ID = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
+
+
+class RequestContext:
+    """Give every request an id (a short, plain X-Request-Id is kept; anything else is
+    replaced, since ids travel in gRPC metadata and logs), echo it in the answer, and
+    check the API key when one is configured."""
+
+    def __init__(self, app: Callable, api_key: str | None, open_paths: set[str]) -> None:
+        self.app = app
+        self.api_key = api_key.encode() if api_key else None
+        self.open_paths = open_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        given = headers.get(b"x-request-id", b"")
+        request_id = given.decode() if _PLAIN_ID.fullmatch(given) else uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        id_header = (b"x-request-id", request_id.encode())
+        if self.api_key is not None and scope["path"] not in self.open_paths:
+            key = headers.get(b"x-api-key", b"")
+            auth = headers.get(b"authorization", b"")
+            if auth[:7].lower() == b"bearer ":
+                key = auth[7:]
+            if not hmac.compare_digest(key, self.api_key):
+                body = orjson.dumps({"error": "missing or wrong API key", "id": request_id})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 401,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                            id_header,
+                        ],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), id_header]
+            await send(message)
+
+        token = REQUEST_ID.set(request_id)
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            REQUEST_ID.reset(token)
