@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
 
@@ -9,6 +10,10 @@ import cv2
 import numpy as np
 
 from protos.errors import InvalidInput
+
+# OpenCV's own backstop for formats whose header we do not read: it refuses to allocate
+# more pixels than this (read once, at the first decode).
+os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(40_000_000))
 
 # Errors only: a hostile image must not flood the log with decoder warnings.
 cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_ERROR)
@@ -75,9 +80,29 @@ def _webp(data: bytes) -> tuple[int, int] | None:
     return None
 
 
+def _tiff(data: bytes) -> tuple[int, int] | None:
+    if data[:4] not in (b"II*\x00", b"MM\x00*") or len(data) < 8:
+        return None
+    order = "<" if data[:2] == b"II" else ">"
+    (ifd,) = struct.unpack(order + "I", data[4:8])
+    if ifd + 2 > len(data):
+        return None
+    (count,) = struct.unpack(order + "H", data[ifd : ifd + 2])
+    size: dict[int, int] = {}
+    for i in range(min(count, 512)):
+        entry = data[ifd + 2 + 12 * i : ifd + 14 + 12 * i]
+        if len(entry) < 12:
+            break
+        tag, kind = struct.unpack(order + "HH", entry[:4])
+        if tag in (256, 257):  # ImageWidth, ImageLength: SHORT or LONG
+            fmt = order + ("H" if kind == 3 else "I")
+            (size[tag],) = struct.unpack(fmt, entry[8 : 8 + struct.calcsize(fmt)])
+    return (size[256], size[257]) if len(size) == 2 else None
+
+
 def declared_size(data: bytes) -> tuple[int, int] | None:
-    """(width, height) from the header of a PNG, JPEG, BMP or WebP; None if unknown."""
-    for reader in (_png, _jpeg, _bmp, _webp):
+    """(width, height) from the header of a PNG, JPEG, BMP, WebP or TIFF; None if unknown."""
+    for reader in (_png, _jpeg, _bmp, _webp, _tiff):
         size = reader(data)
         if size is not None:
             return size

@@ -183,6 +183,36 @@ def test_bad_images_are_named(recipes: dict[str, Recipe], blob: bytes, message: 
     assert "input 'image' element 0" in str(info.value)
 
 
+@pytest.mark.parametrize("ext", [".png", ".jpg", ".bmp", ".webp", ".tiff"])
+def test_headers_declare_the_true_size(ext: str) -> None:
+    img = np.zeros((37, 53, 3), np.uint8)
+    assert images.declared_size(encode(img, ext)) == (53, 37)
+
+
+def test_tiff_bomb_is_refused_from_its_header() -> None:
+    import struct
+
+    entries = [
+        (256, 4, 1, 200_000),
+        (257, 4, 1, 200_000),
+        (258, 3, 1, 8),
+        (259, 3, 1, 1),
+        (262, 3, 1, 1),
+        (273, 4, 1, 8),
+        (277, 3, 1, 1),
+        (278, 4, 1, 200_000),
+        (279, 4, 1, 16),
+    ]
+    ifd = (
+        struct.pack("<H", len(entries))
+        + b"".join(struct.pack("<HHII", *e) for e in entries)
+        + b"\x00" * 4
+    )
+    blob = b"II*\x00" + struct.pack("<I", 8 + 16) + b"\x00" * 16 + ifd
+    with pytest.raises(InvalidInput, match="200000x200000"):
+        images.decode(blob, "upload", images.ImageLimits())
+
+
 def test_oversized_upload_is_rejected_before_decoding() -> None:
     limits = images.ImageLimits(max_encoded_bytes=1000)
     with pytest.raises(InvalidInput, match="more than the limit of 1000"):
