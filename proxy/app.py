@@ -125,9 +125,6 @@ def create_app(
         lifespan=lifespan,
         description="Runs REST requests through pipelines of v2 gRPC services.",
     )
-    app.state.plans = plans
-    app.state.channels = channels
-
     app.add_middleware(RequestContext, api_key=settings.api_key, open_paths=open_paths)
 
     @app.exception_handler(Problem)

@@ -68,22 +68,21 @@ class Channels:
 
     async def ready(self, address: str, model: str | None, timeout: float) -> tuple[bool, str]:
         """(ready, why not) from ServerReady / ModelReady."""
-        channel = self.get(address)
         try:
-            server = channel.unary_unary(
-                SERVICE + "ServerReady",
-                request_serializer=pb.ServerReadyRequest.SerializeToString,
-                response_deserializer=pb.ServerReadyResponse.FromString,
+            server = await self.unary(
+                address, "ServerReady", pb.ServerReadyRequest(), pb.ServerReadyResponse, timeout
             )
-            if not (await server(pb.ServerReadyRequest(), timeout=timeout)).ready:
+            if not server.ready:
                 return False, "server not ready"
             if model:
-                check = channel.unary_unary(
-                    SERVICE + "ModelReady",
-                    request_serializer=pb.ModelReadyRequest.SerializeToString,
-                    response_deserializer=pb.ModelReadyResponse.FromString,
+                check = await self.unary(
+                    address,
+                    "ModelReady",
+                    pb.ModelReadyRequest(name=model),
+                    pb.ModelReadyResponse,
+                    timeout,
                 )
-                if not (await check(pb.ModelReadyRequest(name=model), timeout=timeout)).ready:
+                if not check.ready:
                     return False, f"model '{model}' not ready"
         except aio.AioRpcError as exc:
             return False, f"{exc.code().name}: {exc.details()}"

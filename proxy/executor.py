@@ -83,14 +83,13 @@ class Executor:
         self,
         run: Run,
         label: str,
-        target_key: str,
         inputs: dict[str, str],
         outputs: list[str],
         timeout_ms: float | None,
         retries: int,
         step_name: str,
     ) -> dict[str, np.ndarray]:
-        target = run.plan.targets[target_key]
+        target = run.plan.targets[label]  # a call step's name, or "<parallel step>/<branch>"
         feeds = {name: run.resolve(ref, label) for name, ref in inputs.items()}
         start = time.perf_counter()
         status, error = "ok", None
@@ -123,7 +122,6 @@ class Executor:
         out = await self._invoke(
             run,
             step.name,
-            step.name,
             step.inputs,
             step.outputs,
             step.timeout_ms,
@@ -140,7 +138,6 @@ class Executor:
         async def branch(name: str) -> dict[str, np.ndarray]:
             return await self._invoke(
                 run,
-                f"{step.name}/{name}",
                 f"{step.name}/{name}",
                 step.inputs,
                 step.outputs,
@@ -172,9 +169,6 @@ class Executor:
         if len(succeeded) < len(tasks):
             run.partial = True
         run.branches[step.name] = succeeded
-        for branch_name, out in succeeded.items():
-            for name, value in out.items():
-                run.tensors[f"{step.name}/{branch_name}.{name}"] = value
         for name, value in combine(step.combine, succeeded).items():
             run.tensors[f"{step.name}.{name}"] = value
         latency = (time.perf_counter() - start) * 1000
