@@ -122,6 +122,8 @@ def mount(
             raise problem(400, "body must be an object with an 'inputs' list")
         inputs = dict(_tensor(t, f"inputs[{i}]", problem) for i, t in enumerate(body["inputs"]))
         wanted = [o["name"] for o in body.get("outputs") or [] if isinstance(o, dict)]
+        # The v2 `id` is echoed as given; downstream (message id, gRPC metadata, logs) the
+        # proxy's sanitised request id travels instead: metadata must be short plain ASCII.
         request_id = str(body.get("id") or request.state.request_id)
         try:
             outputs = await channels.infer(
@@ -131,7 +133,7 @@ def mount(
                 version=version,
                 outputs=wanted,
                 timeout=TIMEOUT_S,
-                request_id=request_id,
+                request_id=request.state.request_id,
             )
         except aio.AioRpcError as exc:
             raise downstream(exc, model) from None

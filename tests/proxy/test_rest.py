@@ -132,3 +132,17 @@ async def test_odd_request_ids_are_replaced(env, make_client) -> None:
     async with make_client(PIPES, env) as client:
         r = await post(client, "p", body(1), **{"X-Request-Id": "x" * 5000})
     assert r.status_code == 200 and len(r.headers["X-Request-Id"]) == 32
+
+
+async def test_v2_rest_echoes_any_id_without_sending_it_downstream(env, make_client) -> None:
+    async with make_client(PIPES, env) as client:
+        for odd in ["line\nbreak é", "x" * 20_000]:
+            r = await client.post(
+                "/v2/models/plus1/infer",
+                json={
+                    "id": odd,
+                    "inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1]}],
+                },
+            )
+            assert r.status_code == 200, r.text
+            assert r.json()["id"] == odd
