@@ -14,6 +14,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from preprocess.images import convert
 from preprocess.ops import ceil_width, op
 from preprocess.state import State
 from protos.errors import InvalidInput
@@ -265,20 +266,22 @@ def _paddle_norm(img: np.ndarray, height: int, resized_w: int, width: int) -> np
     return out
 
 
-def _bgr(img: np.ndarray) -> np.ndarray:
-    return cv2.cvtColor(img, cv2.COLOR_GRAY2BGR) if img.ndim == 2 or img.shape[2] == 1 else img
+def _paddle_batch(images: list[np.ndarray], height: int, width: int) -> np.ndarray:
+    """Crops as one [N, 3, height, width] batch: each resized to `height` keeping its aspect
+    (at most `width` wide), normalised to [-1, 1], zero-padded on the right."""
+    batch = [
+        _paddle_norm(
+            convert(im, "bgr"), height, ceil_width(im.shape[0], im.shape[1], height, width), width
+        )
+        for im in images
+    ]
+    return np.stack(batch) if batch else np.zeros((0, 3, height, width), np.float32)
 
 
 @op
 def ocr_cls_batch(state: State, output: str = "x", height: int = 48, width: int = 192) -> None:
     """Crops as the direction classifier's [N,3,48,192] input."""
-    batch = [
-        _paddle_norm(_bgr(im), height, ceil_width(im.shape[0], im.shape[1], height, width), width)
-        for im in state.images
-    ]
-    state.tensors[output] = (
-        np.stack(batch) if batch else np.zeros((0, 3, height, width), np.float32)
-    )
+    state.tensors[output] = _paddle_batch(state.images, height, width)
 
 
 @op
@@ -317,13 +320,7 @@ def ocr_rec_batch(state: State, output: str = "x", height: int = 48, min_width: 
     """Crops as the recogniser's [N,3,48,W] input, W fitting the widest crop (>= min_width)."""
     ratios = [im.shape[1] / im.shape[0] for im in state.images]
     width = int(height * max([min_width / height, *ratios]))
-    batch = [
-        _paddle_norm(_bgr(im), height, ceil_width(im.shape[0], im.shape[1], height, width), width)
-        for im in state.images
-    ]
-    state.tensors[output] = (
-        np.stack(batch) if batch else np.zeros((0, 3, height, min_width), np.float32)
-    )
+    state.tensors[output] = _paddle_batch(state.images, height, width)
 
 
 # ---------------------------------------------------------------- CTC decoding

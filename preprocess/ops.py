@@ -100,16 +100,9 @@ def unpad(state: State, input: str = "crops", sizes: str = "crop_sizes") -> None
 @op
 def color(state: State, to: str) -> None:
     """Convert between gray, bgr and rgb (images are bgr or gray when decoded)."""
-    conversions = {
-        "gray": lambda im: im if im.ndim == 2 else cv2.cvtColor(im, cv2.COLOR_BGR2GRAY),
-        "bgr": lambda im: cv2.cvtColor(im, cv2.COLOR_GRAY2BGR) if im.ndim == 2 else im,
-        "rgb": lambda im: cv2.cvtColor(
-            cv2.cvtColor(im, cv2.COLOR_GRAY2BGR) if im.ndim == 2 else im, cv2.COLOR_BGR2RGB
-        ),
-    }
-    if to not in conversions:
+    if to not in ("gray", "bgr", "rgb"):
         raise ValueError(f"color: unknown target '{to}'")
-    _each(state, conversions[to])
+    _each(state, lambda im: imgs.convert(im, to))
 
 
 @op
