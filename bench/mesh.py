@@ -30,7 +30,6 @@ from bench.loadgen import Stats, run_async, run_threads
 from protos import codec
 
 ROOT = Path(__file__).resolve().parent.parent
-MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 
 def _wait_http(url: str, proc: subprocess.Popen) -> None:
@@ -193,8 +192,6 @@ def pipelines_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     from compose.local import DEFAULT_FILE, LocalMesh
     from compose.topology import load
-
-    sys.path.insert(0, str(ROOT))
     from tests.images import encode, render_digit, render_lines
 
     services = load([DEFAULT_FILE], environ={}, port_offset=30000)
@@ -236,7 +233,6 @@ def preprocess_main(argv: list[str]) -> int:
     parser.add_argument("--duration", type=float, default=4.0)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(ROOT))
     from sklearn.datasets import load_digits
 
     from preprocess.recipes import RecipeRepository

@@ -24,9 +24,6 @@ from models import convnet
 from models.build import DEFAULT_OUT as DIGITS_REPOSITORY
 from protos import codec
 
-ROOT = Path(__file__).resolve().parent.parent
-MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
-
 
 def build_repository(root: Path) -> dict[str, tuple[Path, dict[str, np.ndarray]]]:
     """tiny(64-feature logistic regression) and conv, each unbatched and batched."""

@@ -27,6 +27,7 @@ class Recipe:
 
     platform = "opencv_recipe"
     version = "1"
+    labels = None
 
     def __init__(self, name: str, config: cfg.RecipeConfig, limits: ImageLimits) -> None:
         self.name = name

@@ -1,7 +1,11 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,7 +17,7 @@ from compose.local import DEFAULT_FILE, LocalMesh
 from compose.topology import load
 from protos import pb_grpc
 from tests.modelgen import build_test_repository
-from tests.procs import Service, start_service
+from tests.procs import ROOT, Service, start_service
 
 
 @pytest.fixture(scope="session")
@@ -64,6 +68,39 @@ class Mesh:
 
     def client(self, **kwargs) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=60, **kwargs)
+
+    @contextmanager
+    def extra_proxy(self, port: int, wait_for: str = "/readyz", **env: str) -> Iterator[str]:
+        """A second proxy process over this mesh's services, its environment changed by
+        `env`; yields its URL once `wait_for` answers 200, stops it on exit."""
+        full_env = {
+            **os.environ,
+            **self.local.services["proxy"].env,
+            "PROXY_PORT": str(port),
+            **env,
+        }
+        proxy = subprocess.Popen(
+            [sys.executable, "-m", "proxy"],
+            cwd=ROOT,
+            env=full_env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if httpx.get(url + wait_for, timeout=2).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline and proxy.poll() is None, "proxy not ready"
+                time.sleep(0.2)
+            yield url
+        finally:
+            proxy.terminate()
+            proxy.wait(30)
 
 
 @pytest.fixture(scope="session")

@@ -28,6 +28,8 @@ class ServedModel(Protocol):
     platform: str
     inputs: Sequence[TensorSpec]
     outputs: Sequence[TensorSpec]
+    labels: list[str] | None
+    """Class names for the classification extension, if the model has them."""
 
     @property
     def ready(self) -> bool: ...

@@ -83,7 +83,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             param = requested.parameters.get("classification")
             if param is not None and param.int64_param > 0:
                 outputs[requested.name] = classify(
-                    outputs[requested.name], param.int64_param, getattr(model, "labels", None)
+                    outputs[requested.name], param.int64_param, model.labels
                 )
         return codec.build_response_bytes(model.name, model.version, outputs, message.id)
 

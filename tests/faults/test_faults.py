@@ -149,41 +149,9 @@ def test_graceful_shutdown_under_load(mesh: Mesh, service: str) -> None:
     assert max(tally.latencies) < 2.0
 
 
-def test_overload_is_shed_quickly_then_served(mesh: Mesh, tmp_path) -> None:
+def test_overload_is_shed_quickly_then_served(mesh: Mesh) -> None:
     """Far more concurrency than a proxy admits: fast 503 + Retry-After, then normal service."""
-    import os
-    import subprocess
-    import sys
-
-    import httpx
-
-    from tests.procs import ROOT
-
-    port = 27180
-    env = {
-        **os.environ,
-        **mesh.local.services["proxy"].env,
-        "PROXY_PORT": str(port),
-        "PROXY_MAX_IN_FLIGHT": "8",
-    }
-    proxy = subprocess.Popen(
-        [sys.executable, "-m", "proxy"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline and proxy.poll() is None
-            time.sleep(0.2)
+    with mesh.extra_proxy(27180, wait_for="/healthz", PROXY_MAX_IN_FLIGHT="8") as url:
         flood = asyncio.run(
             run(
                 url,
@@ -204,9 +172,6 @@ def test_overload_is_shed_quickly_then_served(mesh: Mesh, tmp_path) -> None:
                 timeout_ms=3000,
             )
         )
-    finally:
-        proxy.terminate()
-        proxy.wait(30)
     print("\n" + flood.summary("overload, 96 concurrent vs 8 admitted"))
     print(calm.summary("after the overload, 4 concurrent"))
     assert flood.lost == 0 and flood.hung == 0

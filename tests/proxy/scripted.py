@@ -23,6 +23,7 @@ class ScriptedModel:
     inputs: tuple[TensorSpec, ...] = (TensorSpec("x", "FP32", (-1, -1)),)
     outputs: tuple[TensorSpec, ...] = (TensorSpec("y", "FP32", (-1, -1)),)
     platform: str = "scripted"
+    labels: list[str] | None = None
     version: str = "1"
     calls: int = 0
     cancelled: int = 0
