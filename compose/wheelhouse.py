@@ -1,0 +1,43 @@
+"""Fill compose/wheels with the image's dependencies: `python -m compose.wheelhouse`.
+
+For building the image where no package index is reachable: the wheels of the runtime
+dependencies in pyproject.toml, pinned by constraints.txt, plus setuptools (to build the
+mesh's own package), installed in the image with
+`--build-arg "PIP_ARGS=--no-index --find-links /app/compose/wheels"`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WHEELS = ROOT / "compose" / "wheels"
+
+
+def build(python: str = sys.executable, out: Path = WHEELS) -> Path:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    subprocess.run(
+        [
+            python,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--disable-pip-version-check",
+            "-c",
+            str(ROOT / "constraints.txt"),
+            "-w",
+            str(out),
+            *project["dependencies"],
+            "setuptools",
+        ],
+        check=True,
+    )
+    return out
+
+
+if __name__ == "__main__":
+    print(build())

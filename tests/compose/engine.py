@@ -1,0 +1,180 @@
+"""A private Docker engine for the compose smoke test, on a machine that reaches no registry.
+
+What it takes (see issue #6 and the README's "Docker" section):
+- Debian's docker.io, docker-compose (1.29) and debootstrap, installed with apt-get when
+  missing (root only);
+- dockerd started by us with no default bridge and no iptables rules, its data and exec
+  roots in a temporary folder, listening on a socket there (nothing else on the machine
+  is touched);
+- a base image made with debootstrap (bookworm, minbase, python3 + venv) and `docker
+  import`, cached under build/compose/ so that a rerun skips the minute it takes;
+- the wheelhouse of compose.wheelhouse, so the image build installs with `--no-index`
+  in seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_DIR = ROOT / "compose"
+CACHE = ROOT / "build" / "compose"
+BASE_IMAGE = "mesh-base:bookworm"
+DEBIAN_MIRROR = os.environ.get("MESH_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+PACKAGES = {
+    "dockerd": "docker.io",
+    "docker-compose": "docker-compose",
+    "debootstrap": "debootstrap",
+}
+# Variables of ours that must not leak from the caller's shell into the containers.
+_OUR_PREFIXES = ("PREDICTOR_", "PREPROCESS_", "PROXY_", "DOCKER_", "COMPOSE_")
+
+
+class EngineError(RuntimeError):
+    """The Docker engine could not be provided; the message says which step failed."""
+
+
+def _run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(argv, capture_output=True, text=True, **kwargs)  # type: ignore[call-overload]
+    if done.returncode != 0:
+        raise EngineError(
+            f"{' '.join(argv[:4])} ... exited {done.returncode}:\n{done.stderr[-3000:]}"
+        )
+    return done
+
+
+def install_tools() -> None:
+    missing = [pkg for tool, pkg in PACKAGES.items() if shutil.which(tool) is None]
+    if not missing:
+        return
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        raise EngineError(f"need {', '.join(missing)} (Debian packages) and root to install them")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    _run(["apt-get", "update", "-qq"], env=env)
+    _run(["apt-get", "install", "-y", "-qq", *missing], env=env)
+
+
+def docker_cli() -> str:
+    # The engine package's own client matches its API version; any client negotiates.
+    for candidate in ("/usr/bin/docker", shutil.which("docker")):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    raise EngineError("no docker client found")
+
+
+@dataclass
+class Engine:
+    root: Path
+    process: subprocess.Popen[bytes]
+
+    @property
+    def host(self) -> str:
+        return f"unix://{self.root / 'docker.sock'}"
+
+    def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Environment for docker and docker-compose: our socket, none of the caller's
+        mesh variables, plus `extra` (e.g. a swapped predictor address)."""
+        base = {k: v for k, v in os.environ.items() if not k.startswith(_OUR_PREFIXES)}
+        return {**base, "DOCKER_HOST": self.host, **(extra or {})}
+
+    def docker(self, *args: str) -> str:
+        return _run([docker_cli(), *args], env=self.env()).stdout
+
+    def log_tail(self, lines: int = 40) -> str:
+        text = (self.root / "dockerd.log").read_text(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def _wait_ready(engine: Engine, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if engine.process.poll() is not None:
+            raise EngineError(f"dockerd exited {engine.process.returncode}:\n{engine.log_tail()}")
+        probe = subprocess.run(
+            [docker_cli(), "version", "--format", "{{.Server.Version}}"],
+            env=engine.env(),
+            capture_output=True,
+        )
+        if probe.returncode == 0:
+            return
+        time.sleep(0.5)
+    raise EngineError(f"dockerd not answering after {timeout_s:.0f} s:\n{engine.log_tail()}")
+
+
+def _stop(engine: Engine) -> None:
+    if engine.process.poll() is None:
+        engine.process.send_signal(signal.SIGTERM)
+        try:
+            engine.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            engine.process.kill()
+            engine.process.wait()
+    # Anything dockerd left mounted under its roots would make the folder undeletable.
+    mounts = Path("/proc/mounts").read_text().splitlines()
+    ours = sorted((m.split()[1] for m in mounts if str(engine.root) in m.split()[1]), reverse=True)
+    for mountpoint in ours:
+        subprocess.run(["umount", "-l", mountpoint], capture_output=True)
+    shutil.rmtree(engine.root, ignore_errors=True)
+
+
+@contextmanager
+def engine() -> Iterator[Engine]:
+    """A running private dockerd; stopped and its folder removed on exit."""
+    install_tools()
+    # A short path: the socket's must fit in sun_path (108 bytes).
+    root = Path(tempfile.mkdtemp(prefix="mesh-docker-"))
+    log = (root / "dockerd.log").open("wb")
+    process = subprocess.Popen(
+        [
+            "dockerd",
+            "--bridge=none",
+            "--iptables=false",
+            "--ip-masq=false",
+            f"--data-root={root / 'data'}",
+            f"--exec-root={root / 'exec'}",
+            f"--pidfile={root / 'dockerd.pid'}",
+            f"--host=unix://{root / 'docker.sock'}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    running = Engine(root, process)
+    try:
+        _wait_ready(running)
+        yield running
+    finally:
+        _stop(running)
+        log.close()
+
+
+def base_image(engine: Engine) -> str:
+    """`BASE_IMAGE` for the Dockerfile: Debian bookworm minbase with python3 and venv."""
+    tarball = CACHE / "bookworm-minbase.tar"
+    if not tarball.is_file():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="mesh-rootfs-") as rootfs:
+            _run(
+                [
+                    "debootstrap",
+                    "--variant=minbase",
+                    "--include=python3,python3-venv",
+                    "bookworm",
+                    rootfs,
+                    DEBIAN_MIRROR,
+                ]
+            )
+            partial = tarball.with_suffix(".partial")
+            _run(["tar", "-C", rootfs, "-cf", str(partial), "."])
+            partial.rename(tarball)
+    _run([docker_cli(), "import", str(tarball), BASE_IMAGE], env=engine.env())
+    return BASE_IMAGE

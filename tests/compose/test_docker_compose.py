@@ -1,0 +1,221 @@
+"""The real `docker compose up`: images built from compose/Dockerfile, the shipped
+compose files, both pipelines over REST, a predictor swapped by environment variable.
+
+Runs when MESH_COMPOSE_SMOKE=1 (CI sets it; it needs root to install Debian's docker.io,
+docker-compose and debootstrap, and starts a private dockerd). Host networking
+(compose.host.yaml) keeps every hop on 127.0.0.1; a last test runs the plain file on the
+engine's own network, publishing the proxy on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+import httpx
+import numpy as np
+import pytest
+
+from bench.inprocess import InProcess
+from compose import topology, wheelhouse
+from tests.compose import engine as docker
+from tests.e2e.test_digits import held_out, png
+from tests.images import text_samples
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        os.environ.get("MESH_COMPOSE_SMOKE") != "1",
+        reason="set MESH_COMPOSE_SMOKE=1 to run docker compose for real (root; CI does)",
+    ),
+]
+
+HOST_FILES = ("compose.yaml", "compose.host.yaml")
+BRIDGE_PUBLISH = "127.0.0.1:18080"
+
+
+@dataclass
+class Compose:
+    engine: docker.Engine
+    files: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+
+    def run(self, *args: str, extra: Mapping[str, str] | None = None, timeout: float = 300) -> str:
+        argv = ["docker-compose", *(a for f in self.files for a in ("-f", f)), *args]
+        done = subprocess.run(
+            argv,
+            cwd=docker.COMPOSE_DIR,
+            env=self.engine.env({**self.env, **(extra or {})}),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if done.returncode != 0:
+            raise AssertionError(f"{' '.join(argv)} exited {done.returncode}:\n{done.stderr}")
+        return done.stdout
+
+    def containers(self) -> list[dict]:
+        ids = self.run("ps", "-q").split()
+        return json.loads(self.engine.docker("inspect", *ids)) if ids else []
+
+    def health(self) -> dict[str, str]:
+        return {
+            c["Config"]["Labels"]["com.docker.compose.service"]: c["State"]
+            .get("Health", {})
+            .get("Status", c["State"]["Status"])
+            for c in self.containers()
+        }
+
+    def wait_healthy(self, timeout_s: float = 240) -> dict[str, str]:
+        deadline = time.monotonic() + timeout_s
+        health: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            health = self.health()
+            if health and all(s == "healthy" for s in health.values()):
+                return health
+            time.sleep(1)
+        logs = self.run("logs", "--no-color", "--tail", "20")
+        raise AssertionError(f"not healthy after {timeout_s:.0f} s: {health}\n{logs[-6000:]}")
+
+
+def _listening_ports() -> list[int]:
+    services = topology.load([docker.COMPOSE_DIR / "compose.yaml"], environ={})
+    return sorted(
+        int(v) for s in services.values() for k, v in s.env.items() if k.endswith("_PORT")
+    )
+
+
+def _assert_free(ports: list[int]) -> None:
+    taken = []
+    for port in ports:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                taken.append(port)
+    assert not taken, f"ports {taken} on 127.0.0.1 are in use (is `./mesh up` running?)"
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[docker.Engine]:
+    with docker.engine() as running:
+        wheelhouse.build()
+        base = docker.base_image(running)
+        # Every service runs the same image; building it once is enough.
+        Compose(running, HOST_FILES).run(
+            "build",
+            "--build-arg",
+            f"BASE_IMAGE={base}",
+            "--build-arg",
+            "PIP_ARGS=--no-index --find-links /app/compose/wheels",
+            "proxy",
+            timeout=900,
+        )
+        yield running
+
+
+@pytest.fixture(scope="module")
+def host_mesh(engine: docker.Engine) -> Iterator[Compose]:
+    _assert_free(_listening_ports())
+    mesh = Compose(engine, HOST_FILES)
+    mesh.run("up", "-d", "--no-build")
+    try:
+        mesh.wait_healthy()
+        yield mesh
+    finally:
+        mesh.run("down", "--timeout", "10")
+
+
+def _digits(url: str, image: np.ndarray) -> dict:
+    r = httpx.post(
+        f"{url}/v1/pipelines/digits/infer",
+        content=png(image),
+        headers={"Content-Type": "image/png"},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    return r.json()["result"]
+
+
+def test_every_service_is_healthy_and_not_root(host_mesh: Compose) -> None:
+    containers = {
+        c["Config"]["Labels"]["com.docker.compose.service"]: c for c in host_mesh.containers()
+    }
+    expected = set(topology.load([docker.COMPOSE_DIR / "compose.yaml"], environ={}))
+    assert set(containers) == expected
+    for name, c in containers.items():
+        assert c["State"]["Health"]["Status"] == "healthy", name
+        assert c["Config"]["User"] == "mesh", name
+        assert c["HostConfig"]["NetworkMode"] == "host", name
+    ready = httpx.get("http://127.0.0.1:8080/readyz", timeout=10).json()
+    assert ready["ready"] is True and all(e["ready"] for e in ready["endpoints"].values())
+
+
+def test_both_pipelines_answer_like_one_process(host_mesh: Compose) -> None:
+    local = InProcess()
+    images, _ = held_out()
+    for i in range(0, 40, 4):
+        result = _digits("http://127.0.0.1:8080", images[i])
+        expected = local.digits(png(images[i]))
+        assert result["label"] == expected["label"]
+        np.testing.assert_allclose(result["probabilities"], expected["probabilities"], atol=1e-5)
+    for blob, truth in text_samples(3, seed=7):
+        r = httpx.post(
+            "http://127.0.0.1:8080/v1/pipelines/ocr/infer",
+            files={"file": ("page.png", blob)},
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
+        texts = [line["text"] for line in r.json()["result"]["lines"]]
+        assert texts == [line["text"] for line in local.ocr(blob)["lines"]], truth
+
+
+def test_an_env_var_swaps_a_predictor(host_mesh: Compose) -> None:
+    # Re-point the "mlp" branch at the logistic-regression container; only the proxy is
+    # re-created, the predictors keep running.
+    before = {
+        c["Config"]["Labels"]["com.docker.compose.service"]: c["Id"] for c in host_mesh.containers()
+    }
+    swap = {"PREDICTOR_DIGITS_MLP_URL": "127.0.0.1:8101/digits_logreg"}
+    host_mesh.run("up", "-d", "--no-build", "proxy", extra=swap)
+    host_mesh.wait_healthy()
+    after = {
+        c["Config"]["Labels"]["com.docker.compose.service"]: c["Id"] for c in host_mesh.containers()
+    }
+    assert after["proxy"] != before["proxy"]
+    assert {k: v for k, v in after.items() if k != "proxy"} == {
+        k: v for k, v in before.items() if k != "proxy"
+    }
+    images, _ = held_out()
+    members = _digits("http://127.0.0.1:8080", images[5])["members"]
+    np.testing.assert_allclose(
+        members["mlp"]["probabilities"], members["logreg"]["probabilities"], rtol=1e-6
+    )
+    listing = httpx.get("http://127.0.0.1:8080/v1/pipelines", timeout=10).json()
+    assert listing["digits"]["targets"]["ensemble/mlp"]["model"] == "digits_logreg"
+
+
+def test_plain_file_on_the_engine_network(engine: docker.Engine, host_mesh: Compose) -> None:
+    # After the host-network tests (module fixtures end last): the file users run as it is,
+    # service names resolved by the engine's DNS, the override publishing the proxy.
+    host_mesh.run("down", "--timeout", "10")
+    mesh = Compose(
+        engine, ("compose.yaml", "compose.override.yaml"), {"PROXY_PUBLISH": BRIDGE_PUBLISH}
+    )
+    mesh.run("up", "-d", "--no-build")
+    try:
+        mesh.wait_healthy()
+        proxy = next(c for c in mesh.containers() if c["Name"].endswith("proxy_1"))
+        assert proxy["HostConfig"]["PortBindings"] == {
+            "8080/tcp": [{"HostIp": "127.0.0.1", "HostPort": "18080"}]
+        }
+        images, _ = held_out()
+        result = _digits(f"http://{BRIDGE_PUBLISH}", images[0])
+        assert result["label"] == InProcess().digits(png(images[0]))["label"]
+        ready = httpx.get(f"http://{BRIDGE_PUBLISH}/readyz", timeout=10).json()
+        assert ready["endpoints"]["PREPROCESS_URL/digits"]["address"] == "preprocess:8002"
+    finally:
+        mesh.run("down", "--timeout", "10")
