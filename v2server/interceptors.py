@@ -34,6 +34,20 @@ def _request_id(context: aio.ServicerContext) -> str:
 
 
 class ErrorMappingInterceptor(aio.ServerInterceptor):
+    """Maps errors to gRPC statuses, records metrics, and counts calls in flight (for the
+    graceful stop)."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.last_answer = 0.0
+        """time.monotonic() when the latest call ended (see V2Server.stop's linger)."""
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    async def drained(self) -> None:
+        """Return once no call is in flight."""
+        await self._idle.wait()
+
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
@@ -49,6 +63,8 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):
             token = REQUEST_ID.set(_request_id(context) or getattr(request, "id", "") or "")
             start = time.perf_counter()
             code = grpc.StatusCode.OK
+            self.in_flight += 1
+            self._idle.clear()
             try:
                 return await inner(request, context)
             except MeshError as exc:
@@ -78,6 +94,10 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):
                 metrics.REQUESTS.labels(method, model, code.name).inc()
                 metrics.LATENCY.labels(method, model).observe(time.perf_counter() - start)
                 REQUEST_ID.reset(token)
+                self.in_flight -= 1
+                self.last_answer = time.monotonic()
+                if self.in_flight == 0:
+                    self._idle.set()
 
         return grpc.unary_unary_rpc_method_handler(
             wrapped,

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import signal
+import time
 
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -42,6 +44,7 @@ class V2Server:
         )
         self.health: health.aio.HealthServicer | None = None
         self._server: aio.Server | None = None
+        self._interceptor = ErrorMappingInterceptor()
         self.port = 0
         self.metrics_port: int | None = None
 
@@ -49,7 +52,7 @@ class V2Server:
         """Create the grpc.aio server; it binds itself to the running event loop."""
         max_bytes = self.settings.max_message_mb * 1024 * 1024
         server = aio.server(
-            interceptors=[ErrorMappingInterceptor()],
+            interceptors=[self._interceptor],
             options=[
                 ("grpc.max_receive_message_length", max_bytes),
                 ("grpc.max_send_message_length", max_bytes),
@@ -86,12 +89,27 @@ class V2Server:
         return self.port
 
     async def stop(self, grace: float | None = None) -> None:
-        """Report not ready, refuse new calls, let in-flight calls finish, unload."""
+        """Report not ready, refuse new calls, let in-flight calls finish, unload.
+
+        grpc closes every connection once its own shutdown completes, even when a caller
+        is still reading its answer (the caller then sees "connection reset"). So the
+        service drains first, with the server still up and new calls refused (UNAVAILABLE),
+        lingers until callers had time to read the last answers, and only then stops.
+        """
+        grace = self.settings.grace_s if grace is None else grace
         self.servicer.draining = True
         if self.health is not None:
             await self.health.enter_graceful_shutdown()
         if self._server is not None:
-            await self._server.stop(self.settings.grace_s if grace is None else grace)
+            if grace > 0:
+                started = time.monotonic()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._interceptor.drained(), grace)
+                since = time.monotonic() - self._interceptor.last_answer
+                if since < self.settings.linger_s:
+                    await asyncio.sleep(self.settings.linger_s - since)
+                grace = max(0.0, grace - (time.monotonic() - started))
+            await self._server.stop(grace)
         await self.repository.stop()
         log.info("stopped")
 

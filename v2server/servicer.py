@@ -10,7 +10,7 @@ from grpc import aio
 
 from protos import codec, pb, pb_grpc, wire
 from protos.codec import TensorLimits
-from protos.errors import InvalidInput, NotFound
+from protos.errors import InvalidInput, NotFound, Unavailable
 from v2server.model import ModelRepository, ServedModel, TensorSpec
 from v2server.validation import check_inputs
 
@@ -69,6 +69,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         request: pb.ModelInferRequest | wire.ParsedInferRequest,
         context: aio.ServicerContext,
     ) -> bytes:
+        if self.draining:
+            raise Unavailable("server is shutting down")
         inputs = codec.request_inputs(request, self._limits)
         message = request.message if isinstance(request, wire.ParsedInferRequest) else request
         model = self._repository.resolve(message.model_name, message.model_version)

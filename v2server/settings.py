@@ -24,6 +24,10 @@ class ServerSettings(BaseSettings):
     """Once ready, write {"grpc": port, "metrics": port} as JSON here."""
     grace_s: float = 10.0
     """On SIGTERM, how long in-flight calls may take to finish."""
+    linger_s: float = 1.0
+    """After the last answer, how long to keep connections open before exiting: closing a
+    socket whose peer is still reading (and acknowledging) resets the connection, and the
+    peer loses the end of an answer it had not read yet."""
     log_level: str = "INFO"
     max_message_mb: int = 64
     """Largest gRPC message accepted or sent."""
