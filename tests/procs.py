@@ -8,9 +8,12 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,6 +88,19 @@ def start_service(
     return Service(proc, ports["grpc"], ports["metrics"], log_path)
 
 
+def metric(metrics_port: int | str, sample: str, **labels: str) -> float:
+    """Sum of a Prometheus sample (e.g. `v2_requests_total`) over the series whose labels
+    include `labels`, scraped from a service's /metrics."""
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == sample and labels.items() <= s.labels.items()
+    )
+
+
 def run_module(module: str, args: list[str], timeout: float = 60.0) -> subprocess.CompletedProcess:
     """Run a module to completion (for start-up failures)."""
     return subprocess.run(
@@ -96,4 +112,4 @@ def run_module(module: str, args: list[str], timeout: float = 60.0) -> subproces
     )
 
 
-__all__ = ["Service", "run_module", "start_service"]
+__all__ = ["Service", "metric", "run_module", "start_service"]

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import re
 import signal
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import grpc
@@ -17,7 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from protos import codec, pb, pb_grpc
 from tests.modelgen import SLOW_WIDTH, TYPES, linear_weights
-from tests.procs import Service, run_module, start_service
+from tests.procs import Service, metric, run_module, start_service
 from v2server.server import channel_options
 
 TIMEOUT = 10.0
@@ -119,26 +117,21 @@ def test_typed_contents_infer(predictor_stub: pb_grpc.GRPCInferenceServiceStub) 
     np.testing.assert_allclose(out["y"], linear_expected(x, 2), rtol=1e-5)
 
 
-def _metric(service: Service, name: str, labels: str) -> float:
-    body = urllib.request.urlopen(f"http://127.0.0.1:{service.metrics_port}/metrics").read()
-    pattern = re.escape(name) + r"\{" + labels + r"\} ([0-9.e+]+)"
-    match = re.search(pattern, body.decode())
-    return float(match.group(1)) if match else 0.0
-
-
 def test_coalesced_batch_equals_single_requests(
     predictor: Service, predictor_stub: pb_grpc.GRPCInferenceServiceStub
 ) -> None:
     rng = np.random.default_rng(11)
     xs = [rng.normal(size=(int(rng.integers(1, 4)), 4)).astype(np.float32) for _ in range(48)]
     singles = [infer(predictor_stub, "linear", {"x": x}) for x in xs]
-    executions_before = _metric(predictor, "v2_batch_rows_count", 'model="linear"')
+    executions_before = metric(predictor.metrics_port, "v2_batch_rows_count", model="linear")
     futures = [
         predictor_stub.ModelInfer.future(codec.build_request("linear", {"x": x}), timeout=TIMEOUT)
         for x in xs
     ]
     batched = [codec.response_outputs(f.result()) for f in futures]
-    executions = _metric(predictor, "v2_batch_rows_count", 'model="linear"') - executions_before
+    executions = (
+        metric(predictor.metrics_port, "v2_batch_rows_count", model="linear") - executions_before
+    )
     for single, merged in zip(singles, batched, strict=True):
         np.testing.assert_array_equal(single["y"], merged["y"])
         np.testing.assert_array_equal(single["label"], merged["label"])
@@ -165,17 +158,21 @@ def test_grpc_health_service(predictor: Service) -> None:
 def test_metrics_count_requests_by_code(
     predictor: Service, predictor_stub: pb_grpc.GRPCInferenceServiceStub
 ) -> None:
-    labels = 'code="{}",method="ModelInfer",model="{}"'
-    ok_before = _metric(predictor, "v2_requests_total", labels.format("OK", "linear"))
-    bad_before = _metric(
-        predictor, "v2_requests_total", labels.format("INVALID_ARGUMENT", "linear")
-    )
+    def count(code: str) -> float:
+        return metric(
+            predictor.metrics_port,
+            "v2_requests_total",
+            method="ModelInfer",
+            model="linear",
+            code=code,
+        )
+
+    ok_before, bad_before = count("OK"), count("INVALID_ARGUMENT")
     infer(predictor_stub, "linear", {"x": np.zeros((1, 4), np.float32)})
     with pytest.raises(grpc.RpcError):
         infer(predictor_stub, "linear", {"x": np.zeros((1, 5), np.float32)})
-    assert _metric(predictor, "v2_requests_total", labels.format("OK", "linear")) == ok_before + 1
-    bad = _metric(predictor, "v2_requests_total", labels.format("INVALID_ARGUMENT", "linear"))
-    assert bad == bad_before + 1
+    assert count("OK") == ok_before + 1
+    assert count("INVALID_ARGUMENT") == bad_before + 1
 
 
 def test_sigterm_finishes_in_flight_then_refuses(test_repository: Path, workdir: Path) -> None:

@@ -1,0 +1,178 @@
+"""Scenario 5: a slow step in a serial chain. The request's budget holds end to end and the
+steps after the slow one are never called. Every service is a real process; the slow step
+is a relay process (tests/faults/slow_relay.py) holding each call in front of a real
+predictor."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import yaml
+
+from tests.conftest import Mesh
+from tests.faults.load import run
+from tests.faults.test_faults import BODY
+from tests.images import text_samples
+from tests.procs import Service, metric, start_service
+
+DELAY_MS = 400
+BUDGET_MS = 250
+CHAIN_PORT = 27280
+OCR_PORT = 27281
+
+# preprocess -> logreg (through the slow relay) -> mlp -> forest: each step a real service.
+CHAIN = {
+    "pipelines": {
+        "chain": {
+            "input": "image",
+            "timeout_ms": 3000,
+            "steps": [
+                {
+                    "call": {
+                        "name": "preprocess",
+                        "endpoint": "PREPROCESS_URL",
+                        "model": "digits",
+                        "inputs": {"image": "request.image"},
+                    }
+                },
+                *(
+                    {
+                        "call": {
+                            "name": name,
+                            "endpoint": f"CHAIN_{name.upper()}_URL",
+                            "model": f"digits_{name}",
+                            "inputs": {"input": "preprocess.input"},
+                        }
+                    }
+                    for name in ("logreg", "mlp", "forest")
+                ),
+            ],
+            "result": {"label": "forest.label[0]"},
+        }
+    }
+}
+
+
+def _infer_count(mesh: Mesh, service: str, model: str) -> float:
+    """ModelInfer calls a service has answered, whatever their status."""
+    env = mesh.local.services[service].env
+    port = next(v for k, v in env.items() if k.endswith("METRICS_PORT"))
+    return metric(port, "v2_requests_total", method="ModelInfer", model=model)
+
+
+def _grpc_port(mesh: Mesh, service: str) -> str:
+    env = mesh.local.services[service].env
+    return next(v for k, v in env.items() if k.endswith("_PORT") and "METRICS" not in k)
+
+
+def _relay(mesh: Mesh, service: str, workdir: Path) -> Service:
+    upstream = f"127.0.0.1:{_grpc_port(mesh, service)}"
+    return start_service(
+        "tests.faults.slow_relay", ["--upstream", upstream, "--delay-ms", str(DELAY_MS)], workdir
+    )
+
+
+def _relay_counts(relay: Service) -> dict[str, int]:
+    assert relay.stop() == 0
+    found = re.search(r"relay: received (\d+), forwarded (\d+), abandoned (\d+)", relay.log())
+    assert found, relay.log()
+    return dict(zip(("received", "forwarded", "abandoned"), map(int, found.groups()), strict=True))
+
+
+def test_slow_middle_step_under_load(mesh: Mesh, tmp_path: Path) -> None:
+    pipelines = tmp_path / "chain.yaml"
+    pipelines.write_text(yaml.safe_dump(CHAIN))
+    relay = _relay(mesh, "digits-logreg", tmp_path)
+    env = {
+        "PROXY_PIPELINES": str(pipelines),
+        "CHAIN_LOGREG_URL": relay.address,
+        "CHAIN_MLP_URL": f"127.0.0.1:{_grpc_port(mesh, 'digits-mlp')}",
+        "CHAIN_FOREST_URL": f"127.0.0.1:{_grpc_port(mesh, 'digits-forest')}",
+    }
+    try:
+        with mesh.extra_proxy(CHAIN_PORT, **env) as url:
+            # With time to spare the chain runs through the slow step to the end.
+            r = httpx.post(
+                f"{url}/v1/pipelines/chain/infer",
+                content=BODY,
+                headers={"Content-Type": "image/png"},
+                timeout=10,
+            )
+            assert r.status_code == 200, r.text
+            assert [s["name"] for s in r.json()["steps"]] == [
+                "preprocess",
+                "logreg",
+                "mlp",
+                "forest",
+            ]
+            later = {m: _infer_count(mesh, f"digits-{m}", f"digits_{m}") for m in ("mlp", "forest")}
+            tally = asyncio.run(
+                run(
+                    url,
+                    "/v1/pipelines/chain/infer",
+                    BODY,
+                    requests=1000,
+                    concurrency=16,
+                    timeout_ms=BUDGET_MS,
+                    margin_s=0.5,
+                )
+            )
+            after = {m: _infer_count(mesh, f"digits-{m}", f"digits_{m}") for m in ("mlp", "forest")}
+    finally:
+        counts = _relay_counts(relay)
+    print(
+        "\n" + tally.summary(f"slow step ({DELAY_MS} ms) in a 4-step chain, {BUDGET_MS} ms budget")
+    )
+    print(f"relay: {counts}; later steps' calls during the load: {after} vs {later} before")
+    assert tally.lost == 0 and tally.hung == 0
+    assert tally.by_status == {504: 1000}
+    assert max(tally.latencies) < BUDGET_MS / 1000 + 0.25, "an answer outlived its budget"
+    assert after == later, "a step after the slow one was called"
+    # Every request reached the slow step and none went past it.
+    assert counts["forwarded"] == 1 and counts["received"] == 1001
+    assert counts["abandoned"] == 1000
+
+
+@pytest.fixture(scope="module")
+def page() -> bytes:
+    blob, _ = text_samples(1, seed=3)[0]
+    return blob
+
+
+def test_slow_detector_in_the_ocr_chain(mesh: Mesh, tmp_path: Path, page: bytes) -> None:
+    relay = _relay(mesh, "ocr-det", tmp_path)
+    later = {
+        "crops": ("preprocess", "ocr_crops"),
+        "cls": ("ocr-cls", "ocr_cls"),
+        "rec": ("ocr-rec", "ocr_rec"),
+    }
+    try:
+        with mesh.extra_proxy(OCR_PORT, PREDICTOR_OCR_DET_URL=relay.address) as url:
+            before = {k: _infer_count(mesh, *v) for k, v in later.items()}
+            with httpx.Client(base_url=url, timeout=30) as client:
+                answers = [
+                    client.post(
+                        "/v1/pipelines/ocr/infer",
+                        files={"file": ("page.png", page)},
+                        headers={"X-Request-Timeout-Ms": "300"},
+                    )
+                    for _ in range(10)
+                ]
+                after = {k: _infer_count(mesh, *v) for k, v in later.items()}
+                slow_but_allowed = client.post(
+                    "/v1/pipelines/ocr/infer", files={"file": ("page.png", page)}
+                )
+    finally:
+        counts = _relay_counts(relay)
+    assert [a.status_code for a in answers] == [504] * 10
+    assert all(a.json()["step"] == "det" for a in answers), answers[0].text
+    assert all(a.elapsed.total_seconds() < 0.3 + 0.25 for a in answers)
+    assert after == before, "a step after the slow detector was called"
+    assert slow_but_allowed.status_code == 200, slow_but_allowed.text
+    assert np.array(slow_but_allowed.json()["result"]["lines"][0]["box"]).shape == (4, 2)
+    assert counts["forwarded"] == 1
