@@ -11,11 +11,12 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Path, Request, Response
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from proxy import definitions, metrics, v2rest
+from proxy import definitions, metrics, schemas, v2rest
 from proxy.client import Channels
 from proxy.errors import RETRY_AFTER, StepError
 from proxy.executor import Executor
@@ -131,6 +132,16 @@ def create_app(
     async def on_problem(request: Request, exc: Problem) -> Response:
         return problem_response(exc, getattr(request.state, "request_id", ""))
 
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # Starlette's own errors (unknown route, wrong method, unreadable multipart) in the
+        # same shape as ours.
+        response = problem_response(
+            Problem(exc.status_code, str(exc.detail)), getattr(request.state, "request_id", "")
+        )
+        response.headers.update(exc.headers or {})
+        return response
+
     @app.exception_handler(Exception)
     async def on_bug(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error")
@@ -139,8 +150,17 @@ def create_app(
             getattr(request.state, "request_id", ""),
         )
 
-    @app.post("/v1/pipelines/{name}/infer", summary="Run an image through a pipeline")
-    async def infer(name: str, request: Request) -> Response:
+    @app.post(
+        "/v1/pipelines/{name}/infer",
+        summary="Run an image through a pipeline",
+        response_model=schemas.PipelineAnswer,
+        responses=schemas.errors(400, 401, 404, 413, 415, 422, 429, 501, 502, 503, 504),
+        openapi_extra=schemas.IMAGE_BODY,
+    )
+    async def infer(
+        request: Request,
+        name: str = Path(json_schema_extra={"enum": sorted(plans)}),
+    ) -> Response:
         request_id = request.state.request_id
         plan = plans.get(name)
         if plan is None:
@@ -183,7 +203,12 @@ def create_app(
             }
         )
 
-    @app.get("/v1/pipelines", summary="Pipelines and their resolved endpoints")
+    @app.get(
+        "/v1/pipelines",
+        summary="Pipelines and their resolved endpoints",
+        response_model=dict[str, schemas.PipelineInfo],
+        responses=schemas.errors(401),
+    )
     async def list_pipelines() -> Response:
         return json_response(
             {
@@ -197,21 +222,44 @@ def create_app(
             }
         )
 
-    @app.get("/healthz", summary="Liveness")
+    @app.get(
+        "/healthz",
+        summary="Liveness",
+        response_model=schemas.Liveness,
+        responses=schemas.errors(401),
+    )
     async def healthz() -> Response:
         return json_response({"live": True})
 
-    @app.get("/readyz", summary="Every endpoint ready (v2 ServerReady/ModelReady)")
+    @app.get(
+        "/readyz",
+        summary="Every endpoint ready (v2 ServerReady/ModelReady)",
+        response_model=schemas.Readiness,
+        responses={503: {"model": schemas.Readiness}, **schemas.errors(401)},
+    )
     async def readyz() -> Response:
         report = await readiness(plans, channels, settings.ready_timeout_ms / 1000)
         ready = all(item["ready"] for item in report.values())
         return json_response({"ready": ready, "endpoints": report}, 200 if ready else 503)
 
-    @app.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)
+    @app.get(
+        "/metrics",
+        summary="Prometheus metrics",
+        response_class=PlainTextResponse,
+        responses=schemas.errors(401),
+    )
     async def prometheus() -> Response:
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     v2rest.mount(app, plans, channels, json_response, Problem, max_bytes)
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schemas.add_components(generate(), schemas.InferenceRequest)
+        return app.openapi_schema  # type: ignore[return-value]
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app
 
 

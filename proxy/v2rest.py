@@ -8,11 +8,12 @@ from typing import Any
 
 import numpy as np
 import orjson
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Path, Request, Response
 from google.protobuf.json_format import MessageToDict
 from grpc import aio
 
 from protos import codec, pb
+from proxy import schemas
 from proxy.client import Channels
 from proxy.definitions import Plan
 from proxy.errors import http_status
@@ -62,6 +63,8 @@ def mount(
     max_bytes: int,
 ) -> None:
     hosts = _models(plans)
+    # Documented, not enforced: an unknown model gets our 404 naming the served ones.
+    model_path = Path(json_schema_extra={"enum": sorted(hosts)})
 
     def host(model: str) -> str:
         address = hosts.get(model)
@@ -74,18 +77,33 @@ def mount(
             http_status(exc.code()), f"model '{model}': {exc.details()}", code=exc.code().name
         )
 
-    @app.get("/v2/health/live", tags=["v2"])
+    @app.get(
+        "/v2/health/live",
+        tags=["v2"],
+        response_model=schemas.Liveness,
+        responses=schemas.errors(401),
+    )
     async def v2_live() -> Response:
         return json_response({"live": True})
 
-    @app.get("/v2/health/ready", tags=["v2"])
+    @app.get(
+        "/v2/health/ready",
+        tags=["v2"],
+        response_model=schemas.ServerReady,
+        responses={503: {"model": schemas.ServerReady}, **schemas.errors(401)},
+    )
     async def v2_ready() -> Response:
         checks = [await channels.ready(a, None, 1.0) for a in set(hosts.values())]
         ready = all(ok for ok, _ in checks)
         return json_response({"ready": ready}, 200 if ready else 503)
 
-    @app.get("/v2/models/{model}", tags=["v2"])
-    async def v2_metadata(model: str) -> Response:
+    @app.get(
+        "/v2/models/{model}",
+        tags=["v2"],
+        response_model=schemas.ModelMetadata,
+        responses=schemas.errors(401, 404, 429, 501, 502, 503, 504),
+    )
+    async def v2_metadata(model: str = model_path) -> Response:
         try:
             meta = await channels.unary(
                 host(model),
@@ -102,8 +120,13 @@ def mount(
                 t["shape"] = [int(d) for d in t.get("shape", [])]
         return json_response(body)
 
-    @app.get("/v2/models/{model}/ready", tags=["v2"])
-    async def v2_model_ready(model: str) -> Response:
+    @app.get(
+        "/v2/models/{model}/ready",
+        tags=["v2"],
+        response_model=schemas.ModelReadiness,
+        responses={503: {"model": schemas.ModelReadiness}, **schemas.errors(401, 404)},
+    )
+    async def v2_model_ready(model: str = model_path) -> Response:
         ok, why = await channels.ready(host(model), model, 1.0)
         return json_response(
             {"name": model, "ready": ok, **({"error": why} if why else {})}, 200 if ok else 503
@@ -154,10 +177,17 @@ def mount(
             }
         )
 
-    @app.post("/v2/models/{model}/infer", tags=["v2"])
-    async def v2_infer(model: str, request: Request) -> Response:
+    infer_docs: dict[str, Any] = {
+        "tags": ["v2"],
+        "response_model": schemas.InferenceResponse,
+        "responses": schemas.errors(400, 401, 404, 413, 429, 501, 502, 503, 504),
+        "openapi_extra": schemas.json_body(schemas.InferenceRequest),
+    }
+
+    @app.post("/v2/models/{model}/infer", **infer_docs)
+    async def v2_infer(request: Request, model: str = model_path) -> Response:
         return await _infer(model, "", request)
 
-    @app.post("/v2/models/{model}/versions/{version}/infer", tags=["v2"])
-    async def v2_infer_version(model: str, version: str, request: Request) -> Response:
+    @app.post("/v2/models/{model}/versions/{version}/infer", **infer_docs)
+    async def v2_infer_version(request: Request, version: str, model: str = model_path) -> Response:
         return await _infer(model, version, request)

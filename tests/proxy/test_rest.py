@@ -47,6 +47,9 @@ async def test_multipart_upload(env, make_client) -> None:
         ("/v1/pipelines/p/infer", b"x", {"Content-Type": "text/plain"}, 415, "Content-Type"),
         ("/v1/pipelines/p/infer", b"x", {"X-Request-Timeout-Ms": "soon"}, 400, "milliseconds"),
         ("/v1/pipelines/p/infer", b"x", {"X-Request-Timeout-Ms": "-5"}, 400, "positive"),
+        # Starlette's own errors come in the same shape as ours.
+        ("/v1/nothing", b"x", {}, 404, "Not Found"),
+        ("/v1/pipelines/p/infer", b"x", {"Content-Type": "multipart/form-data"}, 400, "multipart"),
     ],
 )
 async def test_bad_requests_are_named(env, make_client, path, data, headers, status, text) -> None:
