@@ -11,6 +11,7 @@ from proxy.app import create_app
 from proxy.errors import DefinitionError
 from proxy.settings import ProxySettings
 from v2server import logs
+from v2server.tls import TLSConfigError
 
 
 def main() -> int:
@@ -18,7 +19,7 @@ def main() -> int:
     logs.configure(settings.log_level)
     try:
         app = create_app(settings)
-    except DefinitionError as exc:
+    except (DefinitionError, TLSConfigError) as exc:
         logging.getLogger("proxy").error("cannot start: %s", exc)
         return 2
     uvicorn.run(

@@ -22,6 +22,7 @@ from proxy.errors import RETRY_AFTER, StepError
 from proxy.executor import Executor
 from proxy.middleware import RequestContext
 from proxy.settings import ProxySettings
+from v2server.tls import channel_credentials
 
 log = logging.getLogger("proxy")
 
@@ -109,7 +110,8 @@ def create_app(
     settings = settings or ProxySettings()
     env = os.environ if environ is None else environ
     plans = definitions.load(settings.pipelines, env)
-    channels = Channels(settings.max_message_mb)
+    credentials = channel_credentials(settings.tls_ca, settings.tls_cert, settings.tls_key)
+    channels = Channels(settings.max_message_mb, credentials)
     executor = Executor(channels)
     max_bytes = int(settings.max_body_mb * 1024 * 1024)
     slots = asyncio.Semaphore(settings.max_in_flight)

@@ -22,8 +22,11 @@ RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
 class Channels:
     """The proxy's channels, created on first use and kept for its lifetime."""
 
-    def __init__(self, max_message_mb: int = 64) -> None:
+    def __init__(
+        self, max_message_mb: int = 64, credentials: grpc.ChannelCredentials | None = None
+    ) -> None:
         self._channels: dict[str, aio.Channel] = {}
+        self._credentials = credentials
         self._options = [
             *channel_options(max_message_mb),
             # Reconnect quickly when a restarted service comes back.
@@ -35,7 +38,11 @@ class Channels:
     def get(self, address: str) -> aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = aio.insecure_channel(address, options=self._options)
+            channel = (
+                aio.insecure_channel(address, options=self._options)
+                if self._credentials is None
+                else aio.secure_channel(address, self._credentials, options=self._options)
+            )
             self._channels[address] = channel
         return channel
 

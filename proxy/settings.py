@@ -29,4 +29,9 @@ class ProxySettings(BaseSettings):
     open_paths: str = "/healthz,/readyz,/metrics"
     """Paths served without the API key."""
     max_message_mb: int = 64
+    tls_ca: Path | None = None
+    """PEM CA that signed the services' certificates: calls them over TLS. Unset: plaintext."""
+    tls_cert: Path | None = None
+    """PEM client certificate for services that require one (mutual TLS); needs tls_key."""
+    tls_key: Path | None = None
     log_level: str = "INFO"

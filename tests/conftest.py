@@ -17,12 +17,18 @@ from compose.local import DEFAULT_FILE, LocalMesh
 from compose.topology import load
 from protos import pb_grpc
 from tests.modelgen import build_test_repository
+from tests.pki import PKI, make_pki
 from tests.procs import ROOT, Service, start_service
 
 
 @pytest.fixture(scope="session")
 def test_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_test_repository(tmp_path_factory.mktemp("repository"))
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> PKI:
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@ from v2server.metrics import serve_metrics
 from v2server.model import ModelRepository
 from v2server.servicer import InferenceServicer, rpc_handler
 from v2server.settings import ServerSettings
+from v2server.tls import TLSConfigError, server_credentials
 
 log = logging.getLogger("v2server")
 
@@ -71,11 +72,24 @@ class V2Server:
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         address = f"{self.settings.host}:{self.settings.port}"
-        self.port = self._server.add_insecure_port(address)
+        s = self.settings
+        credentials = server_credentials(s.tls_cert, s.tls_key, s.tls_client_ca)
+        if credentials is None:
+            self.port = self._server.add_insecure_port(address)
+        else:
+            try:
+                self.port = self._server.add_secure_port(address, credentials)
+            except RuntimeError:
+                # grpc says only "failed to bind"; a free port means the pair was refused.
+                raise TLSConfigError(
+                    f"cannot serve TLS on {address} with tls_cert {s.tls_cert} and tls_key "
+                    f"{s.tls_key}: is the key the certificate's, and the port free?"
+                ) from None
         if self.port == 0:
             raise OSError(f"could not bind gRPC port {address}")
         await self._server.start()
-        log.info("listening", extra={"fields": {"address": f"{self.settings.host}:{self.port}"}})
+        where = {"address": f"{self.settings.host}:{self.port}", "tls": credentials is not None}
+        log.info("listening", extra={"fields": where})
         await self.repository.start()
         if self.settings.metrics_port is not None:
             self.metrics_port = serve_metrics(self.settings.host, self.settings.metrics_port)
@@ -151,7 +165,7 @@ def run_service(
     server = V2Server(repository, settings, server_name=server_name, server_version=server_version)
     try:
         asyncio.run(serve(server))
-    except config_errors as exc:
+    except (TLSConfigError, *config_errors) as exc:
         log.error("cannot start: %s", exc)
         return 2
     return 0

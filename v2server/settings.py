@@ -35,6 +35,12 @@ class ServerSettings(BaseSettings):
     """Largest element count one tensor may declare."""
     max_inputs: int = 64
     """Most input tensors in one request."""
+    tls_cert: Path | None = None
+    """PEM certificate (chain) to serve TLS with; needs tls_key. Unset: plaintext."""
+    tls_key: Path | None = None
+    """PEM private key of tls_cert."""
+    tls_client_ca: Path | None = None
+    """When set, callers must present a certificate this CA signed (mutual TLS)."""
 
     def tensor_limits(self) -> TensorLimits:
         return TensorLimits(max_elements=self.max_tensor_elements, max_inputs=self.max_inputs)

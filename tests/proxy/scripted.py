@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -71,10 +72,10 @@ class ScriptedRepository:
         pass
 
 
-async def serve(*models: ScriptedModel) -> V2Server:
+async def serve(*models: ScriptedModel, **settings: Any) -> V2Server:
     server = V2Server(
         ScriptedRepository(*models),
-        ServerSettings(port=0, grace_s=0.5),
+        ServerSettings(port=0, grace_s=0.5, linger_s=0, **settings),
         server_name="scripted",
         server_version="0",
     )
