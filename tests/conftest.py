@@ -16,6 +16,7 @@ import pytest
 from compose.local import DEFAULT_FILE, LocalMesh
 from compose.topology import load
 from protos import pb_grpc
+from tests import report
 from tests.modelgen import build_test_repository
 from tests.pki import PKI, make_pki
 from tests.procs import ROOT, Service, start_service
@@ -124,3 +125,10 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
         port = services["proxy"].env["PROXY_PORT"]
         yield Mesh(local, f"http://127.0.0.1:{port}", log)
         local.down()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if report.LINES:
+        terminalreporter.section("measured in this run")
+        for line in report.LINES:
+            terminalreporter.write_line(line)

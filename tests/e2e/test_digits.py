@@ -14,6 +14,7 @@ from sklearn.datasets import load_digits
 from bench.inprocess import REPOSITORY, InProcess
 from tests.e2e.conftest import Mesh
 from tests.images import encode
+from tests.report import report
 
 
 def held_out() -> tuple[np.ndarray, np.ndarray]:
@@ -47,7 +48,7 @@ def test_held_out_split_through_the_mesh(mesh: Mesh) -> None:
     local = InProcess()
     expected = np.array([local.digits(b)["label"] for b in blobs])
     agreement = (labels == expected).mean()
-    print(
+    report(
         f"\ndigits through the mesh: {len(blobs)} held-out images, accuracy {accuracy:.4f}, "
         f"agreement with in-process {agreement:.4f}"
     )

@@ -10,6 +10,7 @@ from rapidocr_onnxruntime import RapidOCR
 from bench.inprocess import InProcess
 from tests.e2e.conftest import Mesh
 from tests.images import cer, encode, text_samples
+from tests.report import report
 
 SAMPLES = 24
 
@@ -42,7 +43,7 @@ def test_text_images_read_as_well_as_the_reference(mesh: Mesh, samples) -> None:
         e, n = cer(ours, truth)
         re_, _ = cer(theirs, truth)
         errors, ref_errors, chars = errors + e, ref_errors + re_, chars + n
-    print(
+    report(
         f"\nOCR through the mesh on {SAMPLES} images: CER {errors / chars:.4f}, "
         f"reference pipeline {ref_errors / chars:.4f}"
     )

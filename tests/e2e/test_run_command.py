@@ -12,7 +12,9 @@ import httpx
 from tests.images import encode, render_digit
 from tests.procs import ROOT
 
-OFFSET = 25000
+# Ports 30002..31113: below the ephemeral range (32768+), where a client connection may
+# already hold the port, and clear of the session mesh (+20000).
+OFFSET = 22000
 
 
 def test_local_runner_serves_and_stops_on_sigterm(tmp_path) -> None:

@@ -14,6 +14,7 @@ import pytest
 from tests.conftest import Mesh
 from tests.faults.load import run
 from tests.images import encode, render_digit
+from tests.report import report
 
 BODY = encode(render_digit(np.eye(8) * 16))
 
@@ -59,7 +60,7 @@ def test_killed_predictor(mesh: Mesh, pipeline: str) -> None:
         for t in timers:
             t.join()
         mesh.local.wait_healthy("digits-mlp", 60)
-    print("\n" + tally.summary(f"killed predictor, {pipeline}"))
+    report(tally.summary(f"killed predictor, {pipeline}"))
     assert tally.lost == 0 and tally.hung == 0
     assert tally.sent == sum(tally.by_status.values())
     allowed = {200, 503} if pipeline == "digits" else {200}
@@ -89,7 +90,7 @@ def test_hung_predictor(mesh: Mesh) -> None:
             t.join()
         proc.send_signal(signal.SIGCONT)
     for name, tally in (("digits", strict), ("digits-partial", partial)):
-        print("\n" + tally.summary(f"hung predictor, {name}"))
+        report(tally.summary(f"hung predictor, {name}"))
         assert tally.lost == 0 and tally.hung == 0
         assert max(tally.latencies) < 0.8 + 0.5, "an answer came later than its deadline"
     assert set(strict.by_status) <= {200, 504} and strict.by_status[504] > 0
@@ -141,7 +142,7 @@ def test_graceful_shutdown_under_load(mesh: Mesh, service: str) -> None:
         code = proc.wait(30)
         mesh.local.start(service)
         mesh.local.wait_healthy(service, 60)
-    print("\n" + tally.summary(f"SIGTERM {service}, digits"))
+    report(tally.summary(f"SIGTERM {service}, digits"))
     assert code == 0, "the service exits cleanly after draining"
     assert tally.lost == 0 and tally.hung == 0
     assert set(tally.by_status) <= {200, 503}, tally.by_status
@@ -172,8 +173,8 @@ def test_overload_is_shed_quickly_then_served(mesh: Mesh) -> None:
                 timeout_ms=3000,
             )
         )
-    print("\n" + flood.summary("overload, 96 concurrent vs 8 admitted"))
-    print(calm.summary("after the overload, 4 concurrent"))
+    report(flood.summary("overload, 96 concurrent vs 8 admitted"))
+    report(calm.summary("after the overload, 4 concurrent"))
     assert flood.lost == 0 and flood.hung == 0
     assert set(flood.by_status) <= {200, 503} and flood.by_status[503] > 0
     shed_latency = [

@@ -19,6 +19,7 @@ from tests.faults.load import run
 from tests.faults.test_faults import BODY
 from tests.images import text_samples
 from tests.procs import Service, metric, start_service
+from tests.report import report
 
 DELAY_MS = 400
 BUDGET_MS = 250
@@ -125,10 +126,10 @@ def test_slow_middle_step_under_load(mesh: Mesh, tmp_path: Path) -> None:
             after = {m: _infer_count(mesh, f"digits-{m}", f"digits_{m}") for m in ("mlp", "forest")}
     finally:
         counts = _relay_counts(relay)
-    print(
+    report(
         "\n" + tally.summary(f"slow step ({DELAY_MS} ms) in a 4-step chain, {BUDGET_MS} ms budget")
     )
-    print(f"relay: {counts}; later steps' calls during the load: {after} vs {later} before")
+    report(f"relay: {counts}; later steps' calls during the load: {after} vs {later} before")
     assert tally.lost == 0 and tally.hung == 0
     assert tally.by_status == {504: 1000}
     assert max(tally.latencies) < BUDGET_MS / 1000 + 0.25, "an answer outlived its budget"
