@@ -194,7 +194,8 @@ def pipelines_main(argv: list[str]) -> int:
     from compose.topology import load
     from tests.images import encode, render_digit, render_lines
 
-    services = load([DEFAULT_FILE], environ={}, port_offset=30000)
+    # Ports 20002..21113: below the ephemeral range, clear of the tests (+20000, +22000).
+    services = load([DEFAULT_FILE], environ={}, port_offset=12000)
     log = open(Path(tempfile.mkdtemp(prefix="bench-mesh-")) / "mesh.log", "w")  # noqa: SIM115
     mesh = LocalMesh(services, out=log)
     mesh.up()
