@@ -241,3 +241,25 @@ async def test_cheap_executions_run_on_the_loop_expensive_ones_do_not(
     loop_thread = threading.current_thread().name
     assert threads[0] == threads[1] == loop_thread
     assert threads[2] != loop_thread and threads[3] != loop_thread
+
+
+async def test_low_load_stops_waiting_and_high_load_batches_again(
+    executor: ThreadPoolExecutor,
+) -> None:
+    """One caller at a time: after a few single batches the batcher stops holding requests
+    for company (each would otherwise wait the whole delay); a burst then merges again."""
+    run = Recorder()
+    delay = 0.3
+    batcher = make(run, executor, rows=64, delay=delay)
+    took = []
+    for i in range(8):
+        start = time.perf_counter()
+        await batcher.submit(x_of(1, i), 1, None)
+        took.append(time.perf_counter() - start)
+    assert all(t >= delay * 0.9 for t in took[:1]), took  # a new batcher waits, as configured
+    assert all(t < delay / 2 for t in took[-4:]), took  # ...but not once it sees low load
+    assert run.batches == [1] * 8
+    await asyncio.gather(*(batcher.submit(x_of(1, i), 1, None) for i in range(16)))
+    await batcher.stop()
+    burst = run.batches[8:]
+    assert sum(burst) == 16 and len(burst) < 16, burst
