@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 
 from protos import pb, pb_grpc
-from v2server.tls import TLSConfigError, channel_credentials
+from v2server.tls import TLSConfigError, channel_credentials, sync_channel
 
 
 def ready(
@@ -22,12 +22,7 @@ def ready(
     timeout: float = 2.0,
     credentials: grpc.ChannelCredentials | None = None,
 ) -> bool:
-    channel = (
-        grpc.insecure_channel(address)
-        if credentials is None
-        else grpc.secure_channel(address, credentials)
-    )
-    with channel:
+    with sync_channel(address, credentials) as channel:
         stub = pb_grpc.GRPCInferenceServiceStub(channel)
         try:
             if model:

@@ -63,3 +63,10 @@ def channel_credentials(
         private_key=None if key is None else _key(key, "tls_key"),
         certificate_chain=None if cert is None else _cert(cert, "tls_cert"),
     )
+
+
+def sync_channel(address: str, credentials: grpc.ChannelCredentials | None) -> grpc.Channel:
+    """A blocking-API channel, over TLS when `credentials` are given."""
+    if credentials is None:
+        return grpc.insecure_channel(address)
+    return grpc.secure_channel(address, credentials)

@@ -13,6 +13,7 @@ from protos import pb, pb_grpc
 from tests.contract.test_predictor import infer
 from tests.pki import PKI
 from tests.procs import Service, run_module, start_service
+from v2server.tls import sync_channel
 
 
 def _start(test_repository: Path, workdir: Path, *flags: str) -> Service:
@@ -48,12 +49,7 @@ def mtls_predictor(test_repository: Path, workdir: Path, pki: PKI) -> Iterator[S
 
 
 def _ready(address: str, credentials: grpc.ChannelCredentials | None) -> bool:
-    channel = (
-        grpc.insecure_channel(address)
-        if credentials is None
-        else grpc.secure_channel(address, credentials)
-    )
-    with channel:
+    with sync_channel(address, credentials) as channel:
         stub = pb_grpc.GRPCInferenceServiceStub(channel)
         return stub.ServerReady(pb.ServerReadyRequest(), timeout=5).ready
 
