@@ -271,6 +271,12 @@ class Batcher:
         try:
             async with self._slots:
                 await self._execute_batch(batch, rows, loop)
+        except asyncio.CancelledError:
+            # Stopped while waiting for a slot: the batch's callers must still get an answer.
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_exception(Unavailable(f"model '{self._name}' is unloading"))
+            raise
         finally:
             self._executing -= 1
 

@@ -263,3 +263,22 @@ async def test_low_load_stops_waiting_and_high_load_batches_again(
     await batcher.stop()
     burst = run.batches[8:]
     assert sum(burst) == 16 and len(burst) < 16, burst
+
+
+async def test_stop_answers_a_batch_waiting_for_a_busy_slot(executor: ThreadPoolExecutor) -> None:
+    run = Recorder()
+    batcher = make(run, executor, rows=4, delay=0)
+    for i in range(6):  # single batches: the batcher stops waiting and runs idle calls inline
+        await batcher.submit(x_of(1, i), 1, None)
+    run.gate.clear()
+    alone = asyncio.create_task(batcher.submit(x_of(1, 0), 1, None))  # holds the one slot
+    await asyncio.sleep(0.05)
+    queued = asyncio.create_task(batcher.submit(x_of(1, 1), 1, None))  # batch waits for it
+    await asyncio.sleep(0.05)
+    stopping = asyncio.create_task(batcher.stop())
+    await asyncio.sleep(0.05)
+    run.gate.set()
+    await stopping
+    assert (await alone)["y"].shape == (1, 3)
+    with pytest.raises(Unavailable):
+        await asyncio.wait_for(queued, 2)
