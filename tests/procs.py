@@ -90,9 +90,13 @@ def start_service(
 
 def metric(metrics_port: int | str, sample: str, **labels: str) -> float:
     """Sum of a Prometheus sample (e.g. `v2_requests_total`) over the series whose labels
-    include `labels`, scraped from a service's /metrics."""
-    url = f"http://127.0.0.1:{metrics_port}/metrics"
-    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    include `labels`, scraped from a service's /metrics port."""
+    return metric_of(f"http://127.0.0.1:{metrics_port}", sample, **labels)
+
+
+def metric_of(base_url: str, sample: str, **labels: str) -> float:
+    """The same, from `<base_url>/metrics` (e.g. the proxy's)."""
+    text = urllib.request.urlopen(f"{base_url}/metrics", timeout=10).read().decode()
     return sum(
         s.value
         for family in text_string_to_metric_families(text)
@@ -112,4 +116,4 @@ def run_module(module: str, args: list[str], timeout: float = 60.0) -> subproces
     )
 
 
-__all__ = ["Service", "metric", "run_module", "start_service"]
+__all__ = ["Service", "metric", "metric_of", "run_module", "start_service"]

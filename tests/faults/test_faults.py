@@ -7,6 +7,7 @@ import asyncio
 import signal
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from tests.conftest import Mesh
 from tests.faults.load import run
 from tests.images import encode, render_digit
+from tests.procs import metric_of
 from tests.report import report
 
 BODY = encode(render_digit(np.eye(8) * 16))
@@ -76,9 +78,34 @@ def test_killed_predictor(mesh: Mesh, pipeline: str) -> None:
         time.sleep(0.2)
 
 
+class ProxyWatch(threading.Thread):
+    """Samples the proxy's in-flight gauge and resident memory until stopped."""
+
+    def __init__(self, mesh: Mesh) -> None:
+        super().__init__(daemon=True)
+        self.mesh = mesh
+        self.pid = mesh.local.procs["proxy"].pid
+        self.in_flight: list[float] = []
+        self.rss_mb: list[float] = []
+        self.done = threading.Event()
+
+    def sample(self) -> None:
+        self.in_flight.append(metric_of(self.mesh.url, "proxy_in_flight_requests"))
+        status = Path(f"/proc/{self.pid}/status").read_text()
+        self.rss_mb.append(int(status.split("VmRSS:")[1].split()[0]) / 1024)
+
+    def run(self) -> None:
+        while not self.done.wait(0.1):
+            self.sample()
+
+
 def test_hung_predictor(mesh: Mesh) -> None:
-    """SIGSTOP one branch for three seconds: answers stay within the deadline + margin."""
+    """SIGSTOP one branch for three seconds: answers stay within the deadline + margin, and
+    nothing piles up in the proxy (in-flight requests and memory stay bounded)."""
     proc = mesh.local.procs["digits-forest"]
+    watch = ProxyWatch(mesh)
+    watch.sample()
+    watch.start()
     timers = [
         _later(1.0, lambda: proc.send_signal(signal.SIGSTOP)),
         _later(4.0, lambda: proc.send_signal(signal.SIGCONT)),
@@ -89,12 +116,23 @@ def test_hung_predictor(mesh: Mesh) -> None:
         for t in timers:
             t.join()
         proc.send_signal(signal.SIGCONT)
+        watch.done.set()
+        watch.join()
+    time.sleep(0.5)
+    watch.sample()
     for name, tally in (("digits", strict), ("digits-partial", partial)):
         report(tally.summary(f"hung predictor, {name}"))
         assert tally.lost == 0 and tally.hung == 0
         assert max(tally.latencies) < 0.8 + 0.5, "an answer came later than its deadline"
     assert set(strict.by_status) <= {200, 504} and strict.by_status[504] > 0
     assert set(partial.by_status) == {200}
+    growth = max(watch.rss_mb) - watch.rss_mb[0]
+    report(
+        f"hung predictor, proxy: in-flight max {max(watch.in_flight):.0f} (16 clients), "
+        f"{watch.in_flight[-1]:.0f} after; memory {watch.rss_mb[0]:.0f} MB, +{growth:.0f} MB max"
+    )
+    assert max(watch.in_flight) <= 16 and watch.in_flight[-1] == 0
+    assert growth < 64, "the proxy's memory grew while a branch hung"
 
 
 async def _both(mesh: Mesh):

@@ -132,7 +132,7 @@ def test_slow_middle_step_under_load(mesh: Mesh, tmp_path: Path) -> None:
     report(f"relay: {counts}; later steps' calls during the load: {after} vs {later} before")
     assert tally.lost == 0 and tally.hung == 0
     assert tally.by_status == {504: 1000}
-    assert max(tally.latencies) < BUDGET_MS / 1000 + 0.25, "an answer outlived its budget"
+    assert max(tally.latencies) < BUDGET_MS / 1000 + 0.5, "an answer outlived its budget"
     assert after == later, "a step after the slow one was called"
     # Every request reached the slow step and none went past it.
     assert counts["forwarded"] == 1 and counts["received"] == 1001
