@@ -59,16 +59,16 @@ class Compose:
             raise AssertionError(f"{' '.join(argv)} exited {done.returncode}:\n{done.stderr}")
         return done.stdout
 
-    def containers(self) -> list[dict]:
+    def containers(self) -> dict[str, dict]:
+        """`docker inspect` of each running container, by compose service name."""
         ids = self.run("ps", "-q").split()
-        return json.loads(self.engine.docker("inspect", *ids)) if ids else []
+        found = json.loads(self.engine.docker("inspect", *ids)) if ids else []
+        return {c["Config"]["Labels"]["com.docker.compose.service"]: c for c in found}
 
     def health(self) -> dict[str, str]:
         return {
-            c["Config"]["Labels"]["com.docker.compose.service"]: c["State"]
-            .get("Health", {})
-            .get("Status", c["State"]["Status"])
-            for c in self.containers()
+            name: c["State"].get("Health", {}).get("Status", c["State"]["Status"])
+            for name, c in self.containers().items()
         }
 
     def wait_healthy(self, timeout_s: float = 240) -> dict[str, str]:
@@ -141,9 +141,7 @@ def _digits(url: str, image: np.ndarray) -> dict:
 
 
 def test_every_service_is_healthy_and_not_root(host_mesh: Compose) -> None:
-    containers = {
-        c["Config"]["Labels"]["com.docker.compose.service"]: c for c in host_mesh.containers()
-    }
+    containers = host_mesh.containers()
     expected = set(topology.load([docker.COMPOSE_DIR / "compose.yaml"], environ={}))
     assert set(containers) == expected
     for name, c in containers.items():
@@ -176,15 +174,11 @@ def test_both_pipelines_answer_like_one_process(host_mesh: Compose) -> None:
 def test_an_env_var_swaps_a_predictor(host_mesh: Compose) -> None:
     # Re-point the "mlp" branch at the logistic-regression container; only the proxy is
     # re-created, the predictors keep running.
-    before = {
-        c["Config"]["Labels"]["com.docker.compose.service"]: c["Id"] for c in host_mesh.containers()
-    }
+    before = {name: c["Id"] for name, c in host_mesh.containers().items()}
     swap = {"PREDICTOR_DIGITS_MLP_URL": "127.0.0.1:8101/digits_logreg"}
     host_mesh.run("up", "-d", "--no-build", "proxy", extra=swap)
     host_mesh.wait_healthy()
-    after = {
-        c["Config"]["Labels"]["com.docker.compose.service"]: c["Id"] for c in host_mesh.containers()
-    }
+    after = {name: c["Id"] for name, c in host_mesh.containers().items()}
     assert after["proxy"] != before["proxy"]
     assert {k: v for k, v in after.items() if k != "proxy"} == {
         k: v for k, v in before.items() if k != "proxy"
@@ -208,7 +202,7 @@ def test_plain_file_on_the_engine_network(engine: docker.Engine, host_mesh: Comp
     mesh.run("up", "-d", "--no-build")
     try:
         mesh.wait_healthy()
-        proxy = next(c for c in mesh.containers() if c["Name"].endswith("proxy_1"))
+        proxy = mesh.containers()["proxy"]
         assert proxy["HostConfig"]["PortBindings"] == {
             "8080/tcp": [{"HostIp": "127.0.0.1", "HostPort": "18080"}]
         }
