@@ -1,5 +1,8 @@
 """Fill compose/wheels with the image's dependencies: `python -m compose.wheelhouse`.
 
+`--requirements` only prints them (the Dockerfile installs from that list), so that
+pyproject.toml is read in one place.
+
 For building the image where no package index is reachable: the wheels of the runtime
 dependencies in pyproject.toml, pinned by constraints.txt, plus setuptools (to build the
 mesh's own package), installed in the image with
@@ -17,8 +20,12 @@ ROOT = Path(__file__).resolve().parent.parent
 WHEELS = ROOT / "compose" / "wheels"
 
 
+def requirements() -> list[str]:
+    """The runtime dependencies declared in pyproject.toml."""
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+
+
 def build(python: str = sys.executable, out: Path = WHEELS) -> Path:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     subprocess.run(
         [
             python,
@@ -31,7 +38,7 @@ def build(python: str = sys.executable, out: Path = WHEELS) -> Path:
             str(ROOT / "constraints.txt"),
             "-w",
             str(out),
-            *project["dependencies"],
+            *requirements(),
             "setuptools",
         ],
         check=True,
@@ -40,4 +47,4 @@ def build(python: str = sys.executable, out: Path = WHEELS) -> Path:
 
 
 if __name__ == "__main__":
-    print(build())
+    print("\n".join(requirements()) if sys.argv[1:] == ["--requirements"] else build())
