@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -93,7 +94,7 @@ def mount(
         responses={503: {"model": schemas.ServerReady}, **schemas.errors(401)},
     )
     async def v2_ready() -> Response:
-        checks = [await channels.ready(a, None, 1.0) for a in set(hosts.values())]
+        checks = await asyncio.gather(*(channels.ready(a, None, 1.0) for a in set(hosts.values())))
         ready = all(ok for ok, _ in checks)
         return json_response({"ready": ready}, 200 if ready else 503)
 
