@@ -4,7 +4,8 @@
 through the REST proxy vs the same k gRPC calls made directly, at concurrency 1 and 16.
 
 `python -m bench pipelines`: the shipped digits and ocr pipelines through the whole mesh
-(REST, every service a process) vs the same steps in one process (the limit).
+(REST, every service a process) vs the same steps in one process (the limit), and vs the
+same topology with nothing in it (bench/hops.py: the hops alone).
 """
 
 from __future__ import annotations
@@ -190,8 +191,10 @@ def pipelines_main(argv: list[str]) -> int:
         "finish inside a measurement window",
     )
     args = parser.parse_args(argv)
+    from bench.hops import NullMesh
     from compose.local import DEFAULT_FILE, LocalMesh
     from compose.topology import load
+    from proxy.settings import DEFAULT_PIPELINES
     from tests.images import encode, render_digit, render_lines
 
     # Ports 20002..21113: below the ephemeral range, clear of the tests (+20000, +22000).
@@ -207,23 +210,45 @@ def pipelines_main(argv: list[str]) -> int:
         page, _ = render_lines(["Inference mesh, 2026.", "Text in two lines: 0123"], scale=1.2)
         text = encode(page)
         local = InProcess(threads=1)
+        floors: list[str] = []
         cases: list[tuple[str, bytes, Callable[[bytes], object], float, list[int]]] = [
             ("digits", digit, local.digits, args.duration, args.concurrency),
             ("ocr", text, local.ocr, args.ocr_duration, args.ocr_concurrency),
         ]
+        pipelines = Path(services["proxy"].env.get("PROXY_PIPELINES", DEFAULT_PIPELINES))
         for name, blob, fn, duration, levels in cases:
             raw = post_bytes(f"{url}/v1/pipelines/{name}/infer", blob, "image/png")
             print(f"\n### `{name}`: whole mesh over REST vs the same steps in one process\n")
             print(HEADER)
-            for c in levels:
-                base = run_threads(lambda b=blob, f=fn: f(b), c, duration, warmup_s=1.0)
-                mesh_stats = asyncio.run(http_closed_loop(url, raw, c, duration))
-                print(_row("in-process", c, base, base))
-                print(_row("mesh (proxy + services)", c, mesh_stats, base), flush=True)
+            with NullMesh(pipelines, name, services["proxy"].env) as null:
+                hops_raw = post_bytes(null.url, blob, "image/png")
+                for c in levels:
+                    base = run_threads(lambda b=blob, f=fn: f(b), c, duration, warmup_s=1.0)
+                    hops = asyncio.run(
+                        http_closed_loop(null.url, hops_raw, c, min(duration, args.duration))
+                    )
+                    mesh_stats = asyncio.run(http_closed_loop(url, raw, c, duration))
+                    print(_row("in-process", c, base, base))
+                    print(_row("hops only (same topology, echo services)", c, hops, base))
+                    print(_row("mesh (proxy + services)", c, mesh_stats, base), flush=True)
+                    if c == 1:
+                        floors.append(_floor_line(name, base, hops, mesh_stats))
+        print("\n" + "\n".join(floors))
     finally:
         mesh.down()
         log.close()
     return 0
+
+
+def _floor_line(name: str, base: Stats, hops: Stats, mesh: Stats) -> str:
+    """The p50 at concurrency 1 against in-process plus the measured hops."""
+    limit = base.p50_ms + hops.p50_ms
+    return (
+        f"`{name}` p50 at c=1: mesh {mesh.p50_ms:.2f} ms = {mesh.p50_ms / limit:.2f}x "
+        f"(in-process {base.p50_ms:.2f} + hops {hops.p50_ms:.2f} ms); the mesh's own cost "
+        f"beyond the hops: {mesh.p50_ms - hops.p50_ms:.2f} ms = "
+        f"{(mesh.p50_ms - hops.p50_ms) / base.p50_ms:.1f}x in-process"
+    )
 
 
 # ---------------------------------------------------------------- preprocess recipes
