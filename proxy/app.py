@@ -6,7 +6,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -15,6 +15,7 @@ from fastapi import FastAPI, Path, Request, Response
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy import definitions, metrics, schemas, v2rest
 from proxy.client import Channels
@@ -88,6 +89,52 @@ async def read_image(request: Request, max_bytes: int) -> bytes:
     return data
 
 
+def error_response(exc: Exception, request_id: str) -> Response:
+    """Any error as our JSON error shape: ours, Starlette's (unknown route, wrong method,
+    unreadable multipart), or a bug (500; the traceback goes to the log)."""
+    if isinstance(exc, Problem):
+        return problem_response(exc, request_id)
+    if isinstance(exc, StarletteHTTPException):
+        response = problem_response(Problem(exc.status_code, str(exc.detail)), request_id)
+        response.headers.update(exc.headers or {})
+        return response
+    log.error("unhandled error", exc_info=exc)
+    return problem_response(Problem(500, "internal error (see the proxy log)"), request_id)
+
+
+class PipelineRoute:
+    """Answers POST /v1/pipelines/{name}/infer before FastAPI's router, dependency and
+    exception layers (0.2-0.45 ms of a ~8 ms digits request at concurrency 1 on two cores,
+    measured A/B); the route stays declared on the app, which documents it."""
+
+    PREFIX, SUFFIX = "/v1/pipelines/", "/infer"
+
+    def __init__(
+        self, app: ASGIApp, handler: Callable[[Request, str], Awaitable[Response]]
+    ) -> None:
+        self.app = app
+        self.handler = handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        name = path[len(self.PREFIX) : -len(self.SUFFIX)]
+        if (
+            scope["type"] != "http"
+            or scope["method"] != "POST"
+            or not (path.startswith(self.PREFIX) and path.endswith(self.SUFFIX))
+            or not name
+            or "/" in name
+        ):
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        try:
+            response = await self.handler(request, name)
+        except Exception as exc:
+            response = error_response(exc, request.state.request_id)
+        await response(scope, receive, send)
+
+
 def budget_s(request: Request, default_ms: float, cap_ms: float) -> float:
     raw = request.headers.get("x-request-timeout-ms")
     if raw is None:
@@ -128,29 +175,15 @@ def create_app(
         lifespan=lifespan,
         description="Runs REST requests through pipelines of v2 gRPC services.",
     )
+    # Starlette runs the middleware added last first: the request id and API key come first.
+    app.add_middleware(PipelineRoute, handler=lambda request, name: run_pipeline(request, name))
     app.add_middleware(RequestContext, api_key=settings.api_key, open_paths=open_paths)
 
-    @app.exception_handler(Problem)
-    async def on_problem(request: Request, exc: Problem) -> Response:
-        return problem_response(exc, getattr(request.state, "request_id", ""))
+    async def on_error(request: Request, exc: Exception) -> Response:
+        return error_response(exc, getattr(request.state, "request_id", ""))
 
-    @app.exception_handler(StarletteHTTPException)
-    async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        # Starlette's own errors (unknown route, wrong method, unreadable multipart) in the
-        # same shape as ours.
-        response = problem_response(
-            Problem(exc.status_code, str(exc.detail)), getattr(request.state, "request_id", "")
-        )
-        response.headers.update(exc.headers or {})
-        return response
-
-    @app.exception_handler(Exception)
-    async def on_bug(request: Request, exc: Exception) -> Response:
-        log.exception("unhandled error")
-        return problem_response(
-            Problem(500, "internal error (see the proxy log)"),
-            getattr(request.state, "request_id", ""),
-        )
+    for kind in (Problem, StarletteHTTPException, Exception):
+        app.add_exception_handler(kind, on_error)
 
     @app.post(
         "/v1/pipelines/{name}/infer",
@@ -163,6 +196,10 @@ def create_app(
         request: Request,
         name: str = Path(json_schema_extra={"enum": sorted(plans)}),
     ) -> Response:
+        # Served by PipelineRoute; declared here for the OpenAPI document.
+        return await run_pipeline(request, name)
+
+    async def run_pipeline(request: Request, name: str) -> Response:
         request_id = request.state.request_id
         plan = plans.get(name)
         if plan is None:

@@ -63,7 +63,11 @@ class RequestContext:
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), id_header]
+                headers = list(message.get("headers", []))
+                # Error answers carry the id already (they are also made outside this layer).
+                if not any(name.lower() == b"x-request-id" for name, _ in headers):
+                    headers.append(id_header)
+                message["headers"] = headers
             await send(message)
 
         token = REQUEST_ID.set(request_id)

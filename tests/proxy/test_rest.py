@@ -59,6 +59,41 @@ async def test_bad_requests_are_named(env, make_client, path, data, headers, sta
         )
     assert r.status_code == status, r.text
     assert text in r.json()["error"] and r.json()["id"]
+    assert r.headers["X-Request-Id"] == r.json()["id"]  # once, not once per layer
+
+
+async def test_other_methods_and_paths_near_the_infer_route(env, make_client) -> None:
+    """The infer route is answered ahead of FastAPI's router; everything else still goes
+    through it, in the same error shape."""
+    async with make_client(PIPES, env) as client:
+        get = await client.get("/v1/pipelines/p/infer")
+        nested = await client.post("/v1/pipelines/p/x/infer", content=body(1))
+        bare = await client.post("/v1/pipelines//infer", content=body(1))
+        ok = await post(client, "p", body(1))
+    assert get.status_code == 405 and get.json()["id"]
+    assert nested.status_code == 404 and bare.status_code == 404
+    assert ok.status_code == 200
+
+
+async def test_a_bug_answers_500_in_our_shape_and_the_proxy_goes_on(
+    env, make_client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from proxy.executor import Executor
+
+    def broken(self: Executor, run: object) -> object:
+        raise RuntimeError("a bug")
+
+    async with make_client(PIPES, env) as client:
+        with monkeypatch.context() as patch:
+            patch.setattr(Executor, "result", broken)
+            r = await post(client, "p", body(1), **{"X-Request-Id": "bug-1"})
+        after = await post(client, "p", body(1))
+    assert r.status_code == 500 and r.json() == {
+        "error": "internal error (see the proxy log)",
+        "id": "bug-1",
+    }
+    assert r.headers["X-Request-Id"] == "bug-1"
+    assert after.status_code == 200
 
 
 async def test_downstream_invalid_input_is_400_naming_the_step(env, make_client) -> None:
