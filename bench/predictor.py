@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -42,10 +43,15 @@ def build_repository(root: Path) -> dict[str, tuple[Path, dict[str, np.ndarray]]
         "conv": (
             conv_bytes,
             {"image": rng.random((1, 3, 224, 224), np.float32)},
-            {"intra_op_threads": 0},
+            {"intra_op_threads": 1, "inter_op_threads": 1},
             8,
         ),
     }
+    # Conv: one single-threaded ONNX Runtime execution per core, like the in-process
+    # baseline's thread per call. With ORT's own two-thread pool on cores shared with gRPC
+    # and the client, the server's execution threads used 10.5-11.7 ms of CPU per image;
+    # this way 7.5-9.6 (in-process: 7.0-7.5 in all), per the CPU split printed below.
+    instances = {"tiny": 1, "conv": 2}
     out = {}
     for name, (onnx_bytes, sample, ort_opts, max_batch) in models.items():
         for batched in (False, True):
@@ -56,6 +62,7 @@ def build_repository(root: Path) -> dict[str, tuple[Path, dict[str, np.ndarray]]
                 "max_batch_size": max_batch,
                 "onnxruntime": ort_opts,
                 "max_queue_size": 1024,
+                "instance_count": instances[name],
             }
             if batched:
                 config["dynamic_batching"] = {"max_queue_delay_ms": 1.0}
@@ -68,16 +75,19 @@ def start_predictor(repository: Path, workdir: Path) -> tuple[subprocess.Popen, 
     return services.start("predictors", ["--repository", str(repository)], workdir)
 
 
-def in_process(model_path: Path, sample: dict, c: int, duration: float) -> Stats:
-    """The limit: the faster of ONNX Runtime's default threading and one thread per call."""
-    best: Stats | None = None
+def in_process(model_path: Path, sample: dict, c: int, duration: float) -> tuple[Stats, float]:
+    """The limit: the faster of ONNX Runtime's default threading and one thread per call,
+    with its CPU milliseconds per call."""
+    best: tuple[Stats, float] | None = None
     for threads in (0, 1):
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+        started = time.process_time()
         stats = run_threads(lambda s=session: s.run(None, sample), c, duration)
-        if best is None or stats.rps > best.rps:
-            best = stats
+        cpu = _per_call(time.process_time() - started, stats)
+        if best is None or stats.rps > best[0].rps:
+            best = stats, cpu
     assert best is not None
     return best
 
@@ -89,6 +99,17 @@ def median(runs: list[Stats]) -> Stats:
 async def over_grpc(address: str, model: str, sample: dict, c: int, duration: float) -> Stats:
     request = codec.build_request(model, sample).SerializeToString()
     return await services.grpc_closed_loop(address, request, c, duration)
+
+
+def _per_call(seconds: float, stats: Stats, warmup_s: float = 0.5) -> float:
+    """Milliseconds per call; the warm-up's calls (at the measured rate) used CPU too."""
+    calls = stats.rps * (stats.seconds + warmup_s)
+    return seconds / calls * 1000 if calls else float("nan")
+
+
+def _cpu_text(split: services.CpuSplit, stats: Stats) -> str:
+    parts = [_per_call(s, stats) for s in (split.loop_s, split.threads_s, split.client_s)]
+    return f"{parts[0]:.2f}+{parts[1]:.2f}+{parts[2]:.2f}={sum(parts):.2f}"
 
 
 def row(label: str, s: Stats, base: Stats) -> str:
@@ -113,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         models = build_repository(workdir / "repository")
         proc, address = start_predictor(workdir / "repository", workdir)
+        cpu_notes: list[str] = []
         try:
             for name in ("tiny", "conv"):
                 path, sample = models[name]
@@ -121,16 +143,17 @@ def main(argv: list[str] | None = None) -> int:
                 print("| --- | --- | --- | --- | --- | --- | --- |")
                 for c in args.concurrency:
                     runs: dict[str, list[Stats]] = {"base": [], "plain": [], "batched": []}
+                    cpu: dict[str, list[str]] = {"base": [], "plain": [], "batched": []}
                     for _ in range(args.rounds):  # interleaved: drift hits all three alike
-                        runs["base"].append(in_process(path, sample, c, args.duration))
-                        runs["plain"].append(
-                            asyncio.run(over_grpc(address, name, sample, c, args.duration))
-                        )
-                        runs["batched"].append(
-                            asyncio.run(
-                                over_grpc(address, f"{name}_batched", sample, c, args.duration)
-                            )
-                        )
+                        stats, per_call = in_process(path, sample, c, args.duration)
+                        runs["base"].append(stats)
+                        cpu["base"].append(f"{per_call:.2f}")
+                        for key, model in (("plain", name), ("batched", f"{name}_batched")):
+                            with services.cpu_split(proc.pid) as split:
+                                runs[key].append(
+                                    asyncio.run(over_grpc(address, model, sample, c, args.duration))
+                                )
+                            cpu[key].append(_cpu_text(split, runs[key][-1]))
                     base, plain, batched = (median(runs[k]) for k in ("base", "plain", "batched"))
                     for label, s in (
                         ("in-process onnxruntime", base),
@@ -143,6 +166,16 @@ def main(argv: list[str] | None = None) -> int:
                         f"vs unbatched | | | |",
                         flush=True,
                     )
+                    cpu_notes.append(
+                        f"{name} c={c}: in-process {' / '.join(cpu['base'])}; "
+                        f"no batching {' / '.join(cpu['plain'])}; "
+                        f"batching {' / '.join(cpu['batched'])}"
+                    )
+            print(
+                "\nCPU ms per request, each round (in-process: the whole process; over gRPC: "
+                "server event loop + server's other threads + client = total):"
+            )
+            print("\n".join(cpu_notes))
         finally:
             proc.terminate()
             proc.wait(30)

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -13,6 +18,46 @@ from tests.procs import start_service
 from v2server.server import channel_options
 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+
+def thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds each thread of a process has used so far (Linux /proc)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended
+            continue
+        out[int(tid)] = (int(fields[11]) + int(fields[12])) / ticks
+    return out
+
+
+@dataclass
+class CpuSplit:
+    """Where a server's CPU went during a measurement, in seconds."""
+
+    loop_s: float = 0.0
+    """The main thread: the event loop, gRPC message handling, the servicer."""
+    threads_s: float = 0.0
+    """Every other thread: model executions, gRPC's poller and I/O threads."""
+    client_s: float = 0.0
+    """The benchmark process itself (the load generator)."""
+
+
+@contextmanager
+def cpu_split(pid: int) -> Iterator[CpuSplit]:
+    split = CpuSplit()
+    before, client = thread_cpu(pid), time.process_time()
+    yield split
+    after = thread_cpu(pid)
+    split.client_s = time.process_time() - client
+    for tid, seconds in after.items():
+        used = seconds - before.get(tid, 0.0)
+        if tid == pid:
+            split.loop_s = used
+        else:
+            split.threads_s += used
 
 
 def start(module: str, args: list[str], workdir: Path) -> tuple[subprocess.Popen, str]:
