@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -236,11 +236,48 @@ def from_contents(
 # ---------------------------------------------------------------- messages
 
 
+SHM_REGION = "shared_memory_region"
+SHM_BYTE_SIZE = "shared_memory_byte_size"
+SHM_OFFSET = "shared_memory_offset"
+
+
+@dataclass(frozen=True)
+class SharedRef:
+    """A tensor's place in a registered shared memory region (Triton's extension)."""
+
+    region: str
+    byte_size: int
+    offset: int = 0
+
+
+def shared_ref(parameters: Mapping[str, pb.InferParameter], tensor: str) -> SharedRef | None:
+    """The tensor's shared memory parameters, when it has them."""
+    if SHM_REGION not in parameters:
+        return None
+    region = parameters[SHM_REGION].string_param
+    if not region or SHM_BYTE_SIZE not in parameters:
+        raise InvalidInput(
+            f"tensor '{tensor}': {SHM_REGION} needs a region name and {SHM_BYTE_SIZE}"
+        )
+    size = parameters[SHM_BYTE_SIZE]
+    byte_size = size.int64_param or size.uint64_param
+    offset = parameters[SHM_OFFSET].int64_param if SHM_OFFSET in parameters else 0
+    if byte_size < 0 or offset < 0:
+        raise InvalidInput(f"tensor '{tensor}': negative shared memory size or offset")
+    return SharedRef(region, byte_size, offset)
+
+
+SharedReader = Callable[[SharedRef, str], "bytes | memoryview"]
+
+
 def request_inputs(
     request: pb.ModelInferRequest | wire.ParsedInferRequest,
     limits: TensorLimits = DEFAULT_LIMITS,
+    shared: SharedReader | None = None,
 ) -> dict[str, np.ndarray]:
-    """All input tensors of a ModelInferRequest, by name (zero-copy for parsed requests)."""
+    """All input tensors of a ModelInferRequest, by name (zero-copy for parsed requests).
+    Inputs in shared memory are read through `shared`; raw contents are given for the
+    other inputs only, in order (as tritonclient sends them)."""
     if isinstance(request, wire.ParsedInferRequest):
         if request.error:
             raise InvalidInput(f"request does not parse: {request.error}")
@@ -251,19 +288,32 @@ def request_inputs(
     n_inputs = len(request.inputs)
     if n_inputs > limits.max_inputs:
         raise InvalidInput(f"request has {n_inputs} inputs, more than {limits.max_inputs}")
+    refs = [shared_ref(t.parameters, t.name) for t in request.inputs]
+    n_plain = refs.count(None)
     n_raw = len(raw_contents)
-    if n_raw and n_raw != n_inputs:
-        raise InvalidInput(f"request has {n_inputs} inputs but {n_raw} raw_input_contents entries")
+    if n_raw and n_raw != n_plain:
+        raise InvalidInput(
+            f"request has {n_plain} inputs outside shared memory but {n_raw} "
+            "raw_input_contents entries"
+        )
     out: dict[str, np.ndarray] = {}
-    for i, tensor in enumerate(request.inputs):
+    next_raw = 0
+    for tensor, ref in zip(request.inputs, refs, strict=True):
         if tensor.name in out:
             raise InvalidInput(f"input '{tensor.name}' appears twice")
-        if n_raw:
+        if ref is not None:
+            if shared is None:
+                raise InvalidInput(f"input '{tensor.name}': this server has no shared memory")
+            data = shared(ref, tensor.name)
+            arr = from_raw(data, tensor.datatype, tensor.shape, tensor.name, limits)
+        elif n_raw:
             if tensor.HasField("contents"):
                 raise InvalidInput(
                     f"input '{tensor.name}': both contents and raw_input_contents given"
                 )
-            arr = from_raw(raw_contents[i], tensor.datatype, tensor.shape, tensor.name, limits)
+            raw = raw_contents[next_raw]
+            next_raw += 1
+            arr = from_raw(raw, tensor.datatype, tensor.shape, tensor.name, limits)
         else:
             arr = from_contents(tensor.contents, tensor.datatype, tensor.shape, tensor.name, limits)
         out[tensor.name] = arr
@@ -280,13 +330,13 @@ def response_outputs(
         response = response.message
     else:
         raw_contents = response.raw_output_contents
+    # Outputs written to shared memory carry no bytes here (the caller reads its region).
+    carried = [t for t in response.outputs if SHM_REGION not in t.parameters]
     n_raw = len(raw_contents)
-    if n_raw and n_raw != len(response.outputs):
-        raise InvalidInput(
-            f"response has {len(response.outputs)} outputs but {n_raw} raw_output_contents"
-        )
+    if n_raw and n_raw != len(carried):
+        raise InvalidInput(f"response has {len(carried)} outputs but {n_raw} raw_output_contents")
     out: dict[str, np.ndarray] = {}
-    for i, tensor in enumerate(response.outputs):
+    for i, tensor in enumerate(carried):
         if n_raw:
             raw = raw_contents[i]
             out[tensor.name] = from_raw(raw, tensor.datatype, tensor.shape, tensor.name, limits)
@@ -323,19 +373,35 @@ def build_response_bytes(
     model_version: str,
     outputs: Mapping[str, np.ndarray],
     request_id: str = "",
+    shared: Mapping[str, tuple[np.ndarray, SharedRef]] | None = None,
 ) -> bytes:
-    """The serialized ModelInferResponse, tensor bytes copied once (see protos.wire)."""
+    """The serialized ModelInferResponse, tensor bytes copied once (see protos.wire).
+    `shared` outputs (already written to shared memory) are described after the others,
+    with their region parameters and no bytes, so raw contents stay aligned with the
+    first outputs (tritonclient counts them by position)."""
     head = pb.ModelInferResponse(model_name=model_name, model_version=model_version, id=request_id)
-    return _with_raw_tensors(head, head.outputs, wire.RAW_OUTPUT_FIELD, outputs)
+    return _with_raw_tensors(head, head.outputs, wire.RAW_OUTPUT_FIELD, outputs, shared)
 
 
-def _with_raw_tensors(head, tensors, field: int, arrays: Mapping[str, np.ndarray]) -> bytes:
+def _with_raw_tensors(
+    head,
+    tensors,
+    field: int,
+    arrays: Mapping[str, np.ndarray],
+    shared: Mapping[str, tuple[np.ndarray, SharedRef]] | None = None,
+) -> bytes:
     """Describe `arrays` in the `tensors` list of `head`, append their bytes as `field`."""
     views = []
     for name, array in arrays.items():
         datatype, view = to_raw_view(np.asarray(array))
         tensors.add(name=name, datatype=datatype, shape=array.shape)
         views.append(view)
+    for name, (array, ref) in (shared or {}).items():
+        tensor = tensors.add(name=name, datatype=datatype_of(array), shape=array.shape)
+        tensor.parameters[SHM_REGION].string_param = ref.region
+        tensor.parameters[SHM_BYTE_SIZE].int64_param = ref.byte_size
+        if ref.offset:
+            tensor.parameters[SHM_OFFSET].int64_param = ref.offset
     return wire.with_field(head, field, views)
 
 

@@ -49,3 +49,9 @@ class Unavailable(MeshError):
     """The service (or a model in it) cannot serve right now, e.g. shutting down."""
 
     code = grpc.StatusCode.UNAVAILABLE
+
+
+class AlreadyExists(MeshError):
+    """A name the caller wants to register is taken (e.g. a shared memory region)."""
+
+    code = grpc.StatusCode.ALREADY_EXISTS

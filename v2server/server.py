@@ -125,6 +125,7 @@ class V2Server:
                 grace = max(0.0, grace - (time.monotonic() - started))
             await self._server.stop(grace)
         await self.repository.stop()
+        self.servicer.shared.close()
         log.info("stopped")
 
 

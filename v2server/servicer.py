@@ -12,7 +12,11 @@ from protos import codec, pb, pb_grpc, wire
 from protos.codec import TensorLimits
 from protos.errors import InvalidInput, NotFound, Unavailable
 from v2server.model import ModelRepository, ServedModel, TensorSpec
+from v2server.shm import SharedMemory
 from v2server.validation import check_inputs
+
+EXTENSIONS = ["classification", "system_shared_memory"]
+"""Triton protocol extensions this server implements (ServerMetadata lists them)."""
 
 
 def _tensor_metadata(specs: list[TensorSpec] | tuple[TensorSpec, ...]) -> list:
@@ -37,6 +41,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self._limits = limits
         self.draining = False
         """Set on shutdown: the server stays live but stops reporting ready."""
+        self.shared = SharedMemory()
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: aio.ServicerContext):
         return pb.ServerLiveResponse(live=True)
@@ -52,7 +57,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ModelReadyResponse(ready=model.ready and not self.draining)
 
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: aio.ServicerContext):
-        return pb.ServerMetadataResponse(name=self._name, version=self._version, extensions=[])
+        return pb.ServerMetadataResponse(
+            name=self._name, version=self._version, extensions=EXTENSIONS
+        )
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: aio.ServicerContext):
         model = self._repository.resolve(request.name, request.version)
@@ -71,7 +78,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> bytes:
         if self.draining:
             raise Unavailable("server is shutting down")
-        inputs = codec.request_inputs(request, self._limits)
+        inputs = codec.request_inputs(request, self._limits, self.shared.read)
         message = request.message if isinstance(request, wire.ParsedInferRequest) else request
         model = self._repository.resolve(message.model_name, message.model_version)
         check_inputs(model.name, model.inputs, inputs)
@@ -87,7 +94,36 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 outputs[requested.name] = classify(
                     outputs[requested.name], param.int64_param, model.labels
                 )
-        return codec.build_response_bytes(model.name, model.version, outputs, message.id)
+        shared = {}
+        for requested in message.outputs:
+            ref = codec.shared_ref(requested.parameters, requested.name)
+            if ref is not None:
+                array = outputs.pop(requested.name)
+                self.shared.write(ref, requested.name, codec.to_raw_view(np.asarray(array))[1])
+                shared[requested.name] = (array, ref)
+        return codec.build_response_bytes(model.name, model.version, outputs, message.id, shared)
+
+    async def SystemSharedMemoryStatus(
+        self, request: pb.SystemSharedMemoryStatusRequest, context: aio.ServicerContext
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        response = pb.SystemSharedMemoryStatusResponse()
+        for region in self.shared.status(request.name):
+            status = response.regions[region.name]
+            status.name, status.key = region.name, region.key
+            status.offset, status.byte_size = region.offset, region.byte_size
+        return response
+
+    async def SystemSharedMemoryRegister(
+        self, request: pb.SystemSharedMemoryRegisterRequest, context: aio.ServicerContext
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        self.shared.register(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest, context: aio.ServicerContext
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        self.shared.unregister(request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
 
 
 def classify(scores: np.ndarray, k: int, labels: list[str] | None) -> np.ndarray:

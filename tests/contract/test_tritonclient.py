@@ -34,3 +34,34 @@ def test_tritonclient_health_metadata_and_binary_infer(predictor: Service) -> No
     np.testing.assert_allclose(np.array(seen["y"]), x @ w + b, rtol=1e-5)
     assert seen["label"] == (x @ w + b).argmax(axis=1).tolist()
     assert seen["y_dtype"] == "float32"
+
+
+def test_tritonclient_system_shared_memory(predictor: Service) -> None:
+    """Input read from and output written to regions registered through tritonclient, the
+    other output still in the message; bad registrations and references are named."""
+    run = subprocess.run(
+        [sys.executable, str(PROBE), predictor.address, "linear", "shm"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout)
+    regions = seen["status"]["regions"]
+    assert set(regions) == {"in", "out"}
+    assert regions["out"]["offset"] == "16" and regions["out"]["byte_size"] == "48"
+    assert seen["duplicate"].startswith("StatusCode.ALREADY_EXISTS")
+    assert seen["bad_key"].startswith("StatusCode.INVALID_ARGUMENT")
+    assert "no-such-mesh-region" in seen["bad_key"]
+    assert seen["too_big"].startswith("StatusCode.INVALID_ARGUMENT")
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    w, b = linear_weights(2)
+    np.testing.assert_allclose(np.array(seen["y"]), x @ w + b, rtol=1e-5)
+    assert seen["y_shape"] == [2, 3]
+    assert seen["label"] == (x @ w + b).argmax(axis=1).tolist()
+    assert seen["unregistered"].startswith("StatusCode.INVALID_ARGUMENT")
+    assert "'nope' is not registered" in seen["unregistered"]
+    assert seen["output_too_small"].startswith("StatusCode.INVALID_ARGUMENT")
+    assert "output 'y'" in seen["output_too_small"]
+    assert seen["after_unregister"].get("regions", {}) == {}
+    assert "system_shared_memory" in seen["extensions"]

@@ -2,13 +2,14 @@
 
 Runs in its own process: tritonclient registers the same `inference.*`
 protobuf messages as this project, and one process may hold only one copy.
-Usage: python tests/contract/tritonclient_probe.py HOST:PORT MODEL
+Usage: python tests/contract/tritonclient_probe.py HOST:PORT MODEL [shm]
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 
 import numpy as np
 import tritonclient.grpc as tc
@@ -41,5 +42,66 @@ def main(address: str, model: str) -> None:
     )
 
 
+def shared_memory(address: str, model: str) -> None:
+    """Triton's system shared memory extension, driven by tritonclient's own helpers."""
+    import os
+
+    import tritonclient.utils.shared_memory as shm
+    from tritonclient.utils import InferenceServerException
+
+    client = tc.InferenceServerClient(url=address)
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    tag = f"mesh-probe-{os.getpid()}"
+    inp = shm.create_shared_memory_region(f"{tag}-in", f"/{tag}-in", 64)
+    out = shm.create_shared_memory_region(f"{tag}-out", f"/{tag}-out", 64)
+    seen: dict = {}
+
+    def error(call: Callable[[], object]) -> str:
+        try:
+            call()
+        except InferenceServerException as exc:
+            return f"{exc.status()} {exc.message()}"
+        return "no error"
+
+    try:
+        shm.set_shared_memory_region(inp, [x], offset=16)
+        client.register_system_shared_memory("in", f"/{tag}-in", 64)
+        client.register_system_shared_memory("out", f"/{tag}-out", 48, offset=16)
+        seen["status"] = client.get_system_shared_memory_status(as_json=True)
+        seen["duplicate"] = error(
+            lambda: client.register_system_shared_memory("in", f"/{tag}-in", 64)
+        )
+        seen["bad_key"] = error(
+            lambda: client.register_system_shared_memory("x", "/no-such-mesh-region", 8)
+        )
+        seen["too_big"] = error(lambda: client.register_system_shared_memory("y", f"/{tag}-in", 65))
+
+        def infer(in_region: str = "in", y_size: int = 24) -> tc.InferResult:
+            infer_input = tc.InferInput("x", list(x.shape), "FP32")
+            infer_input.set_shared_memory(in_region, x.nbytes, offset=16)
+            y = tc.InferRequestedOutput("y")
+            y.set_shared_memory("out", y_size, offset=8)
+            outputs = [y, tc.InferRequestedOutput("label")]
+            return client.infer(model, [infer_input], outputs=outputs, model_version="2")
+
+        result = infer()
+        shape = result.get_output("y").shape
+        y = shm.get_contents_as_numpy(out, np.float32, shape, offset=16 + 8)
+        seen["y"], seen["y_shape"] = y.tolist(), list(shape)
+        seen["label"] = result.as_numpy("label").tolist()
+        seen["unregistered"] = error(lambda: infer(in_region="nope"))
+        seen["output_too_small"] = error(lambda: infer(y_size=16))
+        client.unregister_system_shared_memory()
+        seen["after_unregister"] = client.get_system_shared_memory_status(as_json=True)
+        seen["extensions"] = client.get_server_metadata(as_json=True).get("extensions", [])
+    finally:
+        shm.destroy_shared_memory_region(inp)
+        shm.destroy_shared_memory_region(out)
+    json.dump(seen, sys.stdout)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    if sys.argv[3:] == ["shm"]:
+        shared_memory(sys.argv[1], sys.argv[2])
+    else:
+        main(sys.argv[1], sys.argv[2])

@@ -97,7 +97,9 @@ def test_request_round_trip_and_typed_contents() -> None:
 def test_request_consistency_errors() -> None:
     req = codec.build_request("m", {"a": np.zeros(1, np.float32), "b": np.zeros(1, np.float32)})
     del req.raw_input_contents[1]
-    with pytest.raises(InvalidInput, match="2 inputs but 1 raw_input_contents"):
+    with pytest.raises(
+        InvalidInput, match="2 inputs outside shared memory but 1 raw_input_contents"
+    ):
         codec.request_inputs(req)
 
     dup = codec.build_request("m", {"a": np.zeros(1, np.float32)})
