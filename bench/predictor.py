@@ -101,6 +101,15 @@ async def over_grpc(address: str, model: str, sample: dict, c: int, duration: fl
     return await services.grpc_closed_loop(address, request, c, duration)
 
 
+KINDS = {
+    "in-process onnxruntime": "base",
+    "predictor gRPC, no batching": "plain",
+    "predictor gRPC, dynamic batching": "batched",
+    "predictor gRPC, dynamic batching, input in shared memory": "shm",
+}
+"""Row label -> measurement; the last uses Triton's system shared memory extension."""
+
+
 def _per_call(seconds: float, stats: Stats, warmup_s: float = 0.5) -> float:
     """Milliseconds per call; the warm-up's calls (at the measured rate) used CPU too."""
     calls = stats.rps * (stats.seconds + warmup_s)
@@ -142,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
                 print("| system | concurrency | req/s | vs in-process | p50 ms | p99 ms | errors |")
                 print("| --- | --- | --- | --- | --- | --- | --- |")
                 for c in args.concurrency:
-                    runs: dict[str, list[Stats]] = {"base": [], "plain": [], "batched": []}
-                    cpu: dict[str, list[str]] = {"base": [], "plain": [], "batched": []}
+                    runs: dict[str, list[Stats]] = {k: [] for k in KINDS.values()}
+                    cpu: dict[str, list[str]] = {k: [] for k in KINDS.values()}
                     for _ in range(args.rounds):  # interleaved: drift hits all three alike
                         stats, per_call = in_process(path, sample, c, args.duration)
                         runs["base"].append(stats)
@@ -154,12 +163,18 @@ def main(argv: list[str] | None = None) -> int:
                                     asyncio.run(over_grpc(address, model, sample, c, args.duration))
                                 )
                             cpu[key].append(_cpu_text(split, runs[key][-1]))
+                        with services.cpu_split(proc.pid) as split:
+                            runs["shm"].append(
+                                asyncio.run(
+                                    services.shared_memory_closed_loop(
+                                        address, f"{name}_batched", sample, c, args.duration
+                                    )
+                                )
+                            )
+                        cpu["shm"].append(_cpu_text(split, runs["shm"][-1]))
                     base, plain, batched = (median(runs[k]) for k in ("base", "plain", "batched"))
-                    for label, s in (
-                        ("in-process onnxruntime", base),
-                        ("predictor gRPC, no batching", plain),
-                        ("predictor gRPC, dynamic batching", batched),
-                    ):
+                    for label, key in KINDS.items():
+                        s = median(runs[key])
                         print(row(label, s, base).replace(" |", f" | {c} |", 1), flush=True)
                     print(
                         f"| batching gain at {c} | | {batched.rps / plain.rps:.2f}x "
@@ -169,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
                     cpu_notes.append(
                         f"{name} c={c}: in-process {' / '.join(cpu['base'])}; "
                         f"no batching {' / '.join(cpu['plain'])}; "
-                        f"batching {' / '.join(cpu['batched'])}"
+                        f"batching {' / '.join(cpu['batched'])}; "
+                        f"batching + shared memory {' / '.join(cpu['shm'])}"
                     )
             print(
                 "\nCPU ms per request, each round (in-process: the whole process; over gRPC: "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import subprocess
 import time
@@ -11,13 +12,84 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import numpy as np
 
 from bench.loadgen import Stats, run_async
-from protos import wire
+from protos import codec, pb, wire
 from tests.procs import start_service
 from v2server.server import channel_options
+from v2server.shm import SHM_DIR
 
-MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+SERVICE = "/inference.GRPCInferenceService/"
+MODEL_INFER = SERVICE + "ModelInfer"
+
+
+async def shared_memory_closed_loop(
+    address: str, model: str, inputs: dict[str, np.ndarray], concurrency: int, duration: float
+) -> Stats:
+    """ModelInfer with every input in a shared memory region (Triton's extension): one
+    region set per worker, registered once; before each call the worker copies its tensors
+    into its regions, as a client whose data arrives elsewhere must."""
+    tag = f"mesh-bench-{os.getpid()}"
+    blobs = {name: np.ascontiguousarray(a).tobytes() for name, a in inputs.items()}
+    maps: list[dict[str, mmap.mmap]] = []
+    requests: list[bytes] = []
+    async with grpc.aio.insecure_channel(address, options=channel_options()) as channel:
+        register = channel.unary_unary(
+            SERVICE + "SystemSharedMemoryRegister",
+            request_serializer=pb.SystemSharedMemoryRegisterRequest.SerializeToString,
+            response_deserializer=pb.SystemSharedMemoryRegisterResponse.FromString,
+        )
+        unregister = channel.unary_unary(
+            SERVICE + "SystemSharedMemoryUnregister",
+            request_serializer=pb.SystemSharedMemoryUnregisterRequest.SerializeToString,
+            response_deserializer=pb.SystemSharedMemoryUnregisterResponse.FromString,
+        )
+        infer = channel.unary_unary(
+            MODEL_INFER,
+            request_serializer=wire.serialize_infer_request,
+            response_deserializer=wire.parse_infer_response,
+        )
+        try:
+            for worker in range(concurrency):
+                request = pb.ModelInferRequest(model_name=model)
+                maps.append({})
+                for name, array in inputs.items():
+                    key = f"{tag}-{worker}-{name}"
+                    (SHM_DIR / key).write_bytes(bytes(len(blobs[name])))
+                    fd = os.open(SHM_DIR / key, os.O_RDWR)
+                    maps[-1][name] = mmap.mmap(fd, len(blobs[name]))
+                    os.close(fd)
+                    await register(
+                        pb.SystemSharedMemoryRegisterRequest(
+                            name=key, key=f"/{key}", byte_size=len(blobs[name])
+                        )
+                    )
+                    tensor = request.inputs.add(
+                        name=name, datatype=codec.datatype_of(array), shape=array.shape
+                    )
+                    tensor.parameters[codec.SHM_REGION].string_param = key
+                    tensor.parameters[codec.SHM_BYTE_SIZE].int64_param = len(blobs[name])
+                requests.append(request.SerializeToString())
+            free = list(range(concurrency))
+
+            async def call() -> None:
+                worker = free.pop()
+                try:
+                    for name, region in maps[worker].items():
+                        region[:] = blobs[name]
+                    await infer(requests[worker], timeout=30)
+                finally:
+                    free.append(worker)
+
+            return await run_async(call, concurrency, duration)
+        finally:
+            await unregister(pb.SystemSharedMemoryUnregisterRequest(name=""))
+            for regions in maps:
+                for region in regions.values():
+                    region.close()
+            for path in SHM_DIR.glob(f"{tag}-*"):
+                path.unlink()
 
 
 def thread_cpu(pid: int) -> dict[int, float]:
