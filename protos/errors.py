@@ -55,3 +55,9 @@ class AlreadyExists(MeshError):
     """A name the caller wants to register is taken (e.g. a shared memory region)."""
 
     code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class Unsupported(MeshError):
+    """The server does not offer what was asked (e.g. an extension turned off)."""
+
+    code = grpc.StatusCode.UNIMPLEMENTED

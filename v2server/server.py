@@ -42,6 +42,7 @@ class V2Server:
             server_name=server_name,
             server_version=server_version,
             limits=settings.tensor_limits(),
+            shared_memory=settings.shared_memory,
         )
         self.health: health.aio.HealthServicer | None = None
         self._server: aio.Server | None = None

@@ -34,6 +34,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         server_name: str,
         server_version: str,
         limits: TensorLimits = codec.DEFAULT_LIMITS,
+        shared_memory: bool = True,
     ) -> None:
         self._repository = repository
         self._name = server_name
@@ -41,7 +42,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self._limits = limits
         self.draining = False
         """Set on shutdown: the server stays live but stops reporting ready."""
-        self.shared = SharedMemory()
+        self.shared = SharedMemory(enabled=shared_memory)
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: aio.ServicerContext):
         return pb.ServerLiveResponse(live=True)
@@ -57,8 +58,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ModelReadyResponse(ready=model.ready and not self.draining)
 
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: aio.ServicerContext):
+        extensions = [e for e in EXTENSIONS if self.shared.enabled or e != "system_shared_memory"]
         return pb.ServerMetadataResponse(
-            name=self._name, version=self._version, extensions=EXTENSIONS
+            name=self._name, version=self._version, extensions=extensions
         )
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: aio.ServicerContext):

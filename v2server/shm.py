@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from protos.codec import SharedRef
-from protos.errors import AlreadyExists, InvalidInput, NotFound
+from protos.errors import AlreadyExists, InvalidInput, NotFound, Unsupported
 
 SHM_DIR = Path("/dev/shm")
 _KEY = re.compile(r"/?[A-Za-z0-9_.\-]{1,200}")
@@ -47,10 +47,13 @@ class Region:
 class SharedMemory:
     """The registered regions of one server."""
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
         self._regions: dict[str, Region] = {}
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        if not self.enabled:
+            raise Unsupported("shared memory is turned off on this server (--shared-memory)")
         if not name:
             raise InvalidInput("shared memory region needs a name")
         if name in self._regions:

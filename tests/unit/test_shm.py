@@ -10,7 +10,7 @@ import pytest
 
 from protos import codec
 from protos.codec import SharedRef
-from protos.errors import AlreadyExists, InvalidInput, NotFound
+from protos.errors import AlreadyExists, InvalidInput, NotFound, Unsupported
 from v2server.shm import SHM_DIR, SharedMemory
 
 
@@ -88,3 +88,8 @@ def test_codec_reads_shared_inputs_beside_raw_ones(key: str) -> None:
     shared.parameters[codec.SHM_BYTE_SIZE].int64_param = 12
     with pytest.raises(InvalidInput, match="'a'"):
         codec.request_inputs(request, shared=shm.read)
+
+
+def test_turned_off_refuses_registration(key: str) -> None:
+    with pytest.raises(Unsupported, match="turned off"):
+        SharedMemory(enabled=False).register("r", key, 0, 8)
