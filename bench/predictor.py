@@ -72,7 +72,9 @@ def build_repository(root: Path) -> dict[str, tuple[Path, dict[str, np.ndarray]]
 
 
 def start_predictor(repository: Path, workdir: Path) -> tuple[subprocess.Popen, str]:
-    return services.start("predictors", ["--repository", str(repository)], workdir)
+    return services.start(
+        "predictors", ["--repository", str(repository), "--shared-memory", "true"], workdir
+    )
 
 
 def in_process(model_path: Path, sample: dict, c: int, duration: float) -> tuple[Stats, float]:

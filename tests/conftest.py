@@ -40,7 +40,9 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def predictor(test_repository: Path, workdir: Path) -> Iterator[Service]:
     """One real predictor process serving the test repository."""
-    service = start_service("predictors", ["--repository", str(test_repository)], workdir)
+    service = start_service(
+        "predictors", ["--repository", str(test_repository), "--shared-memory", "true"], workdir
+    )
     yield service
     service.stop()
 

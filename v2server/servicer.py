@@ -34,7 +34,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         server_name: str,
         server_version: str,
         limits: TensorLimits = codec.DEFAULT_LIMITS,
-        shared_memory: bool = True,
+        shared_memory: bool = False,
     ) -> None:
         self._repository = repository
         self._name = server_name

@@ -24,9 +24,10 @@ class ServerSettings(BaseSettings):
     """Once ready, write {"grpc": port, "metrics": port} as JSON here."""
     grace_s: float = 10.0
     """On SIGTERM, how long in-flight calls may take to finish."""
-    shared_memory: bool = True
-    """Serve Triton's system shared memory extension: a client may then have this server map
-    any POSIX shared memory object it can open (under /dev/shm), read and write."""
+    shared_memory: bool = False
+    """Serve Triton's system shared memory extension. Off unless asked for: a client may then
+    have this server map, read and write any POSIX shared memory object (under /dev/shm)
+    that the service's user can open."""
     linger_s: float = 1.0
     """After the last answer, how long to keep connections open before exiting: closing a
     socket whose peer is still reading (and acknowledging) resets the connection, and the

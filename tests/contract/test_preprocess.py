@@ -91,3 +91,13 @@ def test_bad_recipe_file_fails_start_naming_the_problem(tmp_path: Path) -> None:
     result = run_module("preprocess", ["--config", str(bad), "--port", "0"])
     assert result.returncode == 2
     assert "recipes.yaml" in result.stderr and "unknown operation 'sharpen'" in result.stderr
+
+
+def test_shared_memory_is_off_unless_asked_for(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    assert "system_shared_memory" not in stub.ServerMetadata(pb.ServerMetadataRequest()).extensions
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.SystemSharedMemoryRegister(
+            pb.SystemSharedMemoryRegisterRequest(name="r", key="/any", byte_size=8)
+        )
+    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert "turned off" in refused.value.details()
