@@ -85,24 +85,24 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         model = self._repository.resolve(message.model_name, message.model_version)
         check_inputs(model.name, model.inputs, inputs)
         wanted = _requested_outputs(model, message)
+        # Checked before the model runs, like every other part of the request.
+        refs = {o.name: codec.shared_ref(o.parameters, o.name) for o in message.outputs}
         remaining = context.time_remaining()
         deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining
         outputs = await model.infer(inputs, deadline)
         if wanted is not None:
             outputs = {name: outputs[name] for name in wanted}
-        for requested in message.outputs:
-            param = requested.parameters.get("classification")
-            if param is not None and param.int64_param > 0:
-                outputs[requested.name] = classify(
-                    outputs[requested.name], param.int64_param, model.labels
-                )
         shared = {}
         for requested in message.outputs:
-            ref = codec.shared_ref(requested.parameters, requested.name)
+            name = requested.name
+            param = requested.parameters.get("classification")
+            if param is not None and param.int64_param > 0:
+                outputs[name] = classify(outputs[name], param.int64_param, model.labels)
+            ref = refs[name]
             if ref is not None:
-                array = outputs.pop(requested.name)
-                self.shared.write(ref, requested.name, codec.to_raw_view(np.asarray(array))[1])
-                shared[requested.name] = (array, ref)
+                array = outputs.pop(name)
+                self.shared.write(ref, name, codec.to_raw_view(np.asarray(array))[1])
+                shared[name] = (array, ref)
         return codec.build_response_bytes(model.name, model.version, outputs, message.id, shared)
 
     async def SystemSharedMemoryStatus(
