@@ -155,32 +155,28 @@ def main(argv: list[str] | None = None) -> int:
                 for c in args.concurrency:
                     runs: dict[str, list[Stats]] = {k: [] for k in KINDS.values()}
                     cpu: dict[str, list[str]] = {k: [] for k in KINDS.values()}
-                    for _ in range(args.rounds):  # interleaved: drift hits all three alike
+                    remote = {  # measurement -> (closed loop, model)
+                        "plain": (over_grpc, name),
+                        "batched": (over_grpc, f"{name}_batched"),
+                        "shm": (services.shared_memory_closed_loop, f"{name}_batched"),
+                    }
+                    for _ in range(args.rounds):  # interleaved: drift hits every kind alike
                         stats, per_call = in_process(path, sample, c, args.duration)
                         runs["base"].append(stats)
                         cpu["base"].append(f"{per_call:.2f}")
-                        for key, model in (("plain", name), ("batched", f"{name}_batched")):
+                        for key, (loop, model) in remote.items():
                             with services.cpu_split(proc.pid) as split:
                                 runs[key].append(
-                                    asyncio.run(over_grpc(address, model, sample, c, args.duration))
+                                    asyncio.run(loop(address, model, sample, c, args.duration))
                                 )
                             cpu[key].append(_cpu_text(split, runs[key][-1]))
-                        with services.cpu_split(proc.pid) as split:
-                            runs["shm"].append(
-                                asyncio.run(
-                                    services.shared_memory_closed_loop(
-                                        address, f"{name}_batched", sample, c, args.duration
-                                    )
-                                )
-                            )
-                        cpu["shm"].append(_cpu_text(split, runs["shm"][-1]))
-                    base, plain, batched = (median(runs[k]) for k in ("base", "plain", "batched"))
+                    medians = {key: median(r) for key, r in runs.items()}
+                    base = medians["base"]
                     for label, key in KINDS.items():
-                        s = median(runs[key])
-                        print(row(label, s, base).replace(" |", f" | {c} |", 1), flush=True)
+                        print(row(label, medians[key], base).replace(" |", f" | {c} |", 1))
+                    gain = medians["batched"].rps / medians["plain"].rps
                     print(
-                        f"| batching gain at {c} | | {batched.rps / plain.rps:.2f}x "
-                        f"vs unbatched | | | |",
+                        f"| batching gain at {c} | | {gain:.2f}x vs unbatched | | | |",
                         flush=True,
                     )
                     cpu_notes.append(
