@@ -16,7 +16,7 @@ from predictors.config import ConfigError, ModelConfig, TensorConfig
 from protos.codec import dtype_of
 from protos.errors import InvalidInput
 from v2server.batcher import Batcher
-from v2server.model import TensorSpec
+from v2server.model import Scheduling, TensorSpec
 from v2server.validation import batch_rows
 
 log = logging.getLogger("predictors")
@@ -114,6 +114,12 @@ class OnnxModel:
             instances=config.instance_count,
             inline_below_s=config.inline_below_ms / 1000,
         )
+        self.scheduling = Scheduling(
+            config.max_batch_size,
+            batching.max_queue_delay_ms / 1000 if batching else None,
+            config.instance_count,
+        )
+        self.statistics = self._batcher.statistics
         self._ready = False
 
     @property

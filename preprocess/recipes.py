@@ -15,7 +15,8 @@ from preprocess.ops import OPS
 from preprocess.state import State
 from protos.errors import NotFound
 from v2server.batcher import Batcher
-from v2server.model import TensorSpec
+from v2server.model import Scheduling, TensorSpec
+from v2server.statistics import ModelStatistics
 
 
 def _specs(tensors: list[cfg.TensorConfig]) -> tuple[TensorSpec, ...]:
@@ -37,6 +38,8 @@ class Recipe:
         self.outputs = _specs(config.outputs)
         self._steps = [next(iter(step.items())) for step in config.steps]
         self._batcher: Batcher | None = None
+        self.scheduling = Scheduling()
+        self.statistics = ModelStatistics()
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         state = State(dict(inputs), self.limits)
@@ -51,8 +54,10 @@ class Recipe:
     def ready(self) -> bool:
         return self._batcher is not None
 
-    def attach(self, batcher: Batcher) -> None:
+    def attach(self, batcher: Batcher, instances: int) -> None:
         self._batcher = batcher
+        self.scheduling = Scheduling(instances=instances)
+        self.statistics = batcher.statistics
         batcher.start()
 
     async def infer(
@@ -100,7 +105,8 @@ class RecipeRepository:
                     # Small uploads of quick recipes skip the thread hand-off.
                     inline_below_s=self.inline_below_ms / 1000,
                     inline_max_bytes=64 * 1024,
-                )
+                ),
+                self.workers,
             )
         self._recipes = recipes
 

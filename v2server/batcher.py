@@ -29,6 +29,7 @@ import numpy as np
 
 from protos.errors import DeadlineExceeded, InvalidInput, Overloaded, Unavailable
 from v2server import metrics
+from v2server.statistics import ModelStatistics
 
 log = logging.getLogger("v2server.batcher")
 
@@ -41,6 +42,7 @@ class _Pending:
     rows: int
     deadline: float | None
     future: asyncio.Future[dict[str, np.ndarray]]
+    arrived_ns: int = field(default_factory=time.perf_counter_ns)
     signature: tuple = field(init=False)
 
     def __post_init__(self) -> None:
@@ -99,6 +101,7 @@ class Batcher:
         self._last_arrival: float | None = None
         self._executing = 0
         """Batches the workers are running."""
+        self.statistics = ModelStatistics()
 
     def seed(self, seconds: float) -> None:
         """Start the execution-time average from a measured run (the warm-up)."""
@@ -178,11 +181,14 @@ class Batcher:
         loop = asyncio.get_running_loop()
         self._waiting += 1
         self._depth.set(self._waiting)
+        arrived = time.perf_counter_ns()
         try:
             await self._slots.acquire()
         finally:
             self._waiting -= 1
             self._depth.set(self._waiting)
+        started = time.perf_counter_ns()
+        self.statistics.queue.add(started - arrived)
         try:
             if self._closed:
                 raise Unavailable(f"model '{self._name}' is unloading")
@@ -191,6 +197,7 @@ class Batcher:
             outputs = await self._call(inputs, loop)
         finally:
             self._slots.release()
+        self.statistics.execution(max(rows, 1), 1, 0, time.perf_counter_ns() - started, 0)
         self._batch_rows.observe(max(rows, 1))
         return outputs
 
@@ -283,6 +290,9 @@ class Batcher:
     async def _execute_batch(
         self, batch: list[_Pending], rows: list[int], loop: asyncio.AbstractEventLoop
     ) -> None:
+        started = time.perf_counter_ns()
+        for p in batch:
+            self.statistics.queue.add(started - p.arrived_ns)
         try:
             if len(batch) == 1:
                 merged = batch[0].inputs
@@ -291,7 +301,9 @@ class Batcher:
                     name: np.concatenate([p.inputs[name] for p in batch], axis=0)
                     for name in batch[0].inputs
                 }
+            merged_at = time.perf_counter_ns()
             outputs = await self._call(merged, loop)
+            ran_at = time.perf_counter_ns()
             parts = _split(outputs, rows, self._name) if len(batch) > 1 else [outputs]
         except asyncio.CancelledError:
             for p in batch:
@@ -303,6 +315,13 @@ class Batcher:
                 if not p.future.done():
                     p.future.set_exception(exc)
             return
+        self.statistics.execution(
+            sum(rows),
+            len(batch),
+            merged_at - started,
+            ran_at - merged_at,
+            time.perf_counter_ns() - ran_at,
+        )
         self._batch_rows.observe(sum(rows))
         for p, part in zip(batch, parts, strict=True):
             if not p.future.done():

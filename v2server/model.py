@@ -8,6 +8,8 @@ from typing import Protocol
 
 import numpy as np
 
+from v2server.statistics import ModelStatistics
+
 
 @dataclass(frozen=True)
 class TensorSpec:
@@ -20,6 +22,18 @@ class TensorSpec:
     optional: bool = False
 
 
+@dataclass(frozen=True)
+class Scheduling:
+    """How a model's requests are run, as Triton's ModelConfig reports it."""
+
+    max_batch_size: int = 0
+    """Largest first dimension a request may have; 0: inputs are full shapes, never merged."""
+    max_queue_delay_s: float | None = None
+    """Dynamic batching's wait for company; None: requests are never merged."""
+    instances: int = 1
+    """Executions that may run at once."""
+
+
 class ServedModel(Protocol):
     """One loaded version of one model."""
 
@@ -30,6 +44,9 @@ class ServedModel(Protocol):
     outputs: Sequence[TensorSpec]
     labels: list[str] | None
     """Class names for the classification extension, if the model has them."""
+    scheduling: Scheduling
+    statistics: ModelStatistics
+    """Updated by the model's batcher (executions, queueing) and the servicer (requests)."""
 
     @property
     def ready(self) -> bool: ...

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
 import numpy as np
@@ -13,9 +14,10 @@ from protos.codec import TensorLimits
 from protos.errors import InvalidInput, NotFound, Unavailable
 from v2server.model import ModelRepository, ServedModel, TensorSpec
 from v2server.shm import SharedMemory
+from v2server.statistics import Compute, Duration
 from v2server.validation import check_inputs
 
-EXTENSIONS = ["classification", "system_shared_memory"]
+EXTENSIONS = ["classification", "model_configuration", "statistics", "system_shared_memory"]
 """Triton protocol extensions this server implements (ServerMetadata lists them)."""
 
 
@@ -73,16 +75,52 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             outputs=_tensor_metadata(tuple(model.outputs)),
         )
 
+    async def ModelConfig(
+        self, request: pb.ModelConfigRequest, context: aio.ServicerContext
+    ) -> pb.ModelConfigResponse:
+        return pb.ModelConfigResponse(
+            config=model_config(self._repository.resolve(request.name, request.version))
+        )
+
+    async def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest, context: aio.ServicerContext
+    ) -> pb.ModelStatisticsResponse:
+        repo = self._repository
+        if request.name:
+            models = [repo.resolve(request.name, request.version)]
+            if not request.version:
+                models = [repo.resolve(request.name, v) for v in repo.versions(request.name)]
+        else:
+            models = [repo.resolve(n, v) for n in repo.names() for v in repo.versions(n)]
+        return pb.ModelStatisticsResponse(model_stats=[model_statistics(m) for m in models])
+
     async def ModelInfer(
         self,
         request: pb.ModelInferRequest | wire.ParsedInferRequest,
         context: aio.ServicerContext,
     ) -> bytes:
+        arrived = time.perf_counter_ns()
         if self.draining:
             raise Unavailable("server is shutting down")
+        # Decoded first: a message that does not parse has no model to charge.
         inputs = codec.request_inputs(request, self._limits, self.shared.read)
         message = request.message if isinstance(request, wire.ParsedInferRequest) else request
         model = self._repository.resolve(message.model_name, message.model_version)
+        try:
+            answer = await self._infer(model, inputs, message, context)
+        except BaseException:
+            model.statistics.request(False, time.perf_counter_ns() - arrived)
+            raise
+        model.statistics.request(True, time.perf_counter_ns() - arrived)
+        return answer
+
+    async def _infer(
+        self,
+        model: ServedModel,
+        inputs: dict[str, np.ndarray],
+        message: pb.ModelInferRequest,
+        context: aio.ServicerContext,
+    ) -> bytes:
         check_inputs(model.name, model.inputs, inputs)
         wanted = _requested_outputs(model, message)
         # Checked before the model runs, like every other part of the request.
@@ -126,6 +164,99 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.SystemSharedMemoryUnregisterResponse:
         self.shared.unregister(request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
+
+
+_DATA_TYPES = {
+    "BOOL": pb.TYPE_BOOL,
+    "UINT8": pb.TYPE_UINT8,
+    "UINT16": pb.TYPE_UINT16,
+    "UINT32": pb.TYPE_UINT32,
+    "UINT64": pb.TYPE_UINT64,
+    "INT8": pb.TYPE_INT8,
+    "INT16": pb.TYPE_INT16,
+    "INT32": pb.TYPE_INT32,
+    "INT64": pb.TYPE_INT64,
+    "FP16": pb.TYPE_FP16,
+    "FP32": pb.TYPE_FP32,
+    "FP64": pb.TYPE_FP64,
+    "BYTES": pb.TYPE_STRING,
+}
+"""v2 datatype -> Triton's model configuration DataType."""
+
+_BACKENDS = {"onnxruntime_onnx": "onnxruntime"}
+
+
+def model_config(model: ServedModel) -> pb.ModelConfig:
+    """Triton's view of a model: with max_batch_size > 0 the dims leave out the batch one."""
+    scheduling = model.scheduling
+    skip = 1 if scheduling.max_batch_size else 0
+    config = pb.ModelConfig(
+        name=model.name,
+        platform=model.platform,
+        backend=_BACKENDS.get(model.platform, ""),
+        max_batch_size=scheduling.max_batch_size,
+        input=[
+            pb.ModelInput(
+                name=s.name,
+                data_type=_DATA_TYPES.get(s.datatype, pb.TYPE_INVALID),
+                dims=s.shape[skip:],
+                optional=s.optional,
+            )
+            for s in model.inputs
+        ],
+        output=[
+            pb.ModelOutput(
+                name=s.name,
+                data_type=_DATA_TYPES.get(s.datatype, pb.TYPE_INVALID),
+                dims=s.shape[skip:],
+            )
+            for s in model.outputs
+        ],
+        instance_group=[
+            pb.ModelInstanceGroup(
+                name=model.name, kind=pb.ModelInstanceGroup.KIND_CPU, count=scheduling.instances
+            )
+        ],
+    )
+    if scheduling.max_queue_delay_s is not None:
+        config.dynamic_batching.max_queue_delay_microseconds = round(
+            scheduling.max_queue_delay_s * 1e6
+        )
+    return config
+
+
+def _duration(d: Duration) -> pb.StatisticDuration:
+    return pb.StatisticDuration(count=d.count, ns=d.ns)
+
+
+def model_statistics(model: ServedModel) -> pb.ModelStatistics:
+    stats = model.statistics
+    compute = stats.compute
+    return pb.ModelStatistics(
+        name=model.name,
+        version=model.version,
+        last_inference=stats.last_inference_ms,
+        inference_count=stats.inference_count,
+        execution_count=stats.execution_count,
+        inference_stats=pb.InferStatistics(
+            success=_duration(stats.success),
+            fail=_duration(stats.fail),
+            queue=_duration(stats.queue),
+            compute_input=_duration(compute.input),
+            compute_infer=_duration(compute.infer),
+            compute_output=_duration(compute.output),
+        ),
+        batch_stats=[_batch(rows, stats.batches[rows]) for rows in sorted(stats.batches)],
+    )
+
+
+def _batch(rows: int, compute: Compute) -> pb.InferBatchStatistics:
+    return pb.InferBatchStatistics(
+        batch_size=rows,
+        compute_input=_duration(compute.input),
+        compute_infer=_duration(compute.infer),
+        compute_output=_duration(compute.output),
+    )
 
 
 def classify(scores: np.ndarray, k: int, labels: list[str] | None) -> np.ndarray:

@@ -124,6 +124,7 @@ def test_coalesced_batch_equals_single_requests(
     xs = [rng.normal(size=(int(rng.integers(1, 4)), 4)).astype(np.float32) for _ in range(48)]
     singles = [infer(predictor_stub, "linear", {"x": x}) for x in xs]
     executions_before = metric(predictor.metrics_port, "v2_batch_rows_count", model="linear")
+    stats_before = statistics(predictor_stub, "linear", "3")
     futures = [
         predictor_stub.ModelInfer.future(codec.build_request("linear", {"x": x}), timeout=TIMEOUT)
         for x in xs
@@ -136,6 +137,84 @@ def test_coalesced_batch_equals_single_requests(
         np.testing.assert_array_equal(single["y"], merged["y"])
         np.testing.assert_array_equal(single["label"], merged["label"])
     assert executions < len(xs), f"{executions} executions for {len(xs)} requests: no coalescing"
+    # Triton's statistics tell the same story: requests, rows, executions by batch size.
+    stats = statistics(predictor_stub, "linear", "3")
+    rows = sum(len(x) for x in xs)
+    assert stats.inference_stats.success.count - stats_before.inference_stats.success.count == 48
+    assert stats.inference_stats.queue.count - stats_before.inference_stats.queue.count == 48
+    assert stats.inference_count - stats_before.inference_count == rows
+    assert stats.execution_count - stats_before.execution_count == executions
+    by_size = _batch_counts(stats)
+    for size, count in _batch_counts(stats_before).items():
+        by_size[size] -= count
+    assert sum(by_size.values()) == executions
+    assert sum(size * count for size, count in by_size.items()) == rows
+    assert max(by_size) > 3, f"no batch merged requests: {by_size}"
+
+
+def statistics(
+    stub: pb_grpc.GRPCInferenceServiceStub, model: str, version: str
+) -> pb.ModelStatistics:
+    reply = stub.ModelStatistics(pb.ModelStatisticsRequest(name=model, version=version))
+    (stats,) = reply.model_stats
+    assert (stats.name, stats.version) == (model, version)
+    return stats
+
+
+def _batch_counts(stats: pb.ModelStatistics) -> dict[int, int]:
+    return {b.batch_size: b.compute_infer.count for b in stats.batch_stats}
+
+
+def test_model_config_reports_batching_and_per_row_shapes(
+    predictor_stub: pb_grpc.GRPCInferenceServiceStub,
+) -> None:
+    config = predictor_stub.ModelConfig(pb.ModelConfigRequest(name="linear")).config
+    assert (config.name, config.platform, config.backend) == (
+        "linear",
+        "onnxruntime_onnx",
+        "onnxruntime",
+    )
+    assert config.max_batch_size == 16
+    # Triton's convention: with max_batch_size > 0 the batch dimension is left out.
+    assert [(i.name, i.data_type, list(i.dims)) for i in config.input] == [("x", pb.TYPE_FP32, [4])]
+    assert [(o.name, o.data_type, list(o.dims)) for o in config.output] == [
+        ("y", pb.TYPE_FP32, [3]),
+        ("label", pb.TYPE_INT64, []),
+    ]
+    assert config.dynamic_batching.max_queue_delay_microseconds == 20_000
+    assert [(g.kind, g.count) for g in config.instance_group] == [
+        (pb.ModelInstanceGroup.KIND_CPU, 1)
+    ]
+    plain = predictor_stub.ModelConfig(pb.ModelConfigRequest(name="types")).config
+    assert plain.max_batch_size == 0 and not plain.HasField("dynamic_batching")
+    assert {i.name: list(i.dims) for i in plain.input}["f32"] == [-1]
+    assert {i.name: i.data_type for i in plain.input}["s"] == pb.TYPE_STRING
+    with pytest.raises(grpc.RpcError) as info:
+        predictor_stub.ModelConfig(pb.ModelConfigRequest(name="nope"))
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_statistics_count_failures_and_list_versions(
+    predictor_stub: pb_grpc.GRPCInferenceServiceStub,
+) -> None:
+    before = statistics(predictor_stub, "linear", "2")
+    infer(predictor_stub, "linear", {"x": np.zeros((2, 4), np.float32)}, version="2")
+    with pytest.raises(grpc.RpcError):
+        infer(predictor_stub, "linear", {"x": np.zeros((1, 5), np.float32)}, version="2")
+    after = statistics(predictor_stub, "linear", "2")
+    assert after.inference_stats.success.count == before.inference_stats.success.count + 1
+    assert after.inference_stats.fail.count == before.inference_stats.fail.count + 1
+    assert after.inference_stats.success.ns > before.inference_stats.success.ns
+    assert after.inference_count == before.inference_count + 2
+    assert after.last_inference >= before.last_inference > 0
+    every = predictor_stub.ModelStatistics(pb.ModelStatisticsRequest(name="linear"))
+    assert [(m.name, m.version) for m in every.model_stats] == [("linear", "2"), ("linear", "3")]
+    everything = predictor_stub.ModelStatistics(pb.ModelStatisticsRequest())
+    assert {m.name for m in everything.model_stats} == {"linear", "slow", "types"}
+    for name, version in (("nope", ""), ("linear", "1")):
+        with pytest.raises(grpc.RpcError) as info:
+            predictor_stub.ModelStatistics(pb.ModelStatisticsRequest(name=name, version=version))
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
 
 
 def test_batch_larger_than_max_batch_size_is_invalid(

@@ -48,6 +48,23 @@ def test_digits_over_grpc_equals_in_process(stub: pb_grpc.GRPCInferenceServiceSt
     np.testing.assert_array_equal(remote, local)
 
 
+def test_recipe_config_and_statistics(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    """Triton's ModelConfig / ModelStatistics work on recipes too (the same server core)."""
+    config = stub.ModelConfig(pb.ModelConfigRequest(name="digits"), timeout=TIMEOUT).config
+    assert (config.platform, config.max_batch_size) == ("opencv_recipe", 0)
+    assert [(i.name, i.data_type) for i in config.input] == [("image", pb.TYPE_STRING)]
+
+    def counts() -> tuple[int, int]:
+        reply = stub.ModelStatistics(pb.ModelStatisticsRequest(name="digits"), timeout=TIMEOUT)
+        (stats,) = reply.model_stats
+        return stats.inference_stats.success.count, stats.execution_count
+
+    before = counts()
+    batch = images(encode(render_digit(load_digits().images[0])))
+    stub.ModelInfer(codec.build_request("digits", {"image": batch}), timeout=TIMEOUT)
+    assert counts() == (before[0] + 1, before[1] + 1)
+
+
 def test_unknown_recipe_is_not_found(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
     request = codec.build_request("sharpen", {"image": images(b"x")})
     with pytest.raises(grpc.RpcError) as info:

@@ -34,6 +34,19 @@ def test_tritonclient_health_metadata_and_binary_infer(predictor: Service) -> No
     np.testing.assert_allclose(np.array(seen["y"]), x @ w + b, rtol=1e-5)
     assert seen["label"] == (x @ w + b).argmax(axis=1).tolist()
     assert seen["y_dtype"] == "float32"
+    config = seen["config"]
+    assert (config["name"], config["platform"], config["max_batch_size"]) == (
+        "linear",
+        "onnxruntime_onnx",
+        16,
+    )
+    assert config["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": ["4"]}]
+    assert config["dynamic_batching"] == {"max_queue_delay_microseconds": "20000"}
+    (stats,) = seen["statistics"]["model_stats"]
+    assert (stats["name"], stats["version"]) == ("linear", "2")
+    # The probe's own inference (2 rows) happened before it asked.
+    assert int(stats["inference_stats"]["success"]["count"]) >= 1
+    assert int(stats["inference_count"]) >= 2
 
 
 def test_tritonclient_system_shared_memory(predictor: Service) -> None:

@@ -37,6 +37,9 @@ def main(address: str, model: str) -> None:
             "y": result.as_numpy("y").tolist(),
             "label": result.as_numpy("label").tolist(),
             "y_dtype": str(result.as_numpy("y").dtype),
+            # Decoded by tritonclient's own model_config.proto / statistics messages.
+            "config": client.get_model_config(model, as_json=True)["config"],
+            "statistics": client.get_inference_statistics(model, "2", as_json=True),
         },
         sys.stdout,
     )

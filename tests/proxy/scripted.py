@@ -10,9 +10,10 @@ from typing import Any
 import numpy as np
 
 from protos.errors import NotFound
-from v2server.model import TensorSpec
+from v2server.model import Scheduling, TensorSpec
 from v2server.server import V2Server
 from v2server.settings import ServerSettings
+from v2server.statistics import ModelStatistics
 
 Fn = Callable[[dict[str, np.ndarray], float | None], Awaitable[dict[str, np.ndarray]]]
 
@@ -26,6 +27,8 @@ class ScriptedModel:
     platform: str = "scripted"
     labels: list[str] | None = None
     version: str = "1"
+    scheduling: Scheduling = field(default_factory=Scheduling)
+    statistics: ModelStatistics = field(default_factory=ModelStatistics)
     calls: int = 0
     cancelled: int = 0
     remaining_s: list[float] = field(default_factory=list)
