@@ -330,13 +330,17 @@ def response_outputs(
         response = response.message
     else:
         raw_contents = response.raw_output_contents
-    # Outputs written to shared memory carry no bytes here (the caller reads its region).
-    carried = [t for t in response.outputs if SHM_REGION not in t.parameters]
+    # Outputs written to shared memory carry no bytes here (the caller reads its region);
+    # their raw entry is empty, or absent when a server lists them last without one.
+    carried = [(i, t) for i, t in enumerate(response.outputs) if SHM_REGION not in t.parameters]
     n_raw = len(raw_contents)
-    if n_raw and n_raw != len(carried):
-        raise InvalidInput(f"response has {len(carried)} outputs but {n_raw} raw_output_contents")
+    aligned = n_raw == len(response.outputs) or [i for i, _ in carried] == list(range(n_raw))
+    if n_raw and not aligned:
+        raise InvalidInput(
+            f"response has {len(response.outputs)} outputs but {n_raw} raw_output_contents"
+        )
     out: dict[str, np.ndarray] = {}
-    for i, tensor in enumerate(carried):
+    for i, tensor in carried:
         if n_raw:
             raw = raw_contents[i]
             out[tensor.name] = from_raw(raw, tensor.datatype, tensor.shape, tensor.name, limits)
@@ -390,7 +394,10 @@ def _with_raw_tensors(
     arrays: Mapping[str, np.ndarray],
     shared: Mapping[str, tuple[np.ndarray, SharedRef]] | None = None,
 ) -> bytes:
-    """Describe `arrays` in the `tensors` list of `head`, append their bytes as `field`."""
+    """Describe `arrays` in the `tensors` list of `head`, append their bytes as `field`.
+
+    Each shared memory output gets an empty raw entry: Triton's C++ client (perf_analyzer)
+    reads raw_output_contents[i] for every output i without a bounds check."""
     views = []
     for name, array in arrays.items():
         datatype, view = to_raw_view(np.asarray(array))
@@ -402,6 +409,7 @@ def _with_raw_tensors(
         tensor.parameters[SHM_BYTE_SIZE].int64_param = ref.byte_size
         if ref.offset:
             tensor.parameters[SHM_OFFSET].int64_param = ref.offset
+        views.append(b"")
     return wire.with_field(head, field, views)
 
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from protos import codec
+from protos import codec, pb
 from protos.codec import SharedRef
 from protos.errors import AlreadyExists, InvalidInput, NotFound, Unsupported
 from v2server.shm import SHM_DIR, SharedMemory
@@ -88,6 +88,31 @@ def test_codec_reads_shared_inputs_beside_raw_ones(key: str) -> None:
     shared.parameters[codec.SHM_BYTE_SIZE].int64_param = 12
     with pytest.raises(InvalidInput, match="'a'"):
         codec.request_inputs(request, shared=shm.read)
+
+
+def test_shared_outputs_keep_one_raw_entry_per_output() -> None:
+    """Triton's C++ client reads raw_output_contents[i] for every output i unchecked: a
+    shared memory output needs its (empty) entry, or perf_analyzer crashes."""
+    y = np.arange(6, dtype=np.float32).reshape(2, 3)
+    shared = {"y": (y, SharedRef("out", 24, 0))}
+    body = codec.build_response_bytes("m", "1", {"label": np.array([2, 0])}, "id", shared)
+    response = pb.ModelInferResponse.FromString(body)
+    assert [o.name for o in response.outputs] == ["label", "y"]
+    assert [len(r) for r in response.raw_output_contents] == [16, 0]
+    assert response.outputs[1].parameters[codec.SHM_REGION].string_param == "out"
+    assert set(codec.response_outputs(response)) == {"label"}
+    # A server that lists the shared output first, or omits its entry when it is last.
+    response.outputs[0].CopyFrom(response.outputs[1])
+    response.outputs[1].name, response.outputs[1].datatype = "label", "INT64"
+    response.outputs[1].ClearField("parameters")
+    response.outputs[1].shape[:] = [2]
+    response.raw_output_contents[:] = [b"", np.array([2, 0]).tobytes()]
+    assert codec.response_outputs(response)["label"].tolist() == [2, 0]
+    omitted = codec.build_response("m", "1", {"label": np.array([2, 0])})
+    omitted.outputs.add(name="y", datatype="FP32", shape=[2, 3]).parameters[
+        codec.SHM_REGION
+    ].string_param = "out"
+    assert codec.response_outputs(omitted)["label"].tolist() == [2, 0]
 
 
 def test_turned_off_refuses_registration(key: str) -> None:
