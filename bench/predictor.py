@@ -15,15 +15,16 @@ import tempfile
 import time
 from pathlib import Path
 
+import grpc
 import numpy as np
 import onnxruntime as ort
 import yaml
 
-from bench import services
+from bench import perf_analyzer, services
 from bench.loadgen import Stats, run_threads
 from models import convnet
 from models.build import DEFAULT_OUT as DIGITS_REPOSITORY
-from protos import codec
+from protos import codec, pb, pb_grpc
 
 
 def build_repository(root: Path) -> dict[str, tuple[Path, dict[str, np.ndarray]]]:
@@ -108,8 +109,44 @@ KINDS = {
     "predictor gRPC, no batching": "plain",
     "predictor gRPC, dynamic batching": "batched",
     "predictor gRPC, dynamic batching, input in shared memory": "shm",
+    "perf_analyzer (C++ client), no batching": "pa-plain",
+    "perf_analyzer, dynamic batching": "pa-batched",
+    "perf_analyzer, dynamic batching, shared memory": "pa-shm",
 }
-"""Row label -> measurement; the last uses Triton's system shared memory extension."""
+"""Row label -> measurement. "shm" rows use Triton's system shared memory extension; the
+perf_analyzer rows load the same server with Triton's C++ client instead of ours (Python,
+grpc.aio), which shows what the Python client costs on the shared cores."""
+
+
+def remote_model(key: str, name: str) -> str:
+    return name if key in ("plain", "pa-plain") else f"{name}_batched"
+
+
+def measure_remote(
+    key: str,
+    address: str,
+    model: str,
+    sample: dict[str, np.ndarray],
+    c: int,
+    duration: float,
+    pa_env: dict[str, str] | None,
+) -> Stats:
+    """One closed-loop run of a KINDS measurement other than in-process."""
+    if key in ("plain", "batched"):
+        return asyncio.run(over_grpc(address, model, sample, c, duration))
+    if key == "shm":
+        return asyncio.run(services.shared_memory_closed_loop(address, model, sample, c, duration))
+    # perf_analyzer sends rows of random data shaped like the model's input.
+    output_bytes = 64 * max(int(a.nbytes) for a in sample.values())
+    return perf_analyzer.measure(
+        address,
+        model,
+        c,
+        duration,
+        shared_memory=key == "pa-shm",
+        output_bytes=output_bytes,
+        env=pa_env,
+    )
 
 
 def _per_call(seconds: float, stats: Stats, warmup_s: float = 0.5) -> float:
@@ -118,8 +155,18 @@ def _per_call(seconds: float, stats: Stats, warmup_s: float = 0.5) -> float:
     return seconds / calls * 1000 if calls else float("nan")
 
 
-def _cpu_text(split: services.CpuSplit, stats: Stats) -> str:
-    parts = [_per_call(s, stats) for s in (split.loop_s, split.threads_s, split.client_s)]
+def served(address: str, model: str) -> int:
+    """Requests the predictor has answered for `model` (its ModelStatistics)."""
+    with grpc.insecure_channel(address) as channel:
+        reply = pb_grpc.GRPCInferenceServiceStub(channel).ModelStatistics(
+            pb.ModelStatisticsRequest(name=model), timeout=10
+        )
+    return sum(m.inference_stats.success.count for m in reply.model_stats)
+
+
+def _cpu_text(split: services.CpuSplit, calls: int) -> str:
+    """Milliseconds per answered request (warm-up included on both sides)."""
+    parts = [s / calls * 1000 if calls else float("nan") for s in split.parts()]
     return f"{parts[0]:.2f}+{parts[1]:.2f}+{parts[2]:.2f}={sum(parts):.2f}"
 
 
@@ -141,6 +188,12 @@ def main(argv: list[str] | None = None) -> int:
         help="interleaved repetitions; the median round is reported",
     )
     args = parser.parse_args(argv)
+    try:
+        pa_env: dict[str, str] | None = perf_analyzer.environment()
+    except perf_analyzer.Unavailable as exc:
+        print(f"perf_analyzer rows left out: {exc}")
+        pa_env = None
+    kinds = {k: v for k, v in KINDS.items() if pa_env or not v.startswith("pa-")}
     workdir = Path(tempfile.mkdtemp(prefix="bench-predictor-"))
     try:
         models = build_repository(workdir / "repository")
@@ -152,38 +205,41 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"\n### {name} model ({path.stat().st_size // 1024} KiB ONNX)\n")
                 print("| system | concurrency | req/s | vs in-process | p50 ms | p99 ms | errors |")
                 print("| --- | --- | --- | --- | --- | --- | --- |")
+                d = args.duration
                 for c in args.concurrency:
-                    runs: dict[str, list[Stats]] = {k: [] for k in KINDS.values()}
-                    cpu: dict[str, list[str]] = {k: [] for k in KINDS.values()}
-                    remote = {  # measurement -> (closed loop, model)
-                        "plain": (over_grpc, name),
-                        "batched": (over_grpc, f"{name}_batched"),
-                        "shm": (services.shared_memory_closed_loop, f"{name}_batched"),
-                    }
+                    runs: dict[str, list[Stats]] = {k: [] for k in kinds.values()}
+                    cpu: dict[str, list[str]] = {k: [] for k in kinds.values()}
                     for _ in range(args.rounds):  # interleaved: drift hits every kind alike
-                        stats, per_call = in_process(path, sample, c, args.duration)
+                        stats, per_call = in_process(path, sample, c, d)
                         runs["base"].append(stats)
                         cpu["base"].append(f"{per_call:.2f}")
-                        for key, (loop, model) in remote.items():
+                        for key in [k for k in runs if k != "base"]:
+                            model = remote_model(key, name)
+                            before = served(address, model)
                             with services.cpu_split(proc.pid) as split:
                                 runs[key].append(
-                                    asyncio.run(loop(address, model, sample, c, args.duration))
+                                    measure_remote(key, address, model, sample, c, d, pa_env)
                                 )
-                            cpu[key].append(_cpu_text(split, runs[key][-1]))
+                            calls = served(address, model) - before
+                            cpu[key].append(_cpu_text(split, calls))
                     medians = {key: median(r) for key, r in runs.items()}
                     base = medians["base"]
-                    for label, key in KINDS.items():
+                    for label, key in kinds.items():
                         print(row(label, medians[key], base).replace(" |", f" | {c} |", 1))
-                    gain = medians["batched"].rps / medians["plain"].rps
-                    print(
-                        f"| batching gain at {c} | | {gain:.2f}x vs unbatched | | | |",
-                        flush=True,
-                    )
+                    for client, plain, batched in (
+                        ("", "plain", "batched"),
+                        (" (perf_analyzer)", "pa-plain", "pa-batched"),
+                    ):
+                        if batched in medians:
+                            gain = medians[batched].rps / medians[plain].rps
+                            print(
+                                f"| batching gain at {c}{client} | | {gain:.2f}x vs unbatched "
+                                "| | | |",
+                                flush=True,
+                            )
                     cpu_notes.append(
-                        f"{name} c={c}: in-process {' / '.join(cpu['base'])}; "
-                        f"no batching {' / '.join(cpu['plain'])}; "
-                        f"batching {' / '.join(cpu['batched'])}; "
-                        f"batching + shared memory {' / '.join(cpu['shm'])}"
+                        f"{name} c={c}: "
+                        + "; ".join(f"{key} {' / '.join(cpu[key])}" for key in kinds.values())
                     )
             print(
                 "\nCPU ms per request, each round (in-process: the whole process; over gRPC: "

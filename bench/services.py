@@ -114,16 +114,25 @@ class CpuSplit:
     threads_s: float = 0.0
     """Every other thread: model executions, gRPC's poller and I/O threads."""
     client_s: float = 0.0
-    """The benchmark process itself (the load generator)."""
+    """The load generator: the benchmark process and the children it ran to completion
+    (perf_analyzer)."""
+
+    def parts(self) -> tuple[float, float, float]:
+        return self.loop_s, self.threads_s, self.client_s
+
+
+def _client_cpu() -> float:
+    done = os.times()
+    return time.process_time() + done.children_user + done.children_system
 
 
 @contextmanager
 def cpu_split(pid: int) -> Iterator[CpuSplit]:
     split = CpuSplit()
-    before, client = thread_cpu(pid), time.process_time()
+    before, client = thread_cpu(pid), _client_cpu()
     yield split
     after = thread_cpu(pid)
-    split.client_s = time.process_time() - client
+    split.client_s = _client_cpu() - client
     for tid, seconds in after.items():
         used = seconds - before.get(tid, 0.0)
         if tid == pid:
