@@ -62,6 +62,7 @@ def measure(
     seconds: float,
     *,
     shared_memory: bool = False,
+    streaming: bool = False,
     output_bytes: int = 1 << 16,
     env: dict[str, str] | None = None,
 ) -> Stats:
@@ -81,6 +82,8 @@ def measure(
             *("--stability-percentage", "1000", "--max-trials", "3"),
             *("-f", str(report)),
         ]
+        if streaming:  # every worker's requests on one ModelStreamInfer stream
+            args.append("--streaming")
         if shared_memory:
             args += ["--shared-memory", "system", "--output-shared-memory-size", str(output_bytes)]
         done = subprocess.run(

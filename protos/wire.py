@@ -137,6 +137,15 @@ def serialize_response(response: Message | bytes) -> bytes:
     return response if isinstance(response, bytes) else response.SerializeToString()
 
 
+STREAM_RESPONSE_FIELD = 2  # ModelStreamInferResponse.infer_response
+
+
+def stream_response(infer_response: bytes) -> bytes:
+    """A ModelStreamInferResponse around an already serialized ModelInferResponse."""
+    tag = encode_varint((STREAM_RESPONSE_FIELD << 3) | _LENGTH_DELIMITED)
+    return b"".join((tag, encode_varint(len(infer_response)), infer_response))
+
+
 class ParsedInferResponse:
     """A ModelInferResponse whose raw_output_contents stayed in the received buffer."""
 

@@ -3,6 +3,8 @@
 Every unary handler is wrapped: MeshError -> its status and message; anything
 else -> INTERNAL with a bare message (the traceback goes to the log, not to
 the caller). The same wrapper records metrics and binds the request id.
+Streamed inferences (ModelStreamInfer) answer each message on their own, with the
+same error text, metrics and request id (`CallScope`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from types import TracebackType
 from typing import Any
 
 import grpc
@@ -26,27 +29,81 @@ REQUEST_ID_KEY = "x-request-id"
 MAX_MESSAGE = 1000
 
 
-def _request_id(context: aio.ServicerContext) -> str:
+def request_id_of(context: aio.ServicerContext) -> str:
     for key, value in context.invocation_metadata() or ():
         if key == REQUEST_ID_KEY:
             return value if isinstance(value, str) else value.decode(errors="replace")
     return ""
 
 
-class ErrorMappingInterceptor(aio.ServerInterceptor):
-    """Maps errors to gRPC statuses, records metrics, and counts calls in flight (for the
-    graceful stop)."""
+def error_text(exc: MeshError) -> str:
+    """The message a caller sees; messages may quote caller input, and gRPC refuses
+    oversized trailers."""
+    if len(exc.message) <= MAX_MESSAGE:
+        return exc.message
+    return exc.message[:MAX_MESSAGE] + "... (truncated)"
+
+
+class InFlight:
+    """Calls (and streamed messages) being answered, for the graceful stop."""
 
     def __init__(self) -> None:
-        self.in_flight = 0
+        self.count = 0
         self.last_answer = 0.0
         """time.monotonic() when the latest call ended (see V2Server.stop's linger)."""
         self._idle = asyncio.Event()
         self._idle.set()
 
+    def enter(self) -> None:
+        self.count += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self.count -= 1
+        self.last_answer = time.monotonic()
+        if self.count == 0:
+            self._idle.set()
+
     async def drained(self) -> None:
-        """Return once no call is in flight."""
+        """Return once nothing is in flight."""
         await self._idle.wait()
+
+
+class CallScope:
+    """One answered request: binds its request id, counts it in flight, and records its
+    status and latency when it ends. `code` is set by whoever maps the outcome."""
+
+    def __init__(self, in_flight: InFlight, method: str, request: Any, request_id: str) -> None:
+        self._in_flight = in_flight
+        self._method = method
+        self._request = request
+        self._request_id = request_id or getattr(request, "id", "") or ""
+        self.code = grpc.StatusCode.OK
+
+    def __enter__(self) -> CallScope:
+        self._token = REQUEST_ID.set(self._request_id)
+        self._start = time.perf_counter()
+        self._in_flight.enter()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        model = getattr(self._request, "model_name", "") or getattr(self._request, "name", "")
+        metrics.record(self._method, model, self.code, time.perf_counter() - self._start)
+        REQUEST_ID.reset(self._token)
+        self._in_flight.leave()
+
+
+class ErrorMappingInterceptor(aio.ServerInterceptor):
+    """Maps errors to gRPC statuses, records metrics, and counts calls in flight (for the
+    graceful stop)."""
+
+    def __init__(self, in_flight: InFlight) -> None:
+        self.in_flight = in_flight
 
     async def intercept_service(
         self,
@@ -60,44 +117,22 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):
         inner = handler.unary_unary
 
         async def wrapped(request: Any, context: aio.ServicerContext) -> Any:
-            token = REQUEST_ID.set(_request_id(context) or getattr(request, "id", "") or "")
-            start = time.perf_counter()
-            code = grpc.StatusCode.OK
-            self.in_flight += 1
-            self._idle.clear()
-            try:
-                return await inner(request, context)
-            except MeshError as exc:
-                code = exc.code
-                # Messages may quote caller input; gRPC refuses oversized trailers.
-                message = (
-                    exc.message
-                    if len(exc.message) <= MAX_MESSAGE
-                    else (exc.message[:MAX_MESSAGE] + "... (truncated)")
-                )
-                await context.abort(exc.code, message)
-            except asyncio.CancelledError:
-                code = grpc.StatusCode.CANCELLED
-                raise
-            except aio.AbortError:
-                code = context.code() or grpc.StatusCode.UNKNOWN
-                raise
-            except Exception:
-                code = grpc.StatusCode.INTERNAL
-                log.exception("unhandled error in %s", method)
-                await context.abort(grpc.StatusCode.INTERNAL, "internal server error")
-            finally:
-                # Unknown model names are caller input: keep them out of label values.
-                model = getattr(request, "model_name", "") or getattr(request, "name", "")
-                if code == grpc.StatusCode.NOT_FOUND:
-                    model = ""
-                metrics.REQUESTS.labels(method, model, code.name).inc()
-                metrics.LATENCY.labels(method, model).observe(time.perf_counter() - start)
-                REQUEST_ID.reset(token)
-                self.in_flight -= 1
-                self.last_answer = time.monotonic()
-                if self.in_flight == 0:
-                    self._idle.set()
+            with CallScope(self.in_flight, method, request, request_id_of(context)) as call:
+                try:
+                    return await inner(request, context)
+                except MeshError as exc:
+                    call.code = exc.code
+                    await context.abort(exc.code, error_text(exc))
+                except asyncio.CancelledError:
+                    call.code = grpc.StatusCode.CANCELLED
+                    raise
+                except aio.AbortError:
+                    call.code = context.code() or grpc.StatusCode.UNKNOWN
+                    raise
+                except Exception:
+                    call.code = grpc.StatusCode.INTERNAL
+                    log.exception("unhandled error in %s", method)
+                    await context.abort(grpc.StatusCode.INTERNAL, "internal server error")
 
         return grpc.unary_unary_rpc_method_handler(
             wrapped,

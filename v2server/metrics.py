@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import grpc
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 REQUESTS = Counter(
@@ -28,3 +29,12 @@ def serve_metrics(host: str, port: int) -> int:
     """Start the /metrics HTTP server in a daemon thread; return its bound port."""
     server, _thread = start_http_server(port, addr=host)
     return int(server.server_port)
+
+
+def record(method: str, model: str, code: grpc.StatusCode, seconds: float) -> None:
+    """One answered request (a unary call or one message of a stream)."""
+    # Unknown model names are caller input: keep them out of label values.
+    if code == grpc.StatusCode.NOT_FOUND:
+        model = ""
+    REQUESTS.labels(method, model, code.name).inc()
+    LATENCY.labels(method, model).observe(seconds)

@@ -12,7 +12,7 @@ import time
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from v2server.interceptors import ErrorMappingInterceptor
+from v2server.interceptors import ErrorMappingInterceptor, InFlight
 from v2server.metrics import serve_metrics
 from v2server.model import ModelRepository
 from v2server.servicer import InferenceServicer, rpc_handler
@@ -37,16 +37,18 @@ class V2Server:
     ) -> None:
         self.settings = settings
         self.repository = repository
+        self._in_flight = InFlight()
         self.servicer = InferenceServicer(
             repository,
             server_name=server_name,
             server_version=server_version,
             limits=settings.tensor_limits(),
             shared_memory=settings.shared_memory,
+            in_flight=self._in_flight,
         )
         self.health: health.aio.HealthServicer | None = None
         self._server: aio.Server | None = None
-        self._interceptor = ErrorMappingInterceptor()
+        self._interceptor = ErrorMappingInterceptor(self._in_flight)
         self.port = 0
         self.metrics_port: int | None = None
 
@@ -119,8 +121,8 @@ class V2Server:
             if grace > 0:
                 started = time.monotonic()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._interceptor.drained(), grace)
-                since = time.monotonic() - self._interceptor.last_answer
+                    await asyncio.wait_for(self._in_flight.drained(), grace)
+                since = time.monotonic() - self._in_flight.last_answer
                 if since < self.settings.linger_s:
                     await asyncio.sleep(self.settings.linger_s - since)
                 grace = max(0.0, grace - (time.monotonic() - started))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections.abc import AsyncIterator
 
 import grpc
 import numpy as np
@@ -11,11 +13,14 @@ from grpc import aio
 
 from protos import codec, pb, pb_grpc, wire
 from protos.codec import TensorLimits
-from protos.errors import InvalidInput, NotFound, Unavailable
+from protos.errors import InvalidInput, MeshError, NotFound, Unavailable
+from v2server.interceptors import CallScope, InFlight, error_text, request_id_of
 from v2server.model import ModelRepository, ServedModel, TensorSpec
 from v2server.shm import SharedMemory
 from v2server.statistics import Compute, Duration
 from v2server.validation import check_inputs
+
+log = logging.getLogger("v2server")
 
 EXTENSIONS = ["classification", "model_configuration", "statistics", "system_shared_memory"]
 """Triton protocol extensions this server implements (ServerMetadata lists them)."""
@@ -37,6 +42,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         server_version: str,
         limits: TensorLimits = codec.DEFAULT_LIMITS,
         shared_memory: bool = False,
+        in_flight: InFlight | None = None,
     ) -> None:
         self._repository = repository
         self._name = server_name
@@ -45,6 +51,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self.draining = False
         """Set on shutdown: the server stays live but stops reporting ready."""
         self.shared = SharedMemory(enabled=shared_memory)
+        self._in_flight = in_flight or InFlight()
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: aio.ServicerContext):
         return pb.ServerLiveResponse(live=True)
@@ -99,6 +106,58 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         request: pb.ModelInferRequest | wire.ParsedInferRequest,
         context: aio.ServicerContext,
     ) -> bytes:
+        return await self.answer(request, context.time_remaining())
+
+    async def ModelStreamInfer(
+        self,
+        requests: AsyncIterator[wire.ParsedInferRequest],
+        context: aio.ServicerContext,
+    ) -> AsyncIterator[bytes]:
+        """Every request of the stream runs as soon as it arrives and is answered when
+        done; a failed one is answered with its error_message and the stream goes on."""
+        stream_id = request_id_of(context)
+        answers: asyncio.Queue[bytes | None] = asyncio.Queue()
+        running: set[asyncio.Task[None]] = set()
+
+        async def one(request: wire.ParsedInferRequest) -> None:
+            request_id = request.id or stream_id
+            with CallScope(self._in_flight, "ModelStreamInfer", request, request_id) as call:
+                try:
+                    body = await self.answer(request, context.time_remaining())
+                    answers.put_nowait(wire.stream_response(body))
+                except MeshError as exc:
+                    call.code = exc.code
+                    answers.put_nowait(_stream_error(request.message, error_text(exc)))
+                except Exception:
+                    call.code = grpc.StatusCode.INTERNAL
+                    log.exception("unhandled error in ModelStreamInfer")
+                    answers.put_nowait(_stream_error(request.message, "internal server error"))
+
+        async def read() -> None:
+            try:
+                async for request in requests:
+                    task = asyncio.create_task(one(request))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                while running:
+                    await asyncio.wait(set(running))
+            finally:
+                answers.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (answer := await answers.get()) is not None:
+                yield answer
+            await reader  # the caller's half-close or a broken stream surfaces here
+        finally:
+            reader.cancel()
+            for task in list(running):
+                task.cancel()
+
+    async def answer(
+        self, request: pb.ModelInferRequest | wire.ParsedInferRequest, remaining: float | None
+    ) -> bytes:
+        """One inference, serialized; `remaining`: seconds left of the caller's deadline."""
         arrived = time.perf_counter_ns()
         if self.draining:
             raise Unavailable("server is shutting down")
@@ -107,7 +166,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         message = request.message if isinstance(request, wire.ParsedInferRequest) else request
         model = self._repository.resolve(message.model_name, message.model_version)
         try:
-            answer = await self._infer(model, inputs, message, context)
+            answer = await self._infer(model, inputs, message, remaining)
         except BaseException:
             model.statistics.request(False, time.perf_counter_ns() - arrived)
             raise
@@ -119,13 +178,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         model: ServedModel,
         inputs: dict[str, np.ndarray],
         message: pb.ModelInferRequest,
-        context: aio.ServicerContext,
+        remaining: float | None,
     ) -> bytes:
         check_inputs(model.name, model.inputs, inputs)
         wanted = _requested_outputs(model, message)
         # Checked before the model runs, like every other part of the request.
         refs = {o.name: codec.shared_ref(o.parameters, o.name) for o in message.outputs}
-        remaining = context.time_remaining()
         deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining
         outputs = await model.infer(inputs, deadline)
         if wanted is not None:
@@ -283,10 +341,24 @@ def classify(scores: np.ndarray, k: int, labels: list[str] | None) -> np.ndarray
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 
 
+def _stream_error(request: pb.ModelInferRequest, text: str) -> bytes:
+    about = pb.ModelInferResponse(
+        model_name=request.model_name, model_version=request.model_version, id=request.id
+    )
+    return pb.ModelStreamInferResponse(error_message=text, infer_response=about).SerializeToString()
+
+
 def rpc_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
-    """The service's method handlers; ModelInfer uses the zero-copy wire codec."""
+    """The service's method handlers; inference uses the zero-copy wire codec."""
     handlers = {}
     for method in SERVICE.methods:
+        if method.name == "ModelStreamInfer":
+            handlers[method.name] = grpc.stream_stream_rpc_method_handler(
+                servicer.ModelStreamInfer,
+                request_deserializer=wire.parse_infer_request,
+                response_serializer=wire.serialize_response,
+            )
+            continue
         if method.name == "ModelInfer":
             deserialize, serialize = wire.parse_infer_request, wire.serialize_response
         else:

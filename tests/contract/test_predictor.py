@@ -325,3 +325,52 @@ def test_classification_extension_uses_labels(
         names = ["cat", "dog", "emu"]
         assert [g.decode().split(":")[1:] for g in got] == [[str(i), names[i]] for i in best]
         assert float(got[0].decode().split(":")[0]) == pytest.approx(row[best[0]], rel=1e-4)
+
+
+def test_stream_answers_every_request_and_survives_failures(
+    predictor: Service, predictor_stub: pb_grpc.GRPCInferenceServiceStub
+) -> None:
+    """ModelStreamInfer: one stream, many requests, each answered once by id; a bad one
+    gets its error_message and the rest go on; counted like unary calls."""
+    rng = np.random.default_rng(3)
+    xs = {f"r{i}": rng.normal(size=(1 + i % 3, 4)).astype(np.float32) for i in range(24)}
+    requests = [codec.build_request("linear", {"x": x}, request_id=i) for i, x in xs.items()]
+    requests.insert(
+        5,
+        codec.build_request("linear", {"x": np.zeros((1, 5), np.float32)}, request_id="bad-shape"),
+    )
+    requests.insert(9, codec.build_request("nope", {"x": xs["r0"]}, request_id="bad-model"))
+    streamed_before = metric(
+        predictor.metrics_port, "v2_requests_total", method="ModelStreamInfer", model="linear"
+    )
+    answers = list(predictor_stub.ModelStreamInfer(iter(requests), timeout=TIMEOUT))
+    assert len(answers) == len(requests)
+    by_id = {a.infer_response.id: a for a in answers}
+    assert set(by_id) == {r.id for r in requests}
+    assert "'x'" in by_id["bad-shape"].error_message
+    assert "nope" in by_id["bad-model"].error_message
+    for request_id, x in xs.items():
+        answer = by_id[request_id]
+        assert answer.error_message == ""
+        out = codec.response_outputs(answer.infer_response)
+        np.testing.assert_allclose(out["y"], linear_expected(x, 3), rtol=1e-5)
+    streamed = metric(
+        predictor.metrics_port, "v2_requests_total", method="ModelStreamInfer", model="linear"
+    )
+    assert streamed - streamed_before == len(xs) + 1  # the unknown model is not labelled
+
+
+def test_cancelled_stream_leaves_the_server_serving(
+    predictor_stub: pb_grpc.GRPCInferenceServiceStub,
+) -> None:
+    x = np.ones((256, SLOW_WIDTH), np.float32)
+    requests = [codec.build_request("slow", {"x": x}, request_id=f"s{i}") for i in range(3)]
+    call = predictor_stub.ModelStreamInfer(iter(requests), timeout=TIMEOUT)
+    call.cancel()
+    with pytest.raises(grpc.RpcError) as info:
+        list(call)
+    assert info.value.code() == grpc.StatusCode.CANCELLED
+    out = infer(predictor_stub, "linear", {"x": np.zeros((1, 4), np.float32)})
+    assert out["y"].shape == (1, 3)
+    answers = list(predictor_stub.ModelStreamInfer(iter(requests[:1]), timeout=TIMEOUT))
+    assert [a.infer_response.id for a in answers] == ["s0"] and not answers[0].error_message

@@ -47,6 +47,9 @@ def test_tritonclient_health_metadata_and_binary_infer(predictor: Service) -> No
     # The probe's own inference (2 rows) happened before it asked.
     assert int(stats["inference_stats"]["success"]["count"]) >= 1
     assert int(stats["inference_count"]) >= 2
+    streamed = seen["stream"]
+    assert streamed["s1"] == streamed["s3"] == seen["y"]
+    assert "no-such-model" in streamed["error"]
 
 
 def test_tritonclient_system_shared_memory(predictor: Service) -> None:

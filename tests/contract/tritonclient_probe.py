@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -26,6 +27,7 @@ def main(address: str, model: str) -> None:
         model, [infer_input], outputs=outputs, model_version="2", request_id="triton-1"
     )
     response = result.get_response(as_json=True)
+    streamed = stream(client, model, infer_input)
     json.dump(
         {
             "live": client.is_server_live(),
@@ -40,9 +42,31 @@ def main(address: str, model: str) -> None:
             # Decoded by tritonclient's own model_config.proto / statistics messages.
             "config": client.get_model_config(model, as_json=True)["config"],
             "statistics": client.get_inference_statistics(model, "2", as_json=True),
+            "stream": streamed,
         },
         sys.stdout,
     )
+
+
+def stream(client: tc.InferenceServerClient, model: str, infer_input: tc.InferInput) -> dict:
+    """Three requests on one ModelStreamInfer stream, the second for an unknown model."""
+    seen: dict = {}
+    done = threading.Event()
+
+    def callback(result: tc.InferResult | None, error: Exception | None) -> None:
+        if error is not None:
+            seen["error"] = str(error)
+        else:
+            seen[result.get_response().id] = result.as_numpy("y").tolist()
+        if len(seen) == 3:
+            done.set()
+
+    client.start_stream(callback=callback)
+    for request_id, name in (("s1", model), ("s2", "no-such-model"), ("s3", model)):
+        client.async_stream_infer(name, [infer_input], model_version="2", request_id=request_id)
+    done.wait(30)
+    client.stop_stream()
+    return seen
 
 
 def shared_memory(address: str, model: str) -> None:
