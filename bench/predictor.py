@@ -112,6 +112,8 @@ KINDS = {
     "perf_analyzer (C++ client), no batching": "pa-plain",
     "perf_analyzer, dynamic batching": "pa-batched",
     "perf_analyzer, dynamic batching, shared memory": "pa-shm",
+    "perf_analyzer, streaming, no batching": "pa-stream-plain",
+    "perf_analyzer, streaming, dynamic batching": "pa-stream-batched",
 }
 """Row label -> measurement. "shm" rows use Triton's system shared memory extension; the
 perf_analyzer rows load the same server with Triton's C++ client instead of ours (Python,
@@ -119,7 +121,7 @@ grpc.aio), which shows what the Python client costs on the shared cores."""
 
 
 def remote_model(key: str, name: str) -> str:
-    return name if key in ("plain", "pa-plain") else f"{name}_batched"
+    return name if key.endswith("plain") else f"{name}_batched"
 
 
 def measure_remote(
@@ -144,6 +146,7 @@ def measure_remote(
         c,
         duration,
         shared_memory=key == "pa-shm",
+        streaming=key.startswith("pa-stream"),
         output_bytes=output_bytes,
         env=pa_env,
     )
@@ -181,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--duration", type=float, default=4.0, help="seconds per measurement")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--models", nargs="+", choices=["tiny", "conv"], default=["tiny", "conv"])
     parser.add_argument(
         "--rounds",
         type=int,
@@ -200,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         proc, address = start_predictor(workdir / "repository", workdir)
         cpu_notes: list[str] = []
         try:
-            for name in ("tiny", "conv"):
+            for name in args.models:
                 path, sample = models[name]
                 print(f"\n### {name} model ({path.stat().st_size // 1024} KiB ONNX)\n")
                 print("| system | concurrency | req/s | vs in-process | p50 ms | p99 ms | errors |")
@@ -229,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                     for client, plain, batched in (
                         ("", "plain", "batched"),
                         (" (perf_analyzer)", "pa-plain", "pa-batched"),
+                        (" (perf_analyzer, streaming)", "pa-stream-plain", "pa-stream-batched"),
                     ):
                         if batched in medians:
                             gain = medians[batched].rps / medians[plain].rps
