@@ -22,6 +22,11 @@ from v2server.validation import check_inputs
 
 log = logging.getLogger("v2server")
 
+STREAM_WINDOW = 128
+"""Requests of one stream that may be running or answered but not yet sent; beyond
+that the stream is not read, so a client that does not read its answers is held back by
+gRPC's flow control instead of filling the server's memory."""
+
 EXTENSIONS = ["classification", "model_configuration", "statistics", "system_shared_memory"]
 """Triton protocol extensions this server implements (ServerMetadata lists them)."""
 
@@ -118,6 +123,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         stream_id = request_id_of(context)
         answers: asyncio.Queue[bytes | None] = asyncio.Queue()
         running: set[asyncio.Task[None]] = set()
+        window = asyncio.Semaphore(STREAM_WINDOW)
 
         async def one(request: wire.ParsedInferRequest) -> None:
             request_id = request.id or stream_id
@@ -136,6 +142,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         async def read() -> None:
             try:
                 async for request in requests:
+                    await window.acquire()
                     task = asyncio.create_task(one(request))
                     running.add(task)
                     task.add_done_callback(running.discard)
@@ -148,6 +155,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         try:
             while (answer := await answers.get()) is not None:
                 yield answer
+                window.release()
             await reader  # the caller's half-close or a broken stream surfaces here
         finally:
             reader.cancel()

@@ -17,6 +17,7 @@ from protos import codec, pb, pb_grpc
 from tests.modelgen import SLOW_WIDTH, TYPES, linear_weights
 from tests.procs import Service, metric, run_module, start_service
 from v2server.server import channel_options
+from v2server.servicer import STREAM_WINDOW
 
 TIMEOUT = 10.0
 
@@ -358,6 +359,17 @@ def test_stream_answers_every_request_and_survives_failures(
         predictor.metrics_port, "v2_requests_total", method="ModelStreamInfer", model="linear"
     )
     assert streamed - streamed_before == len(xs) + 1  # the unknown model is not labelled
+
+
+def test_stream_longer_than_its_window_is_answered_in_full(
+    predictor_stub: pb_grpc.GRPCInferenceServiceStub,
+) -> None:
+    x = np.ones((1, 4), np.float32)
+    count = 3 * STREAM_WINDOW
+    requests = (codec.build_request("linear", {"x": x}, request_id=str(i)) for i in range(count))
+    answers = list(predictor_stub.ModelStreamInfer(requests, timeout=30))
+    assert sorted(int(a.infer_response.id) for a in answers) == list(range(count))
+    assert not any(a.error_message for a in answers)
 
 
 def test_cancelled_stream_leaves_the_server_serving(
