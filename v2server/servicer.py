@@ -173,6 +173,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         inputs = codec.request_inputs(request, self._limits, self.shared.read)
         message = request.message if isinstance(request, wire.ParsedInferRequest) else request
         model = self._repository.resolve(message.model_name, message.model_version)
+        remaining = _with_request_timeout(message, remaining)
         try:
             answer = await self._infer(model, inputs, message, remaining)
         except BaseException:
@@ -347,6 +348,20 @@ def classify(scores: np.ndarray, k: int, labels: list[str] | None) -> np.ndarray
 
 
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+
+
+def _with_request_timeout(request: pb.ModelInferRequest, remaining: float | None) -> float | None:
+    """Triton's per-request `timeout` parameter (microseconds) shortens the call's deadline:
+    a streamed request's only deadline besides the whole stream's."""
+    param = request.parameters.get("timeout")
+    if param is None or param.WhichOneof("parameter_choice") is None:
+        return remaining
+    if param.WhichOneof("parameter_choice") != "int64_param" or param.int64_param < 0:
+        raise InvalidInput("parameter 'timeout' must be a non-negative int64 (microseconds)")
+    if param.int64_param == 0:
+        return remaining
+    own = param.int64_param / 1e6
+    return own if remaining is None else min(own, remaining)
 
 
 def _stream_error(request: pb.ModelInferRequest, text: str) -> bytes:

@@ -386,3 +386,28 @@ def test_cancelled_stream_leaves_the_server_serving(
     assert out["y"].shape == (1, 3)
     answers = list(predictor_stub.ModelStreamInfer(iter(requests[:1]), timeout=TIMEOUT))
     assert [a.infer_response.id for a in answers] == ["s0"] and not answers[0].error_message
+
+
+def test_request_timeout_parameter_bounds_a_streamed_request(
+    predictor_stub: pb_grpc.GRPCInferenceServiceStub,
+) -> None:
+    """Triton's `timeout` parameter (microseconds): a request still queued behind a long
+    one when it runs out is answered DEADLINE_EXCEEDED, not run; the stream goes on."""
+    long = codec.build_request(
+        "slow", {"x": np.ones((1024, SLOW_WIDTH), np.float32)}, request_id="long"
+    )
+    short = codec.build_request(
+        "slow", {"x": np.ones((1, SLOW_WIDTH), np.float32)}, request_id="short"
+    )
+    short.parameters["timeout"].int64_param = 1
+    answers = {
+        a.infer_response.id: a
+        for a in predictor_stub.ModelStreamInfer(iter([long, short]), timeout=60)
+    }
+    assert answers["long"].error_message == ""
+    assert "deadline passed" in answers["short"].error_message
+    short.parameters["timeout"].string_param = "soon"
+    with pytest.raises(grpc.RpcError) as info:
+        predictor_stub.ModelInfer(short, timeout=TIMEOUT)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "'timeout'" in (info.value.details() or "")
