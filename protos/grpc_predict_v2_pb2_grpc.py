@@ -79,6 +79,11 @@ class GRPCInferenceServiceStub:
                 request_serializer=protos_dot_grpc__predict__v2__pb2.ModelStatisticsRequest.SerializeToString,
                 response_deserializer=protos_dot_grpc__predict__v2__pb2.ModelStatisticsResponse.FromString,
                 _registered_method=True)
+        self.RepositoryIndex = channel.unary_unary(
+                '/inference.GRPCInferenceService/RepositoryIndex',
+                request_serializer=protos_dot_grpc__predict__v2__pb2.RepositoryIndexRequest.SerializeToString,
+                response_deserializer=protos_dot_grpc__predict__v2__pb2.RepositoryIndexResponse.FromString,
+                _registered_method=True)
         self.SystemSharedMemoryStatus = channel.unary_unary(
                 '/inference.GRPCInferenceService/SystemSharedMemoryStatus',
                 request_serializer=protos_dot_grpc__predict__v2__pb2.SystemSharedMemoryStatusRequest.SerializeToString,
@@ -159,6 +164,13 @@ class GRPCInferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RepositoryIndex(self, request, context):
+        """The index half of Triton's model repository extension (no load / unload here).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SystemSharedMemoryStatus(self, request, context):
         """Triton's system shared memory extension: a client on the same host registers a
         region (a POSIX shared memory object), then names it in an input's or requested
@@ -228,6 +240,11 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.ModelStatistics,
                     request_deserializer=protos_dot_grpc__predict__v2__pb2.ModelStatisticsRequest.FromString,
                     response_serializer=protos_dot_grpc__predict__v2__pb2.ModelStatisticsResponse.SerializeToString,
+            ),
+            'RepositoryIndex': grpc.unary_unary_rpc_method_handler(
+                    servicer.RepositoryIndex,
+                    request_deserializer=protos_dot_grpc__predict__v2__pb2.RepositoryIndexRequest.FromString,
+                    response_serializer=protos_dot_grpc__predict__v2__pb2.RepositoryIndexResponse.SerializeToString,
             ),
             'SystemSharedMemoryStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.SystemSharedMemoryStatus,
@@ -488,6 +505,33 @@ class GRPCInferenceService:
             '/inference.GRPCInferenceService/ModelStatistics',
             protos_dot_grpc__predict__v2__pb2.ModelStatisticsRequest.SerializeToString,
             protos_dot_grpc__predict__v2__pb2.ModelStatisticsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RepositoryIndex(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/RepositoryIndex',
+            protos_dot_grpc__predict__v2__pb2.RepositoryIndexRequest.SerializeToString,
+            protos_dot_grpc__predict__v2__pb2.RepositoryIndexResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -106,6 +106,24 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             models = [repo.resolve(n, v) for n in repo.names() for v in repo.versions(n)]
         return pb.ModelStatisticsResponse(model_stats=[model_statistics(m) for m in models])
 
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context: aio.ServicerContext
+    ) -> pb.RepositoryIndexResponse:
+        repo = self._repository
+        response = pb.RepositoryIndexResponse()
+        for name in repo.names():
+            for version in repo.versions(name):
+                model = repo.resolve(name, version)
+                ready = model.ready and not self.draining
+                if ready or not request.ready:
+                    response.models.add(
+                        name=name,
+                        version=version,
+                        state="READY" if ready else "UNAVAILABLE",
+                        reason="" if ready else ("shutting down" if self.draining else "loading"),
+                    )
+        return response
+
     async def ModelInfer(
         self,
         request: pb.ModelInferRequest | wire.ParsedInferRequest,

@@ -411,3 +411,16 @@ def test_request_timeout_parameter_bounds_a_streamed_request(
         predictor_stub.ModelInfer(short, timeout=TIMEOUT)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "'timeout'" in (info.value.details() or "")
+
+
+def test_repository_index_lists_loaded_versions(
+    predictor_stub: pb_grpc.GRPCInferenceServiceStub,
+) -> None:
+    index = predictor_stub.RepositoryIndex(pb.RepositoryIndexRequest(ready=True), timeout=TIMEOUT)
+    listed = {(m.name, m.version, m.state) for m in index.models}
+    assert listed == {
+        ("linear", "2", "READY"),
+        ("linear", "3", "READY"),
+        ("slow", "1", "READY"),
+        ("types", "1", "READY"),
+    }

@@ -50,6 +50,8 @@ def test_tritonclient_health_metadata_and_binary_infer(predictor: Service) -> No
     streamed = seen["stream"]
     assert streamed["s1"] == streamed["s3"] == seen["y"]
     assert "no-such-model" in streamed["error"]
+    index = {(m["name"], m["version"], m["state"]) for m in seen["index"]["models"]}
+    assert ("linear", "2", "READY") in index and ("linear", "3", "READY") in index
 
 
 def test_tritonclient_system_shared_memory(predictor: Service) -> None:

@@ -43,6 +43,7 @@ def main(address: str, model: str) -> None:
             "config": client.get_model_config(model, as_json=True)["config"],
             "statistics": client.get_inference_statistics(model, "2", as_json=True),
             "stream": streamed,
+            "index": client.get_model_repository_index(as_json=True),
         },
         sys.stdout,
     )
