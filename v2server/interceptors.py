@@ -4,7 +4,7 @@ Every unary handler is wrapped: MeshError -> its status and message; anything
 else -> INTERNAL with a bare message (the traceback goes to the log, not to
 the caller). The same wrapper records metrics and binds the request id.
 Streamed inferences (ModelStreamInfer) answer each message on their own, with the
-same error text, metrics and request id (`CallScope`).
+same statuses and messages (`error_status`), metrics and request id (`CallScope`).
 """
 
 from __future__ import annotations
@@ -36,12 +36,16 @@ def request_id_of(context: aio.ServicerContext) -> str:
     return ""
 
 
-def error_text(exc: MeshError) -> str:
-    """The message a caller sees; messages may quote caller input, and gRPC refuses
-    oversized trailers."""
-    if len(exc.message) <= MAX_MESSAGE:
-        return exc.message
-    return exc.message[:MAX_MESSAGE] + "... (truncated)"
+def error_status(exc: Exception, method: str) -> tuple[grpc.StatusCode, str]:
+    """The status and message a caller gets for an error. Ours carry their status; their
+    messages may quote caller input, and gRPC refuses oversized trailers. Anything else is
+    a bug: INTERNAL with a bare message, the traceback to the log (call it in `except`)."""
+    if isinstance(exc, MeshError):
+        if len(exc.message) <= MAX_MESSAGE:
+            return exc.code, exc.message
+        return exc.code, exc.message[:MAX_MESSAGE] + "... (truncated)"
+    log.exception("unhandled error in %s", method)
+    return grpc.StatusCode.INTERNAL, "internal server error"
 
 
 class InFlight:
@@ -120,19 +124,15 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):
             with CallScope(self.in_flight, method, request, request_id_of(context)) as call:
                 try:
                     return await inner(request, context)
-                except MeshError as exc:
-                    call.code = exc.code
-                    await context.abort(exc.code, error_text(exc))
                 except asyncio.CancelledError:
                     call.code = grpc.StatusCode.CANCELLED
                     raise
                 except aio.AbortError:
                     call.code = context.code() or grpc.StatusCode.UNKNOWN
                     raise
-                except Exception:
-                    call.code = grpc.StatusCode.INTERNAL
-                    log.exception("unhandled error in %s", method)
-                    await context.abort(grpc.StatusCode.INTERNAL, "internal server error")
+                except Exception as exc:
+                    call.code, text = error_status(exc, method)
+                    await context.abort(call.code, text)
 
         return grpc.unary_unary_rpc_method_handler(
             wrapped,

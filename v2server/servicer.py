@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import AsyncIterator
 
@@ -13,14 +12,12 @@ from grpc import aio
 
 from protos import codec, pb, pb_grpc, wire
 from protos.codec import TensorLimits
-from protos.errors import InvalidInput, MeshError, NotFound, Unavailable
-from v2server.interceptors import CallScope, InFlight, error_text, request_id_of
+from protos.errors import InvalidInput, NotFound, Unavailable
+from v2server.interceptors import CallScope, InFlight, error_status, request_id_of
 from v2server.model import ModelRepository, ServedModel, TensorSpec
 from v2server.shm import SharedMemory
 from v2server.statistics import Compute, Duration
 from v2server.validation import check_inputs
-
-log = logging.getLogger("v2server")
 
 STREAM_WINDOW = 128
 """Requests of one stream that may be running or answered but not yet sent; beyond
@@ -149,13 +146,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 try:
                     body = await self.answer(request, context.time_remaining())
                     answers.put_nowait(wire.stream_response(body))
-                except MeshError as exc:
-                    call.code = exc.code
-                    answers.put_nowait(_stream_error(request.message, error_text(exc)))
-                except Exception:
-                    call.code = grpc.StatusCode.INTERNAL
-                    log.exception("unhandled error in ModelStreamInfer")
-                    answers.put_nowait(_stream_error(request.message, "internal server error"))
+                except Exception as exc:
+                    call.code, text = error_status(exc, "ModelStreamInfer")
+                    answers.put_nowait(_stream_error(request.message, text))
 
         async def read() -> None:
             try:
