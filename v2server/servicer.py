@@ -94,32 +94,32 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStatistics(
         self, request: pb.ModelStatisticsRequest, context: aio.ServicerContext
     ) -> pb.ModelStatisticsResponse:
-        repo = self._repository
-        if request.name:
-            models = [repo.resolve(request.name, request.version)]
-            if not request.version:
-                models = [repo.resolve(request.name, v) for v in repo.versions(request.name)]
-        else:
-            models = [repo.resolve(n, v) for n in repo.names() for v in repo.versions(n)]
+        models = self._loaded(request.name, request.version)
         return pb.ModelStatisticsResponse(model_stats=[model_statistics(m) for m in models])
 
     async def RepositoryIndex(
         self, request: pb.RepositoryIndexRequest, context: aio.ServicerContext
     ) -> pb.RepositoryIndexResponse:
-        repo = self._repository
         response = pb.RepositoryIndexResponse()
-        for name in repo.names():
-            for version in repo.versions(name):
-                model = repo.resolve(name, version)
-                ready = model.ready and not self.draining
-                if ready or not request.ready:
-                    response.models.add(
-                        name=name,
-                        version=version,
-                        state="READY" if ready else "UNAVAILABLE",
-                        reason="" if ready else ("shutting down" if self.draining else "loading"),
-                    )
+        for model in self._loaded():
+            ready = model.ready and not self.draining
+            if ready or not request.ready:
+                response.models.add(
+                    name=model.name,
+                    version=model.version,
+                    state="READY" if ready else "UNAVAILABLE",
+                    reason="" if ready else ("shutting down" if self.draining else "loading"),
+                )
         return response
+
+    def _loaded(self, name: str = "", version: str = "") -> list[ServedModel]:
+        """The named version, every loaded version of `name`, or (no name) of every model;
+        NotFound for unknown names and versions."""
+        repo = self._repository
+        if name and version:
+            return [repo.resolve(name, version)]
+        names = [name] if name else repo.names()
+        return [repo.resolve(n, v) for n in names for v in repo.versions(n)]
 
     async def ModelInfer(
         self,
