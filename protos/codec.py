@@ -381,8 +381,7 @@ def build_response_bytes(
 ) -> bytes:
     """The serialized ModelInferResponse, tensor bytes copied once (see protos.wire).
     `shared` outputs (already written to shared memory) are described after the others,
-    with their region parameters and no bytes, so raw contents stay aligned with the
-    first outputs (tritonclient counts them by position)."""
+    with their region parameters and an empty raw entry each."""
     head = pb.ModelInferResponse(model_name=model_name, model_version=model_version, id=request_id)
     return _with_raw_tensors(head, head.outputs, wire.RAW_OUTPUT_FIELD, outputs, shared)
 

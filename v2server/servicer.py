@@ -365,9 +365,10 @@ def _with_request_timeout(request: pb.ModelInferRequest, remaining: float | None
     """Triton's per-request `timeout` parameter (microseconds) shortens the call's deadline:
     a streamed request's only deadline besides the whole stream's."""
     param = request.parameters.get("timeout")
-    if param is None or param.WhichOneof("parameter_choice") is None:
+    kind = None if param is None else param.WhichOneof("parameter_choice")
+    if kind is None:
         return remaining
-    if param.WhichOneof("parameter_choice") != "int64_param" or param.int64_param < 0:
+    if kind != "int64_param" or param.int64_param < 0:
         raise InvalidInput("parameter 'timeout' must be a non-negative int64 (microseconds)")
     if param.int64_param == 0:
         return remaining
