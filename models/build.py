@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rebuild even if present")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.force or not _complete(args.out, list(digits.classifiers())):
+    if args.force or not digits.is_current(args.out):
         digits.build(args.out)
     else:
         print(f"digits models already in {args.out}")

@@ -1,12 +1,17 @@
 """Digits classifiers: trained on scikit-learn's bundled digits data, exported with skl2onnx.
 
-Every classifier sees the same seeded train/test split; each model folder gets
-its ONNX file, a config.yaml with dynamic batching, labels, and a metrics.json
-holding its held-out accuracy and the split's indices.
+The classifiers see what the service sees: every training sample is drawn as several
+images (`models.augment`) and passed through the shipped `digits` recipe, and the
+classifiers learn from the recipe's features. Every classifier sees the same seeded
+train/test split; the held-out split is never drawn for training. Each model folder gets its
+ONNX file, a config.yaml with dynamic batching, labels, and a metrics.json holding the
+held-out accuracy, the split's indices and a digest of the training features (the same
+digest on every build: the output is reproducible).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,18 +19,43 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from models import augment
+
 SEED = 0
 TEST_FRACTION = 0.25
 N_FEATURES = 64
+DRAWS_PER_SAMPLE = 8
 CLASSES = [str(i) for i in range(10)]
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = (
+    "models/digits.py",
+    "models/augment.py",
+    "preprocess/recipes.yaml",
+    "preprocess/images.py",
+    "preprocess/ops.py",
+    "preprocess/ink.py",
+)
+"""What the classifiers depend on besides the libraries: a change retrains them."""
+
+
+def fingerprint() -> str:
+    import cv2
+    import skl2onnx
+    import sklearn
+
+    digest = hashlib.sha256()
+    for name in SOURCES:
+        digest.update((ROOT / name).read_bytes())
+    for version in (sklearn.__version__, cv2.__version__, skl2onnx.__version__):
+        digest.update(version.encode())
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
 class Split:
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_test: np.ndarray
-    y_test: np.ndarray
+    images: np.ndarray
+    """Every sample's 8x8 values (0..16)."""
+    target: np.ndarray
     train_idx: np.ndarray
     test_idx: np.ndarray
 
@@ -39,15 +69,38 @@ def load_split() -> Split:
     train_idx, test_idx = train_test_split(
         idx, test_size=TEST_FRACTION, random_state=SEED, stratify=data.target
     )
-    x = data.data.astype(np.float32)
-    return Split(
-        x[train_idx],
-        data.target[train_idx],
-        x[test_idx],
-        data.target[test_idx],
-        train_idx,
-        test_idx,
-    )
+    return Split(data.images, data.target, train_idx, test_idx)
+
+
+def recipe_features(blobs: list[bytes]) -> list[np.ndarray | None]:
+    """The shipped `digits` recipe's features of each encoded image, in-process; None for
+    an image the recipe refuses (a drawing whose ink the augmentation wiped out)."""
+    from preprocess.recipes import RecipeRepository
+    from preprocess.settings import DEFAULT_RECIPES
+    from protos.errors import InvalidInput
+
+    recipe = RecipeRepository(DEFAULT_RECIPES).load()["digits"]
+    out: list[np.ndarray | None] = []
+    for blob in blobs:
+        one = np.empty(1, dtype=object)
+        one[0] = blob
+        try:
+            out.append(recipe.run({"image": one})["input"][0])
+        except InvalidInput:
+            out.append(None)
+    return out
+
+
+def training_set(split: Split) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(SEED)
+    blobs, labels = [], []
+    for _ in range(DRAWS_PER_SAMPLE):
+        for i in split.train_idx:
+            blobs.append(augment.render(split.images[i], rng))
+            labels.append(split.target[i])
+    pairs = [(f, y) for f, y in zip(recipe_features(blobs), labels, strict=True) if f is not None]
+    print(f"digits: {len(blobs) - len(pairs)} of {len(blobs)} drawings had no ink left, dropped")
+    return np.stack([f for f, _ in pairs]), np.array([y for _, y in pairs])
 
 
 def classifiers() -> dict:
@@ -61,9 +114,11 @@ def classifiers() -> dict:
         "digits_logreg": make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000)),
         "digits_mlp": make_pipeline(
             StandardScaler(),
-            MLPClassifier(hidden_layer_sizes=(64,), max_iter=1000, random_state=SEED),
+            MLPClassifier(hidden_layer_sizes=(128,), max_iter=500, random_state=SEED),
         ),
-        "digits_forest": RandomForestClassifier(n_estimators=100, random_state=SEED),
+        "digits_forest": RandomForestClassifier(
+            n_estimators=100, min_samples_leaf=2, random_state=SEED
+        ),
     }
 
 
@@ -90,13 +145,40 @@ MODEL_CONFIG = {
 }
 
 
+def is_current(repository: Path) -> bool:
+    """Every classifier is there and was made from these sources and libraries."""
+    current = fingerprint()
+    for name in classifiers():
+        try:
+            meta = json.loads((repository / name / "metrics.json").read_text())
+        except (OSError, ValueError):
+            return False
+        if (
+            meta.get("fingerprint") != current
+            or not (repository / name / "1" / "model.onnx").is_file()
+        ):
+            return False
+    return True
+
+
 def build(repository: Path, version: int = 1) -> list[Path]:
     """Train and export every classifier into repository/<name>/<version>/model.onnx."""
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+
     split = load_split()
+    x_train, y_train = training_set(split)
+    digest = hashlib.sha256(x_train.tobytes()).hexdigest()
+    print(f"digits: {len(x_train)} training images drawn and passed through the recipe")
+    # The held-out split, drawn once the plainest way (nearest-neighbour, 32 px, no margin).
+    plain = np.stack(recipe_features([_plain(split.images[i]) for i in split.test_idx]))
     written = []
     for name, clf in classifiers().items():
-        clf.fit(split.x_train, split.y_train)
-        accuracy = float((clf.predict(split.x_test) == split.y_test).mean())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            clf.fit(x_train, y_train)
+        accuracy = float((clf.predict(plain) == split.target[split.test_idx]).mean())
         folder = repository / name
         (folder / str(version)).mkdir(parents=True, exist_ok=True)
         (folder / str(version) / "model.onnx").write_bytes(export_onnx(clf))
@@ -105,13 +187,25 @@ def build(repository: Path, version: int = 1) -> list[Path]:
         (folder / "metrics.json").write_text(
             json.dumps(
                 {
-                    "test_accuracy": accuracy,
+                    "fingerprint": fingerprint(),
+                    "held_out_accuracy_plain_drawing": accuracy,
                     "seed": SEED,
+                    "training_images": len(x_train),
+                    "training_features_sha256": digest,
                     "train_indices": split.train_idx.tolist(),
                     "test_indices": split.test_idx.tolist(),
                 }
             )
         )
         written.append(folder)
-        print(f"{name}: held-out accuracy {accuracy:.4f}")
+        print(f"{name}: held-out accuracy {accuracy:.4f} (plain drawing)")
     return written
+
+
+def _plain(values: np.ndarray) -> bytes:
+    import cv2
+
+    gray = np.round(255 - values * (255 / 16)).astype(np.uint8)
+    ok, buf = cv2.imencode(".png", cv2.resize(gray, (32, 32), interpolation=cv2.INTER_NEAREST))
+    assert ok
+    return buf.tobytes()

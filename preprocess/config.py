@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from preprocess import ink as _ink  # noqa: F401  (registers the ink operations)
 from preprocess import ocr as _ocr  # noqa: F401  (registers the OCR operations)
 from preprocess.ops import check_params
 from protos.codec import DATATYPE_TO_DTYPE

@@ -189,43 +189,8 @@ def crop(state: State, x: int, y: int, width: int, height: int) -> None:
 
 
 @op
-def dark_on_light(state: State) -> None:
-    """Make ink bright on a dark background: invert images whose border is light."""
-
-    def one(img: np.ndarray) -> np.ndarray:
-        gray = img if img.ndim == 2 else cv2.cvtColor(img, cv2.COLOR_BGR2GRAY)
-        ring = np.concatenate([gray[0], gray[-1], gray[1:-1, 0], gray[1:-1, -1]])
-        return 255 - img if np.median(ring) > 127 else img
-
-    _each(state, one)
-
-
-@op
 def invert(state: State) -> None:
     _each(state, lambda im: 255 - im)
-
-
-@op
-def crop_to_content(state: State, threshold: int = 32, min_fill: float = 0.5) -> None:
-    """Crop to the square around bright content when the content fills less than
-    `min_fill` of the image side (a digit on a big page); well-framed images stay."""
-
-    def one(img: np.ndarray) -> np.ndarray:
-        gray = img if img.ndim == 2 else cv2.cvtColor(img, cv2.COLOR_BGR2GRAY)
-        ys, xs = np.nonzero(gray > threshold)
-        if len(xs) == 0:
-            return img
-        h, w = gray.shape
-        y0, y1, x0, x1 = ys.min(), ys.max() + 1, xs.min(), xs.max() + 1
-        side = max(y1 - y0, x1 - x0)
-        if side >= min_fill * min(h, w):
-            return img
-        # No margin: in the digits data the strokes span the full height of the frame.
-        cy, cx = (y0 + y1) // 2, (x0 + x1) // 2
-        top, left = max(0, cy - side // 2), max(0, cx - side // 2)
-        return img[top : top + side, left : left + side]
-
-    _each(state, one)
 
 
 @op

@@ -2,26 +2,30 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import time
+from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 
 import cv2
 import numpy as np
-from sklearn.datasets import load_digits
+import pytest
 
-from bench.inprocess import REPOSITORY, InProcess
+from bench.inprocess import InProcess
+from models.digits import load_split
+from protos.errors import InvalidInput
 from tests.e2e.conftest import Mesh
 from tests.images import encode
+from tests.inputs.digits import CATEGORIES, blank_images, suite
 from tests.report import report
+
+PER_CATEGORY = 100
 
 
 def held_out() -> tuple[np.ndarray, np.ndarray]:
-    meta = json.loads((REPOSITORY / "digits_logreg" / "metrics.json").read_text())
-    data = load_digits()
-    idx = np.array(meta["test_indices"])
-    return data.images[idx], data.target[idx]
+    """The held-out split's 8x8 images and labels (never drawn for training)."""
+    split = load_split()
+    return split.images[split.test_idx], split.target[split.test_idx]
 
 
 def png(values: np.ndarray, side: int = 32) -> bytes:
@@ -37,26 +41,50 @@ def classify(mesh: Mesh, pipeline: str, blob: bytes) -> dict:
     return {"status": r.status_code, **r.json()}
 
 
-def test_held_out_split_through_the_mesh(mesh: Mesh) -> None:
+def _in_process(local: InProcess, blob: bytes) -> int | None:
+    try:
+        return local.digits(blob)["label"]
+    except InvalidInput:
+        return None
+
+
+def test_users_digit_images_read_right(mesh: Mesh) -> None:
+    """Every category of the generated suite (margins, polarity, paper, noise, blur,
+    strokes, JPEG, rotation, sizes up to a phone photo, and all at once), drawn from the
+    held-out split: >= 0.95 right in each, the same answers as the steps in one process."""
     images, targets = held_out()
-    blobs = [png(v) for v in images]
+    samples = suite(images, targets, PER_CATEGORY, seed=0)
     with ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(lambda b: classify(mesh, "digits", b), blobs))
-    assert all(a["status"] == 200 for a in answers), [a for a in answers if a["status"] != 200][:3]
-    labels = np.array([a["result"]["label"] for a in answers])
-    accuracy = (labels == targets).mean()
+        answers = list(pool.map(lambda s: classify(mesh, "digits", s.image), samples))
     local = InProcess()
-    expected = np.array([local.digits(b)["label"] for b in blobs])
-    agreement = (labels == expected).mean()
+    expected = [_in_process(local, s.image) for s in samples]
+    right: dict[str, list[bool]] = defaultdict(list)
+    agree = 0
+    for sample, answer, mine in zip(samples, answers, expected, strict=True):
+        label = answer["result"]["label"] if answer["status"] == 200 else None
+        right[sample.category].append(label == sample.label)
+        agree += label == mine
+    accuracy = {name: float(np.mean(right[name])) for name in CATEGORIES}
+    agreement = agree / len(samples)
     report(
-        f"\ndigits through the mesh: {len(blobs)} held-out images, accuracy {accuracy:.4f}, "
-        f"agreement with in-process {agreement:.4f}"
+        f"\ndigits through the mesh, {PER_CATEGORY} held-out images per category: "
+        + ", ".join(f"{name} {acc:.2f}" for name, acc in accuracy.items())
+        + f"; agreement with in-process {agreement:.4f}"
     )
-    assert accuracy >= 0.95
+    refused = [a for a in answers if a["status"] != 200]
+    assert not refused, refused[:3]
+    assert min(accuracy.values()) >= 0.95, accuracy
     assert agreement >= 0.99
     first = answers[0]["result"]
     assert set(first["members"]) == {"logreg", "mlp", "forest"}
     assert abs(sum(first["probabilities"]) - 1) < 1e-3
+
+
+@pytest.mark.parametrize("blob", blank_images(6, seed=11))
+def test_an_image_without_ink_is_refused(mesh: Mesh, blob: bytes) -> None:
+    answer = classify(mesh, "digits", blob)
+    assert answer["status"] == 400, answer
+    assert answer["step"] == "preprocess" and "has no ink" in answer["error"]
 
 
 def test_a_stopped_classifier(mesh: Mesh) -> None:

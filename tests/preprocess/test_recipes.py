@@ -5,20 +5,18 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-import cv2
 import numpy as np
 import onnxruntime as ort
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sklearn.datasets import load_digits
 
 from preprocess import images
 from preprocess.ocr import ctc_greedy
 from preprocess.recipes import Recipe, RecipeRepository
 from preprocess.settings import DEFAULT_RECIPES
 from protos.errors import InvalidInput
-from tests.images import encode, render_digit, render_lines
+from tests.images import encode, render_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,39 +30,6 @@ def as_bytes(*blobs: bytes) -> np.ndarray:
     out = np.empty(len(blobs), dtype=object)
     out[:] = list(blobs)
     return out
-
-
-def test_digits_round_trip_recovers_the_data_set_values(recipes: dict[str, Recipe]) -> None:
-    data = load_digits()
-    blobs = [encode(render_digit(v)) for v in data.images]
-    out = recipes["digits"].run({"image": as_bytes(*blobs)})["input"]
-    assert out.shape == (len(blobs), 64) and out.dtype == np.float32
-    assert np.abs(out - data.data).max() < 0.1
-
-
-def test_digits_handles_light_on_dark_and_color(recipes: dict[str, Recipe]) -> None:
-    values = load_digits().images[7]
-    gray = render_digit(values)
-    color = cv2.cvtColor(255 - gray, cv2.COLOR_GRAY2BGR)  # light ink on dark, 3 channels
-    out = recipes["digits"].run({"image": as_bytes(encode(color, ".jpg"))})["input"]
-    assert np.abs(out[0] - values.ravel()).max() < 1.5  # JPEG is lossy
-
-
-def test_digits_crops_a_small_digit_on_a_big_page(recipes: dict[str, Recipe]) -> None:
-    """A digit drawn small on a large page is still classified right."""
-    data = load_digits()
-    rng = np.random.default_rng(3)
-    picks = rng.choice(len(data.images), 150, replace=False)
-    blobs = []
-    for i in picks:
-        page = np.full((400, 400), 255, np.uint8)
-        y, x = rng.integers(20, 300, size=2)
-        page[y : y + 64, x : x + 64] = render_digit(data.images[i])
-        blobs.append(encode(page))
-    feats = recipes["digits"].run({"image": as_bytes(*blobs)})["input"]
-    session = ort.InferenceSession(str(ROOT / "models/repository/digits_logreg/1/model.onnx"))
-    labels = session.run(["label"], {"input": feats})[0]
-    assert (labels == data.target[picks]).mean() >= 0.9
 
 
 def test_det_input_shape_and_transform(recipes: dict[str, Recipe]) -> None:

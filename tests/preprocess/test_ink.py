@@ -1,0 +1,75 @@
+"""The `digits` recipe frames the ink the way the data set was made, wherever it sits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from models.digits import load_split
+from preprocess.recipes import Recipe, RecipeRepository
+from preprocess.settings import DEFAULT_RECIPES
+from protos.errors import InvalidInput
+from tests.inputs.digits import Look, blank_images, draw, encode
+
+
+@pytest.fixture(scope="module")
+def digits() -> Recipe:
+    return RecipeRepository(DEFAULT_RECIPES).load()["digits"]
+
+
+@pytest.fixture(scope="module")
+def samples() -> np.ndarray:
+    split = load_split()
+    return split.images[split.test_idx[:60]]
+
+
+def features(recipe: Recipe, img: np.ndarray) -> np.ndarray:
+    batch = np.empty(1, dtype=object)
+    batch[0] = encode(img, None)
+    return recipe.run({"image": batch})["input"][0]
+
+
+def test_a_margin_does_not_change_the_features(digits: Recipe, samples: np.ndarray) -> None:
+    """The same drawing filling its frame and with 0-45% margins on each side, off-centre:
+    the ink's box is what gets framed, so the features barely move (the old recipe kept
+    such images whole: the digit came out a third of its size)."""
+    rng = np.random.default_rng(1)
+    gaps = []
+    for values in samples:
+        framed = features(digits, draw(values, Look(digit_px=64), rng))
+        left, top = rng.uniform(0, 0.45, 2)
+        margins = (left, rng.uniform(0, 0.9 - left), top, rng.uniform(0, 0.9 - top))
+        placed = features(digits, draw(values, Look(digit_px=64, margins=margins), rng))
+        gaps.append(np.abs(framed - placed).mean())
+    assert np.mean(gaps) < 1.0, f"mean feature change {np.mean(gaps):.2f} on a 0..16 scale"
+
+
+def test_either_polarity_gives_the_same_features(digits: Recipe, samples: np.ndarray) -> None:
+    rng = np.random.default_rng(2)
+    for values in samples[:20]:
+        img = draw(values, Look(digit_px=48, margins=(0.3, 0.1, 0.2, 0.2)), rng)
+        np.testing.assert_allclose(features(digits, img), features(digits, 255 - img), atol=1e-4)
+
+
+def test_specks_far_from_the_digit_do_not_move_its_box(digits: Recipe, samples: np.ndarray) -> None:
+    rng = np.random.default_rng(3)
+    for values in samples[:20]:
+        img = draw(values, Look(digit_px=60, margins=(0.3, 0.3, 0.3, 0.3)), rng)
+        specked = img.copy()
+        for y, x in rng.integers(0, 12, (4, 2)):  # dust in the top-left corner
+            specked[y, x] = 0
+        assert np.abs(features(digits, img) - features(digits, specked)).mean() < 0.3
+
+
+def test_faint_but_clear_ink_is_read(digits: Recipe, samples: np.ndarray) -> None:
+    rng = np.random.default_rng(4)
+    img = draw(samples[0], Look(digit_px=40, ink=(200,) * 3, paper=(235,) * 3), rng)
+    assert features(digits, img).max() > 8
+
+
+def test_images_without_ink_are_refused_with_the_reason(digits: Recipe) -> None:
+    for blob in blank_images(40, seed=5):
+        batch = np.empty(1, dtype=object)
+        batch[0] = blob
+        with pytest.raises(InvalidInput, match="has no ink"):
+            digits.run({"image": batch})
