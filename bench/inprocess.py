@@ -38,6 +38,16 @@ class InProcess:
         session = self.sessions[model]
         return session.run(None, {session.get_inputs()[0].name: x})
 
+    def _run_rows(self, model: str, x: np.ndarray, widths: np.ndarray) -> list[np.ndarray]:
+        """A `ragged` model (the recogniser): each row alone at its own width, its outputs
+        padded back with zeros, as the predictor runs it."""
+        rows = [self._run(model, x[i : i + 1, :, :w]) for i, w in enumerate(widths.tolist())]
+        longest = max(r[0].shape[1] for r in rows)
+        return [
+            np.concatenate([np.pad(r[k], [(0, 0), (0, longest - r[k].shape[1])]) for r in rows])
+            for k in range(len(rows[0]))
+        ]
+
     def digits(self, image: bytes) -> dict:
         feats = self.recipes["digits"].run({"image": _bytes(image)})["input"]
         probs = {n: self._run(n, feats)[1][0] for n in DIGITS_MODELS}
@@ -55,8 +65,8 @@ class InProcess:
             return {"lines": []}
         cls = self._run("ocr_cls", r["ocr_cls_input"].run(crops)["x"])[0]
         rec_in = r["ocr_rotate_rec_input"].run({**crops, "probs": cls})
-        probs = self._run("ocr_rec", rec_in["x"])[0]
-        out = r["ocr_ctc_decode"].run({"probs": probs, "boxes": rec_in["boxes"]})
+        index, prob = self._run_rows("ocr_rec", rec_in["x"], rec_in["widths"])
+        out = r["ocr_ctc_decode"].run({"index": index, "prob": prob, "boxes": rec_in["boxes"]})
         return {
             "lines": [
                 {"text": t.decode(), "score": float(s), "box": b.tolist()}

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -47,14 +49,24 @@ def _wait_http(url: str, proc: subprocess.Popen) -> None:
     raise SystemExit("proxy not ready")
 
 
-async def http_closed_loop(url: str, raw: bytes, concurrency: int, duration: float) -> Stats:
+def cycle(items: list) -> Callable[[], object]:
+    """The items in turn, one per call (from any thread)."""
+    counter = itertools.count()
+    return lambda: items[next(counter) % len(items)]
+
+
+async def http_closed_loop(
+    url: str, raw: bytes | list[bytes], concurrency: int, duration: float
+) -> Stats:
+    """Closed loop over pre-built requests (a list is sent in turn)."""
     conns = [await Connection.open(url) for _ in range(concurrency)]
     free = list(conns)
+    following = cycle(raw if isinstance(raw, list) else [raw])
 
     async def call() -> None:
         conn = free.pop()
         try:
-            status, _ = await conn.request(raw)
+            status, _ = await conn.request(following())  # type: ignore[arg-type]
             if status != 200:
                 raise RuntimeError(status)
         finally:
@@ -192,12 +204,19 @@ def pipelines_main(argv: list[str]) -> int:
         "budget, X-Request-Timeout-Ms, so saturation shows as throughput, not as 504s)",
     )
     parser.add_argument("--pipelines", nargs="+", default=["digits", "ocr"])
+    parser.add_argument(
+        "--ocr-images-per-category",
+        type=int,
+        default=2,
+        help="images of each category of the generated text suite, sent in turn",
+    )
     args = parser.parse_args(argv)
     from bench.hops import NullMesh
     from compose.local import DEFAULT_FILE, LocalMesh
     from compose.topology import load
     from proxy.settings import DEFAULT_PIPELINES
-    from tests.images import encode, render_digit, render_lines
+    from tests.images import encode, render_digit
+    from tests.inputs.text import suite
 
     # Ports 20002..21113: below the ephemeral range, clear of the tests (+20000, +22000).
     services = load([DEFAULT_FILE], environ={}, port_offset=12000)
@@ -209,41 +228,98 @@ def pipelines_main(argv: list[str]) -> int:
         from sklearn.datasets import load_digits
 
         digit = encode(render_digit(load_digits().images[0], scale=4))
-        page, _ = render_lines(["Inference mesh, 2026.", "Text in two lines: 0123"], scale=1.2)
-        text = encode(page)
+        # The same generated images (every category of the text suite) for every system.
+        pages = [s.image for s in suite(args.ocr_images_per_category, seed=1)]
         local = InProcess(threads=1)
         floors: list[str] = []
-        cases: list[tuple[str, bytes, Callable[[bytes], object], float, list[int]]] = [
-            ("digits", digit, local.digits, args.duration, args.concurrency),
-            ("ocr", text, local.ocr, args.ocr_duration, args.ocr_concurrency),
+        cases: list[tuple[str, list[bytes], Callable[[bytes], object], float, list[int]]] = [
+            ("digits", [digit], local.digits, args.duration, args.concurrency),
+            ("ocr", pages, local.ocr, args.ocr_duration, args.ocr_concurrency),
         ]
         pipelines = Path(services["proxy"].env.get("PROXY_PIPELINES", DEFAULT_PIPELINES))
-        for name, blob, fn, duration, levels in cases:
+        for name, blobs, fn, duration, levels in cases:
             if name not in args.pipelines:
                 continue
             budget = {"X-Request-Timeout-Ms": "60000"}
-            raw = post_bytes(f"{url}/v1/pipelines/{name}/infer", blob, "image/png", budget)
+            raws = [
+                post_bytes(f"{url}/v1/pipelines/{name}/infer", b, "image/png", budget)
+                for b in blobs
+            ]
             print(f"\n### `{name}`: whole mesh over REST vs the same steps in one process\n")
+            if name == "ocr":
+                print(
+                    f"{len(blobs)} images, {args.ocr_images_per_category} per category of "
+                    "the generated text suite, sent in turn to every system.\n"
+                )
             print(HEADER)
+            references: dict[int, Stats] = {}
             with NullMesh(pipelines, name, services["proxy"].env) as null:
-                hops_raw = post_bytes(null.url, blob, "image/png")
+                hops_raw = [post_bytes(null.url, b, "image/png") for b in blobs]
                 for c in levels:
                     window = duration * max(1.0, c / 8) if name == "ocr" else duration
-                    base = run_threads(lambda b=blob, f=fn: f(b), c, window, warmup_s=1.0)
+                    following = cycle(blobs)
+                    base = run_threads(lambda f=fn, n=following: f(n()), c, window, warmup_s=1.0)
                     hops = asyncio.run(
                         http_closed_loop(null.url, hops_raw, c, min(duration, args.duration))
                     )
-                    mesh_stats = asyncio.run(http_closed_loop(url, raw, c, window))
+                    mesh_stats = asyncio.run(http_closed_loop(url, raws, c, window))
                     print(_row("in-process", c, base, base))
+                    if name == "ocr" and c <= 8:
+                        references[c] = _reference_ocr(blobs, c, window, base)
                     print(_row("hops only (same topology, echo services)", c, hops, base))
                     print(_row("mesh (proxy + services)", c, mesh_stats, base), flush=True)
                     if c == 1:
                         floors.append(_floor_line(name, base, hops, mesh_stats))
+                    if c in references:
+                        floors.append(_reference_line(c, mesh_stats, references[c]))
         print("\n" + "\n".join(floors))
     finally:
         mesh.down()
         log.close()
     return 0
+
+
+def _reference_ocr(blobs: list[bytes], c: int, window: float, base: Stats) -> Stats:
+    """The reference library (rapidocr-onnxruntime, same three models) on the same images,
+    one instance per thread: with its defaults (ONNX Runtime's threads per call), and with
+    one ONNX Runtime thread per call (its best throughput here); prints both, returns the
+    faster one for the ratios."""
+    from rapidocr_onnxruntime import RapidOCR
+
+    best: Stats | None = None
+    for label, options in (
+        ("reference library, its defaults", {}),
+        ("reference library, one ORT thread per call", {"intra_op_num_threads": 1}),
+    ):
+        stats = run_threads(_PerThread(lambda o=options: RapidOCR(**o), blobs), c, window, 2.0)
+        print(_row(label, c, stats, base), flush=True)
+        best = stats if best is None or stats.rps > best.rps else best
+    assert best is not None
+    return best
+
+
+class _PerThread:
+    """One engine per worker thread (made on its first call), fed the items in turn."""
+
+    def __init__(self, make: Callable[[], Callable[[object], object]], items: list) -> None:
+        self.make = make
+        self.local = threading.local()
+        self.following = cycle(items)
+
+    def __call__(self) -> object:
+        engine = getattr(self.local, "engine", None)
+        if engine is None:
+            engine = self.local.engine = self.make()
+        return engine(self.following())
+
+
+def _reference_line(c: int, mesh: Stats, reference: Stats) -> str:
+    return (
+        f"`ocr` at c={c} against the reference library (the faster of its two settings): "
+        f"p50 {mesh.p50_ms:.0f} ms vs {reference.p50_ms:.0f} ms = "
+        f"{mesh.p50_ms / reference.p50_ms:.2f}x, throughput {mesh.rps:.2f} vs "
+        f"{reference.rps:.2f} req/s = {mesh.rps / reference.rps:.2f}x"
+    )
 
 
 def _floor_line(name: str, base: Stats, hops: Stats, mesh: Stats) -> str:

@@ -15,10 +15,6 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "repository"
 CACHE = Path(__file__).resolve().parent / "build"
 
 
-def _complete(repository: Path, names: list[str]) -> bool:
-    return all((repository / n / "1" / "model.onnx").is_file() for n in names)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -29,11 +25,7 @@ def main(argv: list[str] | None = None) -> int:
         digits.build(args.out)
     else:
         print(f"digits models already in {args.out}")
-    if (
-        args.force
-        or not _complete(args.out, ocr.NAMES)
-        or not (args.out / "ocr_rec" / "characters.txt").is_file()
-    ):
+    if args.force or not ocr.is_current(args.out):
         ocr.build(args.out, CACHE)
     else:
         print(f"OCR models already in {args.out}")

@@ -30,12 +30,12 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = (
     "models/digits.py",
     "models/augment.py",
-    "preprocess/recipes.yaml",
     "preprocess/images.py",
     "preprocess/ops.py",
     "preprocess/ink.py",
 )
-"""What the classifiers depend on besides the libraries: a change retrains them."""
+"""What the classifiers depend on besides the `digits` recipe and the libraries: a change
+retrains them."""
 
 
 def fingerprint() -> str:
@@ -43,7 +43,15 @@ def fingerprint() -> str:
     import skl2onnx
     import sklearn
 
-    digest = hashlib.sha256()
+    from preprocess import config
+    from preprocess.settings import DEFAULT_RECIPES
+
+    recipes = config.load(DEFAULT_RECIPES)
+    digest = hashlib.sha256(
+        json.dumps(
+            [recipes.limits.model_dump(), recipes.recipes["digits"].model_dump()], sort_keys=True
+        ).encode()
+    )
     for name in SOURCES:
         digest.update((ROOT / name).read_bytes())
     for version in (sklearn.__version__, cv2.__version__, skl2onnx.__version__):

@@ -12,6 +12,7 @@ import numpy as np
 import onnxruntime as ort
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
 
+from predictors import ragged
 from predictors.config import ConfigError, ModelConfig, TensorConfig
 from protos.codec import dtype_of
 from protos.errors import InvalidInput
@@ -98,6 +99,8 @@ class OnnxModel:
         )
         self.inputs = _specs(self._session.get_inputs(), config.inputs, where)
         self.outputs = _specs(self._session.get_outputs(), config.outputs, where)
+        if config.ragged is not None:
+            self.inputs = (*self.inputs, _ragged_lengths(config, self.inputs, self.outputs, where))
         self._output_names = [s.name for s in self.outputs]
         self._string_inputs = {s.name for s in self.inputs if s.datatype == "BYTES"}
         self._executor = ThreadPoolExecutor(
@@ -127,7 +130,13 @@ class OnnxModel:
         return self._ready
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """One synchronous ONNX Runtime call (called from the executor)."""
+        """One synchronous execution (called from the executor): one ONNX Runtime call,
+        or one per row for a `ragged` model."""
+        if self.config.ragged is not None:
+            return ragged.run_rows(self.name, self.config.ragged, inputs, self._run_once)
+        return self._run_once(inputs)
+
+    def _run_once(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         feeds = {
             # ONNX Runtime wants str elements for string tensors; v2 BYTES carry bytes.
             # Zero-copy decoded tensors may sit unaligned in the received buffer.
@@ -150,6 +159,10 @@ class OnnxModel:
                 feeds[spec.name] = np.full(shape, b"", dtype=object)
             else:
                 feeds[spec.name] = np.zeros(shape, dtype=dtype_of(spec.datatype))
+        spec = self.config.ragged
+        if spec is not None:  # every row at the padded length
+            padded = feeds[spec.input]
+            feeds[spec.lengths] = np.full(padded.shape[0], padded.shape[spec.axis], np.int32)
         return feeds
 
     async def start(self) -> None:
@@ -180,6 +193,30 @@ class OnnxModel:
         if self.config.max_batch_size and rows == 0:
             raise InvalidInput(f"model '{self.name}': batch has no rows")
         return await self._batcher.submit(inputs, rows, deadline)
+
+
+def _ragged_lengths(
+    config: ModelConfig,
+    inputs: tuple[TensorSpec, ...],
+    outputs: tuple[TensorSpec, ...],
+    where: str,
+) -> TensorSpec:
+    """The extra input of a `ragged` model, after checking the config against the graph."""
+    spec = config.ragged
+    assert spec is not None
+    names = {s.name: s for s in inputs}
+    if spec.input not in names:
+        raise ValueError(f"{where}: ragged.input '{spec.input}' is not an input of the graph")
+    if spec.axis >= len(names[spec.input].shape):
+        raise ValueError(f"{where}: ragged.axis {spec.axis} is beyond '{spec.input}'")
+    if spec.lengths in names:
+        raise ValueError(f"{where}: ragged.lengths '{spec.lengths}' is an input of the graph")
+    unknown = set(spec.outputs) - {s.name for s in outputs}
+    if unknown:
+        raise ValueError(
+            f"{where}: ragged.outputs names outputs the graph lacks: {sorted(unknown)}"
+        )
+    return TensorSpec(spec.lengths, "INT32", (-1,))
 
 
 def _to_str(item: object) -> str:

@@ -1,14 +1,28 @@
 """PP-OCR pre/post-processing as recipe operations (own implementation).
 
-Parameters and conventions follow the reference pipeline that ships with the
-PP-OCR models (rapidocr-onnxruntime 1.4.4's config.yaml): BGR images,
-mean = std = 0.5, detection side limit 736 ("min"), DB thresholds 0.3 / 0.5,
-unclip ratio 1.6, classifier input 3x48x192, recogniser height 48 and width
-at least 320.
+Conventions follow the reference pipeline that ships with the PP-OCR models
+(rapidocr-onnxruntime 1.4.4's config.yaml): BGR images, DB thresholds 0.3 / 0.5, unclip
+ratio 1.6, classifier input 48x192, recogniser height 48 and width at least 320. Where
+we depart from it, measured on the generated text suite (tests/inputs/text.py):
+
+- Detection runs at the image's own size (short side at least 64, long side at most
+  4000, multiples of 32) instead of upscaling the short side to 736: as accurate, and a
+  120 px line is not blown up to a 4,300x736 tensor.
+- The direction classifier sees windows of a line at its own aspect (up to four along
+  a long line, probabilities averaged) instead of the whole line squeezed into 192 px,
+  which turned long lines upside down.
+- The models take UINT8 images (NHWC) and normalise inside the graph (models/ocr.py),
+  and the recogniser answers the best character and its probability per step; so
+  every tensor between the steps is bytes or small.
+- The recogniser runs each line alone at its own width (`ragged` in its config) instead
+  of a batch padded to the widest line: faster on a CPU (no padding; ONNX Runtime's
+  per-column cost also grows with the batch) and a line's reading no longer depends on
+  the other lines of its page.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import cv2
@@ -38,15 +52,27 @@ def _limit_sides(img: np.ndarray, max_side: int, min_side: int) -> np.ndarray:
     return img
 
 
+def detection_size(h: int, w: int, min_side: int, max_side: int) -> tuple[int, int]:
+    """(height, width) the detector sees: the image's own scale, unless its short side
+    is under `min_side` (scaled up) or its long side over `max_side` (scaled down);
+    multiples of 32 (the detector's stride)."""
+    scale = 1.0
+    if min(h, w) < min_side:
+        scale = min_side / min(h, w)
+    if max(h, w) * scale > max_side:
+        scale = max_side / max(h, w)
+    return max(32, _round32(h * scale)), max(32, _round32(w * scale))
+
+
 @op
 def ocr_det_prepare(
     state: State,
+    min_side: int = 64,
+    max_side: int = 2400,
     max_side_len: int = 2000,
     min_side_len: int = 30,
     min_height: int = 30,
     width_height_ratio: float = 8,
-    limit_side_len: int = 736,
-    limit_type: str = "min",
     image_output: str = "image",
     transform_output: str = "transform",
 ) -> None:
@@ -54,6 +80,9 @@ def ocr_det_prepare(
 
     Emits `image` (the image crops are cut from) and `transform`
     [pad_top, pad_left, ratio_h, ratio_w, height, width] from `image` to the original.
+    `max_side_len`, `min_side_len`, `min_height` and `width_height_ratio` shape `image`
+    as the reference pipeline does; `min_side` and `max_side` size what the detector sees
+    (see `detection_size`).
     """
     if len(state.images) != 1:
         raise InvalidInput(f"text detection takes one image per request, got {len(state.images)}")
@@ -72,14 +101,8 @@ def ocr_det_prepare(
         [pad_top, 0, raw_h / h, raw_w / w, raw_h, raw_w], dtype=np.float32
     )
     ih, iw = img.shape[:2]
-    if limit_type == "min":
-        ratio = limit_side_len / min(ih, iw) if min(ih, iw) < limit_side_len else 1.0
-    else:
-        ratio = limit_side_len / max(ih, iw) if max(ih, iw) > limit_side_len else 1.0
-    rh, rw = _round32(int(ih * ratio)), _round32(int(iw * ratio))
-    if rh <= 0 or rw <= 0:
-        raise InvalidInput(f"image of {iw}x{ih} is too small for text detection")
-    state.images = [cv2.resize(img, (rw, rh))]
+    rh, rw = detection_size(ih, iw, min_side, max_side)
+    state.images = [cv2.resize(img, (rw, rh)) if (rh, rw) != (ih, iw) else img]
 
 
 # ---------------------------------------------------------------- boxes and crops
@@ -257,31 +280,47 @@ def ocr_crops(
 # ---------------------------------------------------------------- classifier / recogniser
 
 
-def _paddle_norm(img: np.ndarray, height: int, resized_w: int, width: int) -> np.ndarray:
-    resized = cv2.resize(img, (resized_w, height)).astype(np.float32)
-    chw = resized.transpose(2, 0, 1) / 255.0
-    chw = (chw - 0.5) / 0.5
-    out = np.zeros((3, height, width), dtype=np.float32)
-    out[:, :, :resized_w] = chw
-    return out
+PAD = 128
+"""Fills the right of shorter crops in a batch: mid-grey, what PaddleOCR's zero after
+normalisation (pixel 127.5) comes closest to in a byte."""
 
 
 def _paddle_batch(images: list[np.ndarray], height: int, width: int) -> np.ndarray:
-    """Crops as one [N, 3, height, width] batch: each resized to `height` keeping its aspect
-    (at most `width` wide), normalised to [-1, 1], zero-padded on the right."""
-    batch = [
-        _paddle_norm(
-            convert(im, "bgr"), height, ceil_width(im.shape[0], im.shape[1], height, width), width
-        )
-        for im in images
-    ]
-    return np.stack(batch) if batch else np.zeros((0, 3, height, width), np.float32)
+    """Crops as one UINT8 [N, height, width, 3] batch: each resized to `height` keeping its
+    aspect (at most `width` wide), padded on the right with mid-grey. The models normalise
+    (pixel / 127.5 - 1) inside their graphs."""
+    batch = np.full((len(images), height, width, 3), PAD, np.uint8)
+    for i, im in enumerate(images):
+        resized_w = ceil_width(im.shape[0], im.shape[1], height, width)
+        batch[i, :, :resized_w] = cv2.resize(convert(im, "bgr"), (resized_w, height))
+    return batch
+
+
+def cls_windows(h: int, w: int, aspect: float = 4.0, most: int = 4) -> list[tuple[int, int]]:
+    """Column ranges of a crop that the direction classifier looks at.
+
+    The classifier's input is `aspect` times as wide as high; a longer line squeezed into
+    it reads as noise (measured: long lines turned upside down). So a long line is seen
+    through up to `most` windows of that aspect, spread evenly along it.
+    """
+    window = max(1, round(aspect * h))
+    if w <= 1.5 * window:
+        return [(0, w)]
+    count = min(most, math.ceil(w / window))
+    starts = np.linspace(0, w - window, count).round().astype(int)
+    return [(int(x), int(x) + window) for x in starts]
 
 
 @op
 def ocr_cls_batch(state: State, output: str = "x", height: int = 48, width: int = 192) -> None:
-    """Crops as the direction classifier's [N,3,48,192] input."""
-    state.tensors[output] = _paddle_batch(state.images, height, width)
+    """Crops as the direction classifier's UINT8 [M,48,192,3] input: the windows of every
+    crop (`cls_windows`), in crop order."""
+    windows = [
+        im[:, x0:x1]
+        for im in state.images
+        for x0, x1 in cls_windows(im.shape[0], im.shape[1], width / height)
+    ]
+    state.tensors[output] = _paddle_batch(windows, height, width)
 
 
 @op
@@ -291,36 +330,67 @@ def rotate_by_class(
     index: int = 1,
     threshold: float = 0.9,
     boxes: str | None = None,
+    height: int = 48,
+    width: int = 192,
 ) -> None:
-    """Turn crops 180 degrees where class `index` (upside down) scores above `threshold`.
+    """Turn crops 180 degrees where class `index` (upside down) scores above `threshold`
+    for the crop as a whole: the mean log-odds of its windows (`cls_windows` with the
+    classifier's `height` and `width`: one row of `probs` per window). Measured on 2,362
+    lines of the generated suite against the mean of probabilities (3 wrong), the median
+    (0 wrong, narrow margin) and summed log-odds (2 wrong: overconfident when windows
+    disagree): 0 wrong, upright lines scoring at most 0.76 and upside-down ones at least
+    0.98 against the threshold of 0.9.
 
     With `boxes`: when most crops were upside down the page itself is, so its reading
     order runs backwards; crops and boxes are then reversed to read naturally.
     """
     p = state.tensor(probs)
-    if p.ndim != 2 or p.shape[0] != len(state.images) or p.shape[1] <= index:
+    counts = [len(cls_windows(im.shape[0], im.shape[1], width / height)) for im in state.images]
+    if p.ndim != 2 or p.shape[0] != sum(counts) or p.shape[1] <= index:
         raise InvalidInput(
-            f"input '{probs}': expected [{len(state.images)}, >{index}], got {list(p.shape)}"
+            f"input '{probs}': expected [{sum(counts)}, >{index}] (one row per window of "
+            f"{len(state.images)} crops), got {list(p.shape)}"
         )
-    flipped = (p.argmax(axis=1) == index) & (p[:, index] > threshold)
+    q = np.clip(p[:, index].astype(np.float64), 1e-6, 1 - 1e-6)
+    starts = np.cumsum([0, *counts[:-1]]).astype(int)
+    evidence = np.add.reduceat(np.log(q / (1 - q)), starts) if counts else np.zeros(0)
+    per_crop = 1 / (1 + np.exp(-evidence / np.maximum(1, counts)))
+    flipped = per_crop > threshold
     state.images = [
         cv2.rotate(im, cv2.ROTATE_180) if flipped[i] else im for i, im in enumerate(state.images)
     ]
     if boxes is not None:
         b = state.tensor(boxes)
         if b.shape[:1] != (len(state.images),):
-            raise InvalidInput(f"input '{boxes}' has {b.shape[0]} boxes for {len(p)} crops")
+            raise InvalidInput(
+                f"input '{boxes}' has {b.shape[0]} boxes for {len(state.images)} crops"
+            )
         if flipped.sum() * 2 > len(flipped):
             state.images = state.images[::-1]
             state.tensors[boxes] = b[::-1].copy()
 
 
 @op
-def ocr_rec_batch(state: State, output: str = "x", height: int = 48, min_width: int = 320) -> None:
-    """Crops as the recogniser's [N,3,48,W] input, W fitting the widest crop (>= min_width)."""
+def ocr_rec_batch(
+    state: State,
+    output: str = "x",
+    widths_output: str = "widths",
+    height: int = 48,
+    min_width: int = 320,
+) -> None:
+    """Crops as the recogniser's UINT8 [N,48,W,3] input, W fitting the widest crop, and
+    each row's own width (INT32 [N], at least `min_width`): the recogniser runs each line
+    at its width (its `ragged` config), not the padded batch's."""
     ratios = [im.shape[1] / im.shape[0] for im in state.images]
     width = int(height * max([min_width / height, *ratios]))
     state.tensors[output] = _paddle_batch(state.images, height, width)
+    state.tensors[widths_output] = np.array(
+        [
+            max(min_width, ceil_width(im.shape[0], im.shape[1], height, width))
+            for im in state.images
+        ],
+        dtype=np.int32,
+    )
 
 
 # ---------------------------------------------------------------- CTC decoding
@@ -339,12 +409,11 @@ def charset(path: Path) -> list[str]:
     return _CHARSETS[path]
 
 
-def ctc_greedy(probs: np.ndarray, chars: list[str]) -> list[tuple[str, float]]:
-    """Best path: argmax per step, merge repeats, drop blanks; score = mean kept prob."""
-    best = probs.argmax(axis=2)
-    best_p = probs.max(axis=2)
+def ctc_greedy(index: np.ndarray, prob: np.ndarray, chars: list[str]) -> list[tuple[str, float]]:
+    """Best path from the recogniser's best class and its probability per step: merge
+    repeats, drop blanks; score = mean probability of the kept steps."""
     out = []
-    for idx, p in zip(best, best_p, strict=True):
+    for idx, p in zip(index, prob, strict=True):
         keep = np.ones(len(idx), dtype=bool)
         keep[1:] = idx[1:] != idx[:-1]
         keep &= idx != 0
@@ -353,32 +422,55 @@ def ctc_greedy(probs: np.ndarray, chars: list[str]) -> list[tuple[str, float]]:
     return out
 
 
+def latin_punctuation(text: str) -> str:
+    """Full-width forms (U+FF01..U+FF5E: comma U+FF0C, colon U+FF1A, ...) read inside
+    Latin text become their ASCII twins. The recogniser knows both, as Chinese text uses
+    the full-width ones, and after a Latin word it sometimes picks the full-width comma
+    (seen on the generated suite); a full-width sign whose nearest characters on both
+    sides are ASCII is the ASCII one."""
+    if not any("\uff01" <= c <= "\uff5e" for c in text):
+        return text
+    chars = list(text)
+    for i, c in enumerate(chars):
+        if not "\uff01" <= c <= "\uff5e":
+            continue
+        before = text[:i].rstrip()[-1:]
+        after = text[i + 1 :].lstrip()[:1]
+        if all(n == "" or n.isascii() for n in (before, after)) and (before or after):
+            chars[i] = chr(ord(c) - 0xFEE0)
+    return "".join(chars)
+
+
 @op
 def ocr_ctc_decode(
     state: State,
     characters_file: str,
-    probs: str = "probs",
+    index: str = "index",
+    prob: str = "prob",
     boxes: str = "boxes",
     min_score: float = 0.5,
     text_output: str = "text",
     score_output: str = "score",
     boxes_output: str = "boxes",
 ) -> None:
-    """Recogniser probabilities -> text and confidence per line (lines under min_score drop)."""
+    """Best class per step -> text and confidence per line (lines under min_score drop)."""
     chars = charset(Path(characters_file))
-    p = state.tensor(probs)
-    if p.ndim != 3 or p.shape[2] != len(chars):
+    idx, p = state.tensor(index), state.tensor(prob)
+    if idx.ndim != 2 or p.shape != idx.shape:
         raise InvalidInput(
-            f"input '{probs}': expected [N,T,{len(chars)}] for this character list, "
-            f"got {list(p.shape)}"
+            f"inputs '{index}' {list(idx.shape)} and '{prob}' {list(p.shape)} must both be [N,T]"
         )
-    decoded = ctc_greedy(p, chars)
+    if idx.size and (idx.min() < 0 or idx.max() >= len(chars)):
+        raise InvalidInput(
+            f"input '{index}' holds classes outside this character list (0..{len(chars) - 1})"
+        )
+    decoded = ctc_greedy(idx, p, chars)
     box = state.tensors.get(boxes)
     if box is not None and box.shape[0] != len(decoded):
         raise InvalidInput(f"input '{boxes}' has {box.shape[0]} boxes for {len(decoded)} lines")
     keep = [i for i, (text, score) in enumerate(decoded) if text and score >= min_score]
     state.tensors[text_output] = np.array(
-        [decoded[i][0].encode() for i in keep] or [], dtype=object
+        [latin_punctuation(decoded[i][0]).encode() for i in keep] or [], dtype=object
     )
     state.tensors[score_output] = np.array([decoded[i][1] for i in keep], dtype=np.float32)
     if box is not None:

@@ -88,6 +88,27 @@ def slow_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=OPSET, ir_version=IR_VERSION)
 
 
+def ragged_model() -> onnx.ModelProto:
+    """Sequences [N, T, 2]: `running` sums along T, `total` is the last of them. Padding
+    counted by mistake would show in both."""
+    axis = numpy_helper.from_array(np.array(1, np.int64), "axis")
+    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+    graph = helper.make_graph(
+        [
+            helper.make_node("CumSum", ["x", "axis"], ["running"]),
+            helper.make_node("ReduceSum", ["x", "axes"], ["total"], keepdims=0),
+        ],
+        "ragged",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "T", 2])],
+        [
+            helper.make_tensor_value_info("running", TensorProto.FLOAT, ["N", "T", 2]),
+            helper.make_tensor_value_info("total", TensorProto.FLOAT, ["N", 2]),
+        ],
+        [axis, axes],
+    )
+    return helper.make_model(graph, opset_imports=OPSET, ir_version=IR_VERSION)
+
+
 def _write(root: Path, name: str, version: int, model: onnx.ModelProto, config: dict) -> None:
     folder = root / name
     (folder / str(version)).mkdir(parents=True, exist_ok=True)
@@ -113,6 +134,17 @@ def build_test_repository(root: Path) -> Path:
         )
     (root / "linear" / "labels.txt").write_text("cat\ndog\nemu\n")
     _write(root, "types", 1, types_model(), {})
+    _write(
+        root,
+        "ragged",
+        1,
+        ragged_model(),
+        {
+            "max_batch_size": 8,
+            "ragged": {"input": "x", "axis": 1, "lengths": "lengths", "outputs": {"running": 1}},
+            "onnxruntime": {"intra_op_threads": 1},
+        },
+    )
     _write(
         root,
         "slow",

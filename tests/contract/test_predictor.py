@@ -211,7 +211,7 @@ def test_statistics_count_failures_and_list_versions(
     every = predictor_stub.ModelStatistics(pb.ModelStatisticsRequest(name="linear"))
     assert [(m.name, m.version) for m in every.model_stats] == [("linear", "2"), ("linear", "3")]
     everything = predictor_stub.ModelStatistics(pb.ModelStatisticsRequest())
-    assert {m.name for m in everything.model_stats} == {"linear", "slow", "types"}
+    assert {m.name for m in everything.model_stats} == {"linear", "ragged", "slow", "types"}
     for name, version in (("nope", ""), ("linear", "1")):
         with pytest.raises(grpc.RpcError) as info:
             predictor_stub.ModelStatistics(pb.ModelStatisticsRequest(name=name, version=version))
@@ -421,6 +421,7 @@ def test_repository_index_lists_loaded_versions(
     assert listed == {
         ("linear", "2", "READY"),
         ("linear", "3", "READY"),
+        ("ragged", "1", "READY"),
         ("slow", "1", "READY"),
         ("types", "1", "READY"),
     }

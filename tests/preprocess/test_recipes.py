@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from preprocess import images
-from preprocess.ocr import ctc_greedy
+from preprocess.ocr import ctc_greedy, latin_punctuation
 from preprocess.recipes import Recipe, RecipeRepository
 from preprocess.settings import DEFAULT_RECIPES
 from protos.errors import InvalidInput
@@ -36,9 +36,10 @@ def test_det_input_shape_and_transform(recipes: dict[str, Recipe]) -> None:
     img, _ = render_lines(["some text"])
     out = recipes["ocr_det_input"].run({"image_bytes": as_bytes(encode(img))})
     x, prepared, tf = out["x"], out["image"], out["transform"]
-    assert x.dtype == np.float32 and x.shape[:2] == (1, 3)
-    assert x.shape[2] % 32 == 0 and x.shape[3] % 32 == 0 and min(x.shape[2:]) >= 736 - 16
-    assert x.min() >= -1.0 and x.max() <= 1.0
+    # Bytes at the image's own scale (multiples of 32), not floats upscaled to 736.
+    assert x.dtype == np.uint8 and x.shape[0] == 1 and x.shape[3] == 3
+    assert x.shape[1] % 32 == 0 and x.shape[2] % 32 == 0
+    assert abs(x.shape[1] - prepared.shape[0]) <= 16 and abs(x.shape[2] - prepared.shape[1]) <= 16
     assert prepared.dtype == np.uint8 and prepared.shape[2] == 3
     pad_top, _pad_left, rh, _rw, h, w = tf.tolist()
     assert (h, w) == img.shape[:2]
@@ -112,20 +113,62 @@ def test_an_upside_down_page_reads_backwards(recipes: dict[str, Recipe]) -> None
 
 def test_ctc_decode_merges_repeats_and_drops_blanks(recipes: dict[str, Recipe]) -> None:
     chars = (ROOT / "models/repository/ocr_rec/characters.txt").read_text().split("\n")[:-1]
-    index = {c: i + 1 for i, c in enumerate(chars)}  # 0 is the CTC blank
+    position = {c: i + 1 for i, c in enumerate(chars)}  # 0 is the CTC blank
     steps = ["a", "a", "", "a", "b", "b", "", "", "7", ""]  # "aab7"
-    probs = np.full((1, len(steps), len(chars) + 2), 0.001, np.float32)
-    for t, c in enumerate(steps):
-        probs[0, t, index[c] if c else 0] = 0.9
-    out = recipes["ocr_ctc_decode"].run({"probs": probs, "boxes": np.zeros((1, 4, 2), np.float32)})
+    index = np.array([[position[c] if c else 0 for c in steps]], np.int64)
+    prob = np.where(index > 0, 0.9, 0.6).astype(np.float32)
+    out = recipes["ocr_ctc_decode"].run(
+        {"index": index, "prob": prob, "boxes": np.zeros((1, 4, 2), np.float32)}
+    )
     assert out["text"].tolist() == [b"aab7"]
     assert out["score"][0] == pytest.approx(0.9)
-    assert ctc_greedy(probs, ["", *chars, " "]) == [("aab7", pytest.approx(0.9))]
+    assert ctc_greedy(index, prob, ["", *chars, " "]) == [("aab7", pytest.approx(0.9))]
 
 
-def test_ctc_decode_rejects_a_wrong_alphabet_size(recipes: dict[str, Recipe]) -> None:
-    with pytest.raises(InvalidInput, match=r"expected \[N,T,6625\]"):
-        recipes["ocr_ctc_decode"].run({"probs": np.zeros((1, 5, 10), np.float32)})
+def test_ctc_decode_rejects_classes_outside_the_alphabet(recipes: dict[str, Recipe]) -> None:
+    with pytest.raises(InvalidInput, match=r"outside this character list \(0..6624\)"):
+        recipes["ocr_ctc_decode"].run(
+            {"index": np.full((1, 5), 7000, np.int64), "prob": np.ones((1, 5), np.float32)}
+        )
+    with pytest.raises(InvalidInput, match="must both be"):
+        recipes["ocr_ctc_decode"].run(
+            {"index": np.zeros((1, 5), np.int64), "prob": np.ones((1, 4), np.float32)}
+        )
+
+
+FULL_COMMA, FULL_COLON, FULL_OPEN, FULL_CLOSE = "\uff0c", "\uff1a", "\uff08", "\uff09"
+NI_HAO, SHI_JIE = "\u4f60\u597d", "\u4e16\u754c"
+
+
+@pytest.mark.parametrize(
+    ("read", "written"),
+    [
+        (f"preershee{FULL_COMMA}kiendbriest{FULL_COMMA} sist", "preershee,kiendbriest, sist"),
+        (f"{FULL_OPEN}hello{FULL_CLOSE} a{FULL_COLON}b", "(hello) a:b"),
+        # Chinese text keeps its full-width comma.
+        (f"{NI_HAO}{FULL_COMMA}{SHI_JIE}", f"{NI_HAO}{FULL_COMMA}{SHI_JIE}"),
+        (f"abc{FULL_COMMA}{NI_HAO}", f"abc{FULL_COMMA}{NI_HAO}"),
+    ],
+)
+def test_full_width_punctuation_inside_latin_text_becomes_ascii(read: str, written: str) -> None:
+    assert latin_punctuation(read) == written
+
+
+def test_a_long_line_is_classified_through_windows(recipes: dict[str, Recipe]) -> None:
+    """A line 30x longer than high reaches the direction classifier as windows of its own
+    aspect (squeezed whole into 192 px it read as upside down half the time)."""
+    img, _ = render_lines(["a long line of text that runs on and on, 0123456789 " * 2])
+    det_in = recipes["ocr_det_input"].run({"image_bytes": as_bytes(encode(img))})
+    maps = _ocr_session("ocr_det").run(None, {"x": det_in["x"]})[0]
+    crops = recipes["ocr_crops"].run(
+        {"maps": maps, "image": det_in["image"], "transform": det_in["transform"]}
+    )
+    (h, w), *_ = crops["crop_sizes"].tolist()
+    assert w / h > 12
+    cls_in = recipes["ocr_cls_input"].run(crops)["x"]
+    assert cls_in.shape[0] > len(crops["crop_sizes"])  # several windows for the long line
+    probs = _ocr_session("ocr_cls").run(None, {"x": cls_in})[0]
+    assert probs[:, 0].mean() > 0.9  # upright, as drawn
 
 
 @pytest.mark.parametrize(

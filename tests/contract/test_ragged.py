@@ -1,0 +1,89 @@
+"""A `ragged` model: rows of a padded batch run alone, each cut to its own length."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import yaml
+
+from predictors.config import ConfigError
+from predictors.repository import OnnxRepository
+from protos import codec, pb, pb_grpc
+from tests.modelgen import build_test_repository
+
+TIMEOUT = 10.0
+
+
+def infer(stub: pb_grpc.GRPCInferenceServiceStub, inputs: dict) -> dict:
+    request = codec.build_request("ragged", inputs)
+    return codec.response_outputs(stub.ModelInfer(request, timeout=TIMEOUT))
+
+
+def test_metadata_lists_the_lengths_input(
+    predictor_stub: pb_grpc.GRPCInferenceServiceStub,
+) -> None:
+    meta = predictor_stub.ModelMetadata(pb.ModelMetadataRequest(name="ragged"), timeout=TIMEOUT)
+    assert [(t.name, t.datatype, list(t.shape)) for t in meta.inputs] == [
+        ("x", "FP32", [-1, -1, 2]),
+        ("lengths", "INT32", [-1]),
+    ]
+
+
+def test_each_row_answers_as_if_alone(predictor_stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    """Padding holds junk (99s); no answer may see it, and the growing output comes back
+    padded with zeros to the longest row."""
+    rng = np.random.default_rng(0)
+    lengths = np.array([3, 7, 1, 5], np.int32)
+    rows = [rng.normal(size=(n, 2)).astype(np.float32) for n in lengths]
+    padded = np.full((4, 7, 2), 99, np.float32)
+    for i, row in enumerate(rows):
+        padded[i, : len(row)] = row
+    out = infer(predictor_stub, {"x": padded, "lengths": lengths})
+    assert out["running"].shape == (4, 7, 2) and out["total"].shape == (4, 2)
+    for i, row in enumerate(rows):
+        alone = infer(predictor_stub, {"x": row[np.newaxis], "lengths": lengths[i : i + 1]})
+        np.testing.assert_allclose(out["total"][i], alone["total"][0], rtol=1e-6)
+        np.testing.assert_allclose(out["total"][i], row.sum(axis=0), rtol=1e-5)
+        np.testing.assert_allclose(out["running"][i, : len(row)], np.cumsum(row, axis=0), rtol=1e-5)
+        assert not out["running"][i, len(row) :].any()
+
+
+@pytest.mark.parametrize(
+    ("lengths", "message"),
+    [
+        (np.array([3, 8], np.int32), "lengths outside 1..7"),
+        (np.array([0, 2], np.int32), "lengths outside 1..7"),
+        (np.array([3], np.int32), "inputs disagree on batch size"),
+        (np.array([3, 2], np.int64), "expected datatype INT32"),
+    ],
+)
+def test_bad_lengths_are_named(
+    predictor_stub: pb_grpc.GRPCInferenceServiceStub, lengths: np.ndarray, message: str
+) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        infer(predictor_stub, {"x": np.zeros((2, 7, 2), np.float32), "lengths": lengths})
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in (info.value.details() or "")
+
+
+@pytest.mark.parametrize(
+    ("ragged", "message"),
+    [
+        ({"input": "y", "axis": 1, "lengths": "n", "outputs": {"running": 1}}, "not an input"),
+        ({"input": "x", "axis": 3, "lengths": "n", "outputs": {"running": 1}}, "beyond 'x'"),
+        ({"input": "x", "axis": 1, "lengths": "x", "outputs": {"running": 1}}, "is an input"),
+        ({"input": "x", "axis": 1, "lengths": "n", "outputs": {"sum": 1}}, "['sum']"),
+    ],
+)
+def test_a_ragged_config_that_does_not_fit_the_graph_stops_start_up(
+    tmp_path: Path, ragged: dict, message: str
+) -> None:
+    root = build_test_repository(tmp_path)
+    config = yaml.safe_load((root / "ragged" / "config.yaml").read_text())
+    (root / "ragged" / "config.yaml").write_text(yaml.safe_dump({**config, "ragged": ragged}))
+    with pytest.raises(ConfigError, match="ragged") as info:
+        OnnxRepository(root, only=["ragged"])._discover()
+    assert message in str(info.value)

@@ -1,0 +1,336 @@
+"""Text images as users send them: lines and pages in real fonts, photographed or scanned.
+
+Words are made of syllables, with numbers, dates, prices and codes among them (the
+recogniser has no language model, so made-up words are as hard as real ones). Glyphs that
+the fonts draw alike (O and 0, I and l and 1) are left out so that an error is an error.
+Fonts are the TrueType files that ship inside matplotlib's wheel (DejaVu Sans, Serif and
+Mono, STIX, Computer Modern): real outline fonts, no download. A category fixes what
+varies; everything is drawn from a seeded generator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import cache
+from pathlib import Path
+
+import cv2
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+Colour = tuple[int, int, int]
+
+_FONT_FILES = (
+    "DejaVuSans.ttf",
+    "DejaVuSans-Bold.ttf",
+    "DejaVuSans-Oblique.ttf",
+    "DejaVuSerif.ttf",
+    "DejaVuSerif-Bold.ttf",
+    "DejaVuSansMono.ttf",
+    "STIXGeneral.ttf",
+    "STIXGeneralBol.ttf",
+    "cmss10.ttf",
+)
+
+
+@cache
+def fonts() -> tuple[Path, ...]:
+    import matplotlib
+
+    folder = Path(matplotlib.get_data_path()) / "fonts" / "ttf"
+    return tuple(folder / name for name in _FONT_FILES)
+
+
+# ---------------------------------------------------------------- words
+
+_ONSETS = [
+    "b",
+    "c",
+    "d",
+    "f",
+    "g",
+    "h",
+    "j",
+    "k",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "t",
+    "v",
+    "w",
+    "z",
+    "br",
+    "ch",
+    "cr",
+    "dr",
+    "fr",
+    "gr",
+    "pr",
+    "sh",
+    "st",
+    "th",
+    "tr",
+]
+_VOWELS = ["a", "e", "i", "u", "ai", "ea", "ou", "ee", "ie"]
+_CODAS = ["", "", "", "n", "r", "s", "t", "m", "nd", "st", "ck", "ng"]
+_CAPITALS = "ABCDEFGHJKMNPQRSTUVWXYZ"
+
+
+def _word(rng: np.random.Generator) -> str:
+    syllables = int(rng.integers(1, 4))
+    text = "".join(
+        str(rng.choice(_ONSETS)) + str(rng.choice(_VOWELS)) + str(rng.choice(_CODAS))
+        for _ in range(syllables)
+    )
+    return text.capitalize() if rng.random() < 0.15 else text
+
+
+def _token(rng: np.random.Generator) -> str:
+    kind = rng.random()
+    if kind < 0.72:
+        word = _word(rng)
+        return word + str(rng.choice([",", ".", ":", "!", "?"])) if rng.random() < 0.12 else word
+    if kind < 0.80:
+        return f"{int(rng.integers(2, 9999))}"
+    if kind < 0.86:
+        return f"{int(rng.integers(2, 999))}.{int(rng.integers(10, 99))}"
+    if kind < 0.91:
+        return f"2026-{int(rng.integers(2, 13)):02d}-{int(rng.integers(2, 29)):02d}"
+    code = "".join(rng.choice(list(_CAPITALS), int(rng.integers(2, 4))))
+    return f"{code}-{int(rng.integers(2, 99))}"
+
+
+def sentence(rng: np.random.Generator, words: tuple[int, int] = (2, 8)) -> str:
+    return " ".join(_token(rng) for _ in range(int(rng.integers(*words))))
+
+
+# ---------------------------------------------------------------- drawing
+
+
+@dataclass(frozen=True)
+class Look:
+    """How a text image is drawn."""
+
+    lines: int = 1
+    size: int = 24
+    """Text height in pixels (the font's size: ascender to descender)."""
+    font: int = 0
+    ink: Colour = (0, 0, 0)
+    paper: Colour = (255, 255, 255)
+    paper_to: Colour | None = None
+    """Paper colour at the far end of a linear gradient (None: flat paper)."""
+    margin: float = 0.6
+    """Blank space around the text, in text heights."""
+    spacing: float = 1.5
+    """Line pitch, in text heights."""
+    upside_down: bool = False
+    perspective: float = 0.0
+    """Corners moved by up to this fraction of the image's sides."""
+    blur: float = 0.0
+    """Gaussian sigma, in text heights."""
+    noise: float = 0.0
+    """Sigma (grey levels) of Gaussian pixel noise."""
+    jpeg: int | None = None
+
+
+def draw(text: list[str], look: Look, rng: np.random.Generator) -> np.ndarray:
+    """The lines drawn as a BGR image."""
+    font = ImageFont.truetype(str(fonts()[look.font % len(fonts())]), look.size)
+    widths = [font.getlength(line) for line in text]
+    pitch = round(look.spacing * look.size)
+    margin = round(look.margin * look.size) + 2
+    indents = [int(rng.integers(0, max(1, look.size * 2))) if len(text) > 1 else 0 for _ in text]
+    width = int(max(w + i for w, i in zip(widths, indents, strict=True))) + 2 * margin
+    height = pitch * (len(text) - 1) + round(1.3 * look.size) + 2 * margin
+    paper = _paper(height, width, look, rng)
+    canvas = Image.fromarray(paper[..., ::-1].copy())
+    pen = ImageDraw.Draw(canvas)
+    for i, line in enumerate(text):
+        pen.text((margin + indents[i], margin + i * pitch), line, font=font, fill=look.ink[::-1])
+    img = np.asarray(canvas)[..., ::-1].astype(np.float32)
+    if look.perspective:
+        img = _perspective(img, look.perspective, rng)
+    if look.blur:
+        img = cv2.GaussianBlur(img, (0, 0), look.blur * look.size)
+    if look.noise:
+        img += rng.normal(0, look.noise, img.shape).astype(np.float32)
+    img = np.clip(np.round(img), 0, 255).astype(np.uint8)
+    return cv2.rotate(img, cv2.ROTATE_180) if look.upside_down else img
+
+
+def _paper(height: int, width: int, look: Look, rng: np.random.Generator) -> np.ndarray:
+    start = np.asarray(look.paper, np.float32)
+    if look.paper_to is None:
+        return np.broadcast_to(start, (height, width, 3)).astype(np.uint8)
+    angle = float(rng.uniform(0, 2 * np.pi))
+    ys, xs = np.mgrid[0:height, 0:width].astype(np.float32)
+    along = xs * np.cos(angle) + ys * np.sin(angle)
+    t = (along - along.min()) / max(1e-6, float(along.max() - along.min()))
+    end = np.asarray(look.paper_to, np.float32)
+    return (start + (end - start) * t[..., np.newaxis]).astype(np.uint8)
+
+
+def _perspective(img: np.ndarray, amount: float, rng: np.random.Generator) -> np.ndarray:
+    h, w = img.shape[:2]
+    corners = np.array([[0, 0], [w, 0], [w, h], [0, h]], np.float32)
+    moved = (corners + rng.uniform(-amount, amount, (4, 2)) * [w, h]).astype(np.float32)
+    matrix = cv2.getPerspectiveTransform(corners, moved)
+    return cv2.warpPerspective(img, matrix, (w, h), borderMode=cv2.BORDER_REPLICATE)
+
+
+def encode(img: np.ndarray, jpeg: int | None) -> bytes:
+    ext, params = (".png", []) if jpeg is None else (".jpg", [cv2.IMWRITE_JPEG_QUALITY, jpeg])
+    ok, buf = cv2.imencode(ext, img, params)
+    assert ok
+    return buf.tobytes()
+
+
+# ---------------------------------------------------------------- categories
+
+Sampler = Callable[[np.random.Generator], Look]
+_LUMA = np.array([0.114, 0.587, 0.299])  # BGR
+
+
+def _contrasting(rng: np.random.Generator, min_diff: float) -> tuple[Colour, Colour]:
+    """Two colours whose grey levels differ by at least min_diff."""
+    while True:
+        a, b = rng.integers(0, 256, 3), rng.integers(0, 256, 3)
+        if abs(float(a @ _LUMA) - float(b @ _LUMA)) >= min_diff:
+            return tuple(int(v) for v in a), tuple(int(v) for v in b)  # type: ignore[return-value]
+
+
+def _line(low: int, high: int) -> Sampler:
+    def sample(rng: np.random.Generator) -> Look:
+        return Look(
+            size=int(rng.integers(low, high + 1)),
+            font=int(rng.integers(0, 1000)),
+            margin=float(rng.uniform(0.2, 2.0)),
+        )
+
+    return sample
+
+
+def _page(rng: np.random.Generator) -> Look:
+    return Look(
+        lines=int(rng.integers(3, 9)),
+        size=int(rng.integers(14, 37)),
+        font=int(rng.integers(0, 1000)),
+        margin=float(rng.uniform(0.5, 3.0)),
+        spacing=float(rng.uniform(1.3, 2.2)),
+    )
+
+
+def _few_lines(rng: np.random.Generator) -> Look:
+    return replace(_page(rng), lines=int(rng.integers(1, 5)))
+
+
+def _upside_down(rng: np.random.Generator) -> Look:
+    return replace(_page(rng), lines=int(rng.integers(2, 7)), upside_down=True)
+
+
+def _light_on_dark(rng: np.random.Generator) -> Look:
+    dark = int(rng.integers(0, 60))
+    light = int(rng.integers(190, 256))
+    return replace(_few_lines(rng), ink=(light,) * 3, paper=(dark,) * 3)
+
+
+def _noisy(rng: np.random.Generator) -> Look:
+    return replace(_few_lines(rng), noise=float(rng.uniform(8, 25)))
+
+
+def _blurred(rng: np.random.Generator) -> Look:
+    return replace(_few_lines(rng), blur=float(rng.uniform(0.03, 0.07)))
+
+
+def _jpeg(rng: np.random.Generator) -> Look:
+    return replace(_few_lines(rng), jpeg=int(rng.integers(20, 50)))
+
+
+def _perspective_look(rng: np.random.Generator) -> Look:
+    return replace(_few_lines(rng), perspective=float(rng.uniform(0.02, 0.06)))
+
+
+def _coloured(rng: np.random.Generator) -> Look:
+    ink, paper = _contrasting(rng, 90)
+    return replace(_few_lines(rng), ink=ink, paper=paper)
+
+
+def _gradient(rng: np.random.Generator) -> Look:
+    """Paper whose colour changes across the image (light falling across a page)."""
+    dark_ink = rng.random() < 0.7
+    ink = tuple(int(v) for v in rng.integers(0, 60, 3)) if dark_ink else (250, 250, 250)
+    lo, hi = (130, 256) if dark_ink else (0, 110)
+    start = tuple(int(v) for v in rng.integers(lo, hi, 3))
+    end = tuple(int(v) for v in rng.integers(lo, hi, 3))
+    return replace(_few_lines(rng), ink=ink, paper=start, paper_to=end)  # type: ignore[arg-type]
+
+
+def _photo(rng: np.random.Generator) -> Look:
+    """A phone photo of a printed page: large, large text, lots of paper around it."""
+    return replace(
+        _page(rng),
+        lines=int(rng.integers(4, 11)),
+        size=int(rng.integers(40, 81)),
+        margin=float(rng.uniform(2.0, 6.0)),
+        perspective=float(rng.uniform(0, 0.02)),
+        noise=float(rng.uniform(0, 6)),
+        jpeg=int(rng.integers(70, 92)),
+    )
+
+
+def _everything(rng: np.random.Generator) -> Look:
+    """A phone photo of a note: a bit of everything, milder."""
+    ink, paper = _contrasting(rng, 100)
+    return replace(
+        _few_lines(rng),
+        size=int(rng.integers(12, 60)),
+        ink=ink,
+        paper=paper,
+        perspective=float(rng.uniform(0, 0.03)),
+        blur=float(rng.uniform(0, 0.04)),
+        noise=float(rng.uniform(0, 10)),
+        jpeg=int(rng.integers(40, 90)) if rng.random() < 0.6 else None,
+    )
+
+
+CATEGORIES: dict[str, Sampler] = {
+    "line_small": _line(10, 16),
+    "line_medium": _line(18, 40),
+    "line_large": _line(45, 80),
+    "page": _page,
+    "upside_down": _upside_down,
+    "light_on_dark": _light_on_dark,
+    "noisy": _noisy,
+    "blurred": _blurred,
+    "jpeg": _jpeg,
+    "perspective": _perspective_look,
+    "coloured": _coloured,
+    "gradient": _gradient,
+    "photo": _photo,
+    "everything": _everything,
+}
+
+
+@dataclass(frozen=True)
+class Sample:
+    category: str
+    image: bytes
+    lines: list[str]
+    """The true lines, in reading order."""
+
+
+def suite(per_category: int, seed: int = 0, categories: list[str] | None = None) -> list[Sample]:
+    """`per_category` images of every category (or of the named ones)."""
+    out = []
+    for c, (name, sampler) in enumerate(CATEGORIES.items()):
+        if categories is not None and name not in categories:
+            continue
+        rng = np.random.default_rng([seed, c])
+        for _ in range(per_category):
+            look = sampler(rng)
+            text = [sentence(rng) for _ in range(look.lines)]
+            out.append(Sample(name, encode(draw(text, look, rng), look.jpeg), text))
+    return out
