@@ -68,7 +68,7 @@ def detection_size(h: int, w: int, min_side: int, max_side: int) -> tuple[int, i
 def ocr_det_prepare(
     state: State,
     min_side: int = 64,
-    max_side: int = 2400,
+    max_side: int = 2000,
     max_side_len: int = 2000,
     min_side_len: int = 30,
     min_height: int = 30,

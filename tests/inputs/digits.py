@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import cv2
 import numpy as np
 
-Colour = tuple[int, int, int]
+from tests.inputs.pixels import Colour, contrasting, encode
 
 
 @dataclass(frozen=True)
@@ -91,13 +91,6 @@ def _texture(h: int, w: int, amplitude: float, rng: np.random.Generator) -> np.n
     return amplitude * (blotches / max(1e-6, float(np.abs(blotches).max())) + grain)
 
 
-def encode(img: np.ndarray, jpeg: int | None) -> bytes:
-    ext, params = (".png", []) if jpeg is None else (".jpg", [cv2.IMWRITE_JPEG_QUALITY, jpeg])
-    ok, buf = cv2.imencode(ext, img, params)
-    assert ok
-    return buf.tobytes()
-
-
 # ---------------------------------------------------------------- categories
 
 Sampler = Callable[[np.random.Generator], Look]
@@ -127,15 +120,6 @@ def _grey(level: float) -> Colour:
     return (v, v, v)
 
 
-def _contrasting(rng: np.random.Generator, min_diff: float) -> tuple[Colour, Colour]:
-    """Two colours whose grey levels differ by at least min_diff, in random order."""
-    while True:
-        a, b = rng.integers(0, 256, 3), rng.integers(0, 256, 3)
-        luma = np.array([0.114, 0.587, 0.299])  # BGR
-        if abs(float(a @ luma) - float(b @ luma)) >= min_diff:
-            return tuple(int(v) for v in a), tuple(int(v) for v in b)  # type: ignore[return-value]
-
-
 def _framed(rng: np.random.Generator) -> Look:
     return _base(rng)
 
@@ -155,7 +139,7 @@ def _grey_paper(rng: np.random.Generator) -> Look:
 
 
 def _coloured(rng: np.random.Generator) -> Look:
-    ink, paper = _contrasting(rng, 70)
+    ink, paper = contrasting(rng, 70)
     return replace(_with_margins(rng), ink=ink, paper=paper)
 
 
@@ -212,7 +196,7 @@ def _sizes(rng: np.random.Generator) -> Look:
 
 def _everything(rng: np.random.Generator) -> Look:
     """All of the above at once, milder: what a phone photo of a note looks like."""
-    ink, paper = _contrasting(rng, 80)
+    ink, paper = contrasting(rng, 80)
     return replace(
         _sizes(rng),
         ink=ink,

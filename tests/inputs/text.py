@@ -19,7 +19,7 @@ import cv2
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-Colour = tuple[int, int, int]
+from tests.inputs.pixels import Colour, contrasting, encode
 
 _FONT_FILES = (
     "DejaVuSans.ttf",
@@ -44,37 +44,8 @@ def fonts() -> tuple[Path, ...]:
 
 # ---------------------------------------------------------------- words
 
-_ONSETS = [
-    "b",
-    "c",
-    "d",
-    "f",
-    "g",
-    "h",
-    "j",
-    "k",
-    "m",
-    "n",
-    "p",
-    "r",
-    "s",
-    "t",
-    "v",
-    "w",
-    "z",
-    "br",
-    "ch",
-    "cr",
-    "dr",
-    "fr",
-    "gr",
-    "pr",
-    "sh",
-    "st",
-    "th",
-    "tr",
-]
-_VOWELS = ["a", "e", "i", "u", "ai", "ea", "ou", "ee", "ie"]
+_ONSETS = "b c d f g h j k m n p r s t v w z br ch cr dr fr gr pr sh st th tr".split()  # noqa: SIM905
+_VOWELS = "a e i u ai ea ou ee ie".split()  # noqa: SIM905
 _CODAS = ["", "", "", "n", "r", "s", "t", "m", "nd", "st", "ck", "ng"]
 _CAPITALS = "ABCDEFGHJKMNPQRSTUVWXYZ"
 
@@ -181,25 +152,9 @@ def _perspective(img: np.ndarray, amount: float, rng: np.random.Generator) -> np
     return cv2.warpPerspective(img, matrix, (w, h), borderMode=cv2.BORDER_REPLICATE)
 
 
-def encode(img: np.ndarray, jpeg: int | None) -> bytes:
-    ext, params = (".png", []) if jpeg is None else (".jpg", [cv2.IMWRITE_JPEG_QUALITY, jpeg])
-    ok, buf = cv2.imencode(ext, img, params)
-    assert ok
-    return buf.tobytes()
-
-
 # ---------------------------------------------------------------- categories
 
 Sampler = Callable[[np.random.Generator], Look]
-_LUMA = np.array([0.114, 0.587, 0.299])  # BGR
-
-
-def _contrasting(rng: np.random.Generator, min_diff: float) -> tuple[Colour, Colour]:
-    """Two colours whose grey levels differ by at least min_diff."""
-    while True:
-        a, b = rng.integers(0, 256, 3), rng.integers(0, 256, 3)
-        if abs(float(a @ _LUMA) - float(b @ _LUMA)) >= min_diff:
-            return tuple(int(v) for v in a), tuple(int(v) for v in b)  # type: ignore[return-value]
 
 
 def _line(low: int, high: int) -> Sampler:
@@ -254,7 +209,7 @@ def _perspective_look(rng: np.random.Generator) -> Look:
 
 
 def _coloured(rng: np.random.Generator) -> Look:
-    ink, paper = _contrasting(rng, 90)
+    ink, paper = contrasting(rng, 90)
     return replace(_few_lines(rng), ink=ink, paper=paper)
 
 
@@ -283,7 +238,7 @@ def _photo(rng: np.random.Generator) -> Look:
 
 def _everything(rng: np.random.Generator) -> Look:
     """A phone photo of a note: a bit of everything, milder."""
-    ink, paper = _contrasting(rng, 100)
+    ink, paper = contrasting(rng, 100)
     return replace(
         _few_lines(rng),
         size=int(rng.integers(12, 60)),
