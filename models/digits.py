@@ -46,7 +46,7 @@ def fingerprint() -> str:
     from preprocess import config
     from preprocess.settings import DEFAULT_RECIPES
 
-    recipes = config.load(DEFAULT_RECIPES)
+    recipes = config.parse(DEFAULT_RECIPES)
     digest = hashlib.sha256(
         json.dumps(
             [recipes.limits.model_dump(), recipes.recipes["digits"].model_dump()], sort_keys=True
@@ -83,11 +83,16 @@ def load_split() -> Split:
 def recipe_features(blobs: list[bytes]) -> list[np.ndarray | None]:
     """The shipped `digits` recipe's features of each encoded image, in-process; None for
     an image the recipe refuses (a drawing whose ink the augmentation wiped out)."""
-    from preprocess.recipes import RecipeRepository
+    from preprocess import config
+    from preprocess.images import ImageLimits
+    from preprocess.recipes import Recipe
     from preprocess.settings import DEFAULT_RECIPES
     from protos.errors import InvalidInput
 
-    recipe = RecipeRepository(DEFAULT_RECIPES).load()["digits"]
+    # Only the digits recipe: the others name files of models that may not be built yet.
+    recipes = config.parse(DEFAULT_RECIPES)
+    limits = ImageLimits(recipes.limits.max_encoded_bytes, recipes.limits.max_pixels)
+    recipe = Recipe("digits", recipes.recipes["digits"], limits)
     out: list[np.ndarray | None] = []
     for blob in blobs:
         one = np.empty(1, dtype=object)

@@ -63,13 +63,18 @@ class RecipeFileError(ValueError):
     """The recipe file cannot be used; the message names the file and the problem."""
 
 
-def load(path: Path) -> RecipeFile:
+def parse(path: Path) -> RecipeFile:
+    """The recipe file checked, its `_file` parameters not yet resolved."""
     try:
         raw = yaml.safe_load(path.read_text())
-        parsed = RecipeFile.model_validate(raw or {})
+        return RecipeFile.model_validate(raw or {})
     except (OSError, yaml.YAMLError, ValidationError) as exc:
         raise RecipeFileError(f"{path}: {exc}") from exc
-    return _resolve_paths(parsed, path.parent)
+
+
+def load(path: Path) -> RecipeFile:
+    """The recipe file checked, with every file it names found."""
+    return _resolve_paths(parse(path), path.parent)
 
 
 def _resolve_paths(parsed: RecipeFile, base: Path) -> RecipeFile:
