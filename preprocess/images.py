@@ -1,19 +1,16 @@
-"""Decoding encoded images safely: size and pixel-count guards before any allocation."""
+"""Decoding encoded images safely: format, size, pixel count and decoding cost checked
+from the bytes before OpenCV allocates anything."""
 
 from __future__ import annotations
 
-import os
 import struct
 from dataclasses import dataclass
 
 import cv2
 import numpy as np
 
+from protos import media
 from protos.errors import InvalidInput
-
-# OpenCV's own backstop for formats whose header we do not read: it refuses to allocate
-# more pixels than this (read once, at the first decode).
-os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(40_000_000))
 
 # Errors only: a hostile image must not flood the log with decoder warnings.
 cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_ERROR)
@@ -25,6 +22,17 @@ class ImageLimits:
     """Largest encoded image accepted."""
     max_pixels: int = 40_000_000
     """Largest width x height, read from the header before decoding."""
+    max_jpeg_scans: int = 40
+    """Most scans a (progressive) JPEG may have: each is a pass over the whole image, and
+    a 1 MB file with thousands of empty ones took a minute of CPU. Encoders use 1-20."""
+
+
+JPEG_MIN_BYTES_PER_PIXEL = 1 / 4096
+"""A JPEG must hold at least this many bytes per declared pixel. Even a uniform image
+costs a bit per 8x8 block in its DC scan (1/512 byte per pixel; 1/170-1/255 measured for
+uniform 4000x3000 images at any quality): a file far smaller than its header promises is
+truncated or forged, and libjpeg would pad it with grey rather than fail (a 757-byte
+file claiming 6000x6000 used to be classified)."""
 
 
 def _png(data: bytes) -> tuple[int, int] | None:
@@ -109,6 +117,24 @@ def declared_size(data: bytes) -> tuple[int, int] | None:
     return None
 
 
+def _check_jpeg(data: bytes, pixels: int, where: str, limits: ImageLimits) -> None:
+    if not data.rstrip(b"\x00").endswith(b"\xff\xd9"):
+        raise InvalidInput(f"{where} is a truncated JPEG (no end-of-image marker)")
+    if len(data) < pixels * JPEG_MIN_BYTES_PER_PIXEL:
+        raise InvalidInput(
+            f"{where} is a truncated or forged JPEG: {len(data)} bytes cannot hold the "
+            f"{pixels} pixels its header declares"
+        )
+    # Inside a scan's entropy-coded data every 0xFF byte is followed by 0x00, so each
+    # FF DA is a start-of-scan marker.
+    scans = data.count(b"\xff\xda")
+    if scans > limits.max_jpeg_scans:
+        raise InvalidInput(
+            f"{where} is a JPEG with {scans} scans, more than the limit of "
+            f"{limits.max_jpeg_scans}"
+        )
+
+
 def _to_8bit(img: np.ndarray) -> np.ndarray:
     if img.dtype == np.uint8:
         return img
@@ -132,18 +158,26 @@ def decode(data: bytes, where: str, limits: ImageLimits, color: str = "bgr") -> 
         raise InvalidInput(
             f"{where} is {len(data)} bytes, more than the limit of {limits.max_encoded_bytes}"
         )
+    kind = media.sniff(data)
+    if kind is None:
+        raise InvalidInput(
+            f"{where} is {media.describe(data)}, not a decodable image "
+            f"({media.accepted_names()} expected)"
+        )
     size = declared_size(data)
-    if size is not None:
-        w, h = size
-        if w == 0 or h == 0:
-            raise InvalidInput(f"{where} declares a zero-size image ({w}x{h})")
-        if w * h > limits.max_pixels:
-            raise InvalidInput(
-                f"{where} declares {w}x{h} = {w * h} pixels, more than the limit of "
-                f"{limits.max_pixels}"
-            )
-    if data[:2] == b"\xff\xd8" and not data.rstrip(b"\x00").endswith(b"\xff\xd9"):
-        raise InvalidInput(f"{where} is a truncated JPEG (no end-of-image marker)")
+    if size is None:
+        name = media.ACCEPTED[kind]
+        raise InvalidInput(f"{where} is not a decodable image: its {name} header is unreadable")
+    w, h = size
+    if w == 0 or h == 0:
+        raise InvalidInput(f"{where} declares a zero-size image ({w}x{h})")
+    if w * h > limits.max_pixels:
+        raise InvalidInput(
+            f"{where} declares {w}x{h} = {w * h} pixels, more than the limit of "
+            f"{limits.max_pixels}"
+        )
+    if kind == "jpeg":
+        _check_jpeg(data, w * h, where, limits)
     try:
         img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
     except cv2.error:
@@ -152,7 +186,7 @@ def decode(data: bytes, where: str, limits: ImageLimits, color: str = "bgr") -> 
         raise InvalidInput(
             f"{where} is not a decodable image (PNG, JPEG, BMP, WebP or TIFF expected)"
         )
-    if img.shape[0] * img.shape[1] > limits.max_pixels:  # formats without a header check
+    if img.shape[0] * img.shape[1] > limits.max_pixels:  # a header that told less than all
         raise InvalidInput(f"{where} has more than {limits.max_pixels} pixels")
     img = _to_8bit(img)
     if img.ndim == 3 and img.shape[2] in (2, 4):

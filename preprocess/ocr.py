@@ -250,10 +250,10 @@ def ocr_crops(
 ) -> None:
     """Text-line crops (into state.images) and their boxes in original-image pixels."""
     prob, img, tf = state.tensor(map), state.tensor(image), state.tensor(transform)
-    if prob.ndim != 4 or prob.shape[:2] != (1, 1):
+    if prob.ndim != 4 or prob.shape[:2] != (1, 1) or 0 in prob.shape:
         raise InvalidInput(f"input '{map}': expected [1,1,H,W], got {list(prob.shape)}")
-    if img.ndim != 3 or img.dtype != np.uint8:
-        raise InvalidInput(f"input '{image}': expected UINT8 [H,W,C], got {list(img.shape)}")
+    if img.ndim != 3 or img.dtype != np.uint8 or 0 in img.shape or img.shape[2] not in (1, 3):
+        raise InvalidInput(f"input '{image}': expected UINT8 [H,W,3], got {list(img.shape)}")
     if tf.shape != (6,):
         raise InvalidInput(f"input '{transform}': expected 6 values, got {list(tf.shape)}")
     h, w = img.shape[:2]
@@ -473,5 +473,8 @@ def ocr_ctc_decode(
         [latin_punctuation(decoded[i][0]).encode() for i in keep] or [], dtype=object
     )
     state.tensors[score_output] = np.array([decoded[i][1] for i in keep], dtype=np.float32)
-    if box is not None:
-        state.tensors[boxes_output] = box[keep].reshape(-1, 4, 2).astype(np.float32)
+    state.tensors[boxes_output] = (
+        box[keep].reshape(-1, 4, 2).astype(np.float32)
+        if box is not None
+        else np.zeros((len(keep), 4, 2), np.float32)  # no boxes given: none to report
+    )

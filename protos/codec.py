@@ -103,6 +103,13 @@ def checked_shape(
         raise InvalidInput(f"input '{tensor}': rank {len(dims)} exceeds {limits.max_rank}")
     if any(d < 0 for d in dims):
         raise InvalidInput(f"input '{tensor}': negative dimension in shape {list(dims)}")
+    # Even with a zero elsewhere (no elements), no dimension may be larger than a tensor
+    # may be: numpy refuses such shapes, and nothing real has them.
+    if any(d > limits.max_elements for d in dims):
+        big = max(dims)
+        raise InvalidInput(
+            f"input '{tensor}': dimension {big} is over the limit of {limits.max_elements}"
+        )
     count = math.prod(dims)
     if count > limits.max_elements:
         raise InvalidInput(

@@ -94,14 +94,16 @@ def with_field(head: Message, field: int, values: Sequence[bytes | memoryview]) 
 class ParsedInferRequest:
     """A ModelInferRequest whose raw_input_contents stayed in the received buffer."""
 
-    __slots__ = ("error", "message", "raw")
+    __slots__ = ("error", "message", "raw", "size")
 
     def __init__(
-        self, message: pb.ModelInferRequest, raw: list[memoryview], error: str = ""
+        self, message: pb.ModelInferRequest, raw: list[memoryview], error: str = "", size: int = 0
     ) -> None:
         self.message = message
         self.raw = raw
         self.error = error
+        self.size = size
+        """Bytes of the message as received."""
         """Set when the bytes did not parse; the handler reports it as INVALID_ARGUMENT."""
 
     # The interceptor and logs read these like on a plain message.
@@ -118,9 +120,10 @@ def parse_infer_request(data: bytes) -> ParsedInferRequest:
     """gRPC request deserializer for ModelInfer; never raises (gRPC would answer UNKNOWN)."""
     try:
         head, raw = split_field(data, RAW_INPUT_FIELD)
-        return ParsedInferRequest(pb.ModelInferRequest.FromString(head), raw)
+        return ParsedInferRequest(pb.ModelInferRequest.FromString(head), raw, size=len(data))
     except (InvalidInput, DecodeError) as exc:
-        return ParsedInferRequest(pb.ModelInferRequest(), [], error=str(exc) or "malformed")
+        message = str(exc) or "malformed"
+        return ParsedInferRequest(pb.ModelInferRequest(), [], error=message, size=len(data))
 
 
 def serialize_infer_request(request: pb.ModelInferRequest | ParsedInferRequest | bytes) -> bytes:

@@ -9,6 +9,7 @@ import uvicorn
 
 from proxy.app import create_app
 from proxy.errors import DefinitionError
+from proxy.protocol import GuardedHttpToolsProtocol
 from proxy.settings import ProxySettings
 from v2server import logs
 from v2server.tls import TLSConfigError
@@ -22,25 +23,23 @@ def main() -> int:
     except (DefinitionError, TLSConfigError) as exc:
         logging.getLogger("proxy").error("cannot start: %s", exc)
         return 2
+    protocol = GuardedHttpToolsProtocol.configured(
+        max_head_bytes=int(settings.max_head_kb * 1024),
+        max_headers=settings.max_headers,
+        head_timeout_s=settings.head_timeout_s,
+    )
     uvicorn.run(
         app,
         host=settings.host,
         port=settings.port,
         loop="uvloop",
-        http="httptools" if _has_httptools() else "h11",
+        http=protocol,  # type: ignore[arg-type]
+        limit_concurrency=settings.max_connections,
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=10,
     )
     return 0
-
-
-def _has_httptools() -> bool:
-    try:
-        import httptools  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 if __name__ == "__main__":

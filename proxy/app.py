@@ -10,96 +10,26 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-import orjson
 from fastapi import FastAPI, Path, Request, Response
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from protos import media
 from proxy import definitions, metrics, schemas, v2rest
+from proxy.admission import Admission
 from proxy.client import Channels
-from proxy.errors import RETRY_AFTER, StepError
+from proxy.disconnect import ClientGone, until_disconnect
+from proxy.errors import StepError
 from proxy.executor import Executor
 from proxy.middleware import RequestContext
+from proxy.problems import Problem, error_response, json_response
 from proxy.settings import ProxySettings
+from proxy.uploads import read_image
 from v2server.tls import channel_credentials
 
 log = logging.getLogger("proxy")
-
-
-class Problem(Exception):
-    """An HTTP error answer with a JSON body naming the reason."""
-
-    def __init__(self, status: int, message: str, **extra: Any) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.extra = extra
-
-
-def json_response(
-    body: Any, status: int = 200, headers: Mapping[str, str] | None = None
-) -> Response:
-    return Response(
-        orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY),
-        status_code=status,
-        media_type="application/json",
-        headers=dict(headers or {}),
-    )
-
-
-def problem_response(exc: Problem, request_id: str) -> Response:
-    headers = {"X-Request-Id": request_id}
-    if exc.status in RETRY_AFTER:
-        headers["Retry-After"] = RETRY_AFTER[exc.status]
-    return json_response({"error": exc.message, "id": request_id, **exc.extra}, exc.status, headers)
-
-
-async def read_image(request: Request, max_bytes: int) -> bytes:
-    """The uploaded image: a raw image/* or octet-stream body, or multipart field `file`."""
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > max_bytes:
-        raise Problem(413, f"body of {length} bytes exceeds the limit of {max_bytes}")
-    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type.startswith("multipart/form-data"):
-        async with request.form(max_files=1, max_fields=10, max_part_size=max_bytes) as form:
-            upload = form.get("file")
-            if upload is None or isinstance(upload, str):
-                raise Problem(422, "multipart body has no file field named 'file'")
-            data = await upload.read()
-    elif content_type.startswith("image/") or content_type in ("application/octet-stream", ""):
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > max_bytes:
-                raise Problem(413, f"body exceeds the limit of {max_bytes} bytes")
-            chunks.append(chunk)
-        data = b"".join(chunks)
-    else:
-        raise Problem(
-            415,
-            f"unsupported Content-Type '{content_type}': send the image as "
-            "image/*, application/octet-stream or multipart field 'file'",
-        )
-    if len(data) > max_bytes:
-        raise Problem(413, f"body exceeds the limit of {max_bytes} bytes")
-    if not data:
-        raise Problem(400, "empty body: send an image")
-    return data
-
-
-def error_response(exc: Exception, request_id: str) -> Response:
-    """Any error as our JSON error shape: ours, Starlette's (unknown route, wrong method,
-    unreadable multipart), or a bug (500; the traceback goes to the log)."""
-    if isinstance(exc, Problem):
-        return problem_response(exc, request_id)
-    if isinstance(exc, StarletteHTTPException):
-        response = problem_response(Problem(exc.status_code, str(exc.detail)), request_id)
-        response.headers.update(exc.headers or {})
-        return response
-    log.error("unhandled error", exc_info=exc)
-    return problem_response(Problem(500, "internal error (see the proxy log)"), request_id)
 
 
 class PipelineRoute:
@@ -130,6 +60,8 @@ class PipelineRoute:
         request = Request(scope, receive)
         try:
             response = await self.handler(request, name)
+        except ClientGone:
+            return  # nobody to answer; the pipeline's calls were cancelled
         except Exception as exc:
             response = error_response(exc, request.state.request_id)
         await response(scope, receive, send)
@@ -160,8 +92,12 @@ def create_app(
     credentials = channel_credentials(settings.tls_ca, settings.tls_cert, settings.tls_key)
     channels = Channels(settings.max_message_mb, credentials)
     executor = Executor(channels)
-    max_bytes = int(settings.max_body_mb * 1024 * 1024)
-    slots = asyncio.Semaphore(settings.max_in_flight)
+    uploads = settings.upload_limits()
+    admission = Admission(
+        settings.max_in_flight,
+        int(settings.max_inflight_mb * 2**20),
+        int(settings.max_request_mb * 2**20),
+    )
     open_paths = {p.strip() for p in settings.open_paths.split(",") if p.strip()}
 
     @asynccontextmanager
@@ -182,14 +118,15 @@ def create_app(
     async def on_error(request: Request, exc: Exception) -> Response:
         return error_response(exc, getattr(request.state, "request_id", ""))
 
-    for kind in (Problem, StarletteHTTPException, Exception):
+    # Anything else (a bug) is answered by RequestContext, outside Starlette's error layer.
+    for kind in (Problem, StarletteHTTPException):
         app.add_exception_handler(kind, on_error)
 
     @app.post(
         "/v1/pipelines/{name}/infer",
         summary="Run an image through a pipeline",
         response_model=schemas.PipelineAnswer,
-        responses=schemas.errors(400, 401, 404, 413, 415, 422, 429, 501, 502, 503, 504),
+        responses=schemas.errors(400, 401, 404, 408, 413, 415, 422, 429, 501, 502, 503, 504),
         openapi_extra=schemas.IMAGE_BODY,
     )
     async def infer(
@@ -204,33 +141,53 @@ def create_app(
         plan = plans.get(name)
         if plan is None:
             raise Problem(404, f"unknown pipeline '{name}' (known: {', '.join(sorted(plans))})")
-        if slots.locked():
-            metrics.REQUESTS.labels(name, "503").inc()
-            raise Problem(503, f"proxy at capacity ({settings.max_in_flight} requests in flight)")
         started = time.perf_counter()
-        async with slots:
-            metrics.IN_FLIGHT.inc()
-            try:
-                body = await read_image(request, max_bytes)
-                budget = budget_s(request, plan.pipeline.timeout_ms, settings.max_timeout_ms)
-                run = await executor.run(plan, body, request_id, budget)
-                result = executor.result(run)
-            except StepError as exc:
-                metrics.REQUESTS.labels(name, str(exc.http_status)).inc()
-                log.info(
-                    "step failed",
-                    extra={"fields": {"pipeline": name, "step": exc.step, "code": exc.code.name}},
-                )
+        ledger = admission.ledger()
+        status = "500"
+        try:
+            # The budget starts now: it covers the upload too.
+            deadline = asyncio.get_running_loop().time() + budget_s(
+                request, plan.pipeline.timeout_ms, settings.max_timeout_ms
+            )
+            admission.check_room()
+            body = await read_image(request, uploads, deadline, ledger)
+            accepted = plan.pipeline.accept
+            if accepted is not None and media.sniff(body) not in accepted:
                 raise Problem(
-                    exc.http_status, str(exc), step=exc.step, code=exc.code.name, pipeline=name
-                ) from None
-            except Problem as exc:
-                metrics.REQUESTS.labels(name, str(exc.status)).inc()
-                raise
-            finally:
-                metrics.IN_FLIGHT.dec()
-                metrics.LATENCY.labels(name).observe(time.perf_counter() - started)
-        metrics.REQUESTS.labels(name, "200").inc()
+                    415,
+                    f"the upload is {media.describe(body)}; pipeline '{name}' takes "
+                    + ", ".join(media.ACCEPTED[k] for k in accepted),
+                )
+            async with admission.slot():
+                metrics.IN_FLIGHT.inc()
+                try:
+                    run = await until_disconnect(
+                        request, executor.run(plan, body, request_id, deadline, ledger)
+                    )
+                    result = executor.result(run)
+                finally:
+                    metrics.IN_FLIGHT.dec()
+            status = "200"
+        except StepError as exc:
+            status = str(exc.http_status)
+            log.info(
+                "step failed",
+                extra={"fields": {"pipeline": name, "step": exc.step, "code": exc.code.name}},
+            )
+            raise Problem(
+                exc.http_status, str(exc), step=exc.step, code=exc.code.name, pipeline=name
+            ) from None
+        except Problem as exc:
+            status = str(exc.status)
+            raise
+        except ClientGone:
+            status = "499"  # nginx's "client closed request": recorded, never sent
+            log.info("client went away", extra={"fields": {"pipeline": name}})
+            raise
+        finally:
+            ledger.close()
+            metrics.REQUESTS.labels(name, status).inc()
+            metrics.LATENCY.labels(name).observe(time.perf_counter() - started)
         return json_response(
             {
                 "id": request_id,
@@ -290,7 +247,7 @@ def create_app(
     async def prometheus() -> Response:
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
-    v2rest.mount(app, plans, channels, json_response, Problem, max_bytes)
+    v2rest.mount(app, plans, channels, uploads, settings.v2_timeout_ms / 1000)
     generate = app.openapi
 
     def openapi() -> dict[str, Any]:

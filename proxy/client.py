@@ -27,6 +27,8 @@ class Channels:
     ) -> None:
         self._channels: dict[str, aio.Channel] = {}
         self._credentials = credentials
+        self.max_message = max_message_mb * 1024 * 1024
+        self._batch_sizes: dict[tuple[str, str, str], int] = {}
         self._options = [
             *channel_options(max_message_mb),
             # Reconnect quickly when a restarted service comes back.
@@ -72,6 +74,28 @@ class Channels:
         )
         response = await call(request, timeout=timeout, metadata=(("x-request-id", request_id),))
         return codec.response_outputs(response)
+
+    async def batch_size(self, address: str, model: str, version: str, timeout: float) -> int:
+        """The model's max_batch_size from its ModelConfig (Triton's RPC, which our
+        services answer): > 0 means rows are independent and may be sent in chunks. 0
+        when it does not batch or the server cannot say (remembered; an unreachable
+        server is asked again next time)."""
+        key = (address, model, version)
+        if key not in self._batch_sizes:
+            try:
+                reply = await self.unary(
+                    address,
+                    "ModelConfig",
+                    pb.ModelConfigRequest(name=model, version=version),
+                    pb.ModelConfigResponse,
+                    timeout,
+                )
+                self._batch_sizes[key] = max(0, reply.config.max_batch_size)
+            except aio.AioRpcError as exc:
+                if exc.code() in RETRYABLE or exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    return 0
+                self._batch_sizes[key] = 0
+        return self._batch_sizes[key]
 
     async def ready(self, address: str, model: str | None, timeout: float) -> tuple[bool, str]:
         """(ready, why not) from ServerReady / ModelReady."""
@@ -141,6 +165,15 @@ async def infer_with_retries(
             )
         except aio.AioRpcError as exc:
             code = exc.code()
+            if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in (
+                exc.details() or ""
+            ):
+                raise StepError(
+                    step,
+                    code,
+                    f"a message to or from {address} is over the size limit ({exc.details()})",
+                    http=413,
+                ) from None
             if code in RETRYABLE and attempt < retries:
                 attempt += 1
                 backoff = min(0.05 * 2**attempt, 0.5) * (0.5 + random.random() / 2)

@@ -115,6 +115,9 @@ class Pipeline(_Strict):
     description: str = ""
     input: str = Field(default="image", pattern=_NAME)
     """Name of the request tensor (BYTES [1]) holding the uploaded body."""
+    accept: list[Literal["png", "jpeg", "bmp", "webp", "tiff"]] | None = None
+    """Image formats the upload may be, told by its first bytes (protos/media.py); any
+    other upload gets 415. Unset: the body is passed on whatever it is."""
     timeout_ms: float = Field(default=5000, gt=0)
     """Budget of a request unless X-Request-Timeout-Ms asks for less (or more, up to the cap)."""
     steps: list[Step] = Field(min_length=1)
@@ -196,6 +199,10 @@ class Plan:
         self._inputs = {pipeline.input}
         self._env = env
         self._walk(pipeline.steps)
+        self.keep_after: dict[int, frozenset[str]] = {}
+        """id(step spec) -> producers ("request" or a step name) whose tensors a later step
+        or the result still reads: everything else is dropped once the step is done."""
+        self._liveness(pipeline.steps, frozenset(_producers(pipeline.result)))
 
     def branches(self, step: ParallelStep) -> dict[str, Target]:
         prefix = f"{step.name}/"
@@ -257,6 +264,37 @@ class Plan:
             self._walk(case.steps)
         # After a switch only what every path defines is certain; results tolerate the rest.
         self._known = before | {n.split("/")[0] for n in self.targets}
+
+    def _liveness(self, steps: list[Step], after: frozenset[str]) -> frozenset[str]:
+        """Fill keep_after for `steps`, given what is needed after them; return what is
+        needed before them."""
+        for spec in reversed(steps):
+            self.keep_after[id(spec)] = after
+            if isinstance(spec, SwitchSpec):
+                step = spec.switch
+                needed = set(_producers(step.input))
+                for case in [*step.cases, Case(when=Condition(), steps=step.default)]:
+                    needed |= self._liveness(case.steps, after)
+                after = after | needed
+            else:
+                inner = spec.call if isinstance(spec, CallSpec) else spec.parallel
+                after = after | {p for ref in inner.inputs.values() for p in _producers(ref)}
+        return after
+
+
+def _producers(template: Any) -> set[str]:
+    """Step names (or "request") a reference or a result template reads from."""
+    if isinstance(template, str):
+        step, dot, _ = template.partition(".")
+        return {step} if dot else set()
+    if isinstance(template, list):
+        return {p for item in template for p in _producers(item)}
+    if isinstance(template, dict):
+        found = {p for value in template.values() for p in _producers(value)}
+        if isinstance(template.get("per_branch"), str):
+            found.add(template["per_branch"])
+        return found
+    return set()
 
 
 def load(path: Path, env: Mapping[str, str]) -> dict[str, Plan]:

@@ -33,15 +33,20 @@ def http_status(code: grpc.StatusCode) -> int:
 class StepError(Exception):
     """A pipeline step failed; carries the step, the gRPC status and a safe message."""
 
-    def __init__(self, step: str, code: grpc.StatusCode, message: str) -> None:
+    def __init__(
+        self, step: str, code: grpc.StatusCode, message: str, http: int | None = None
+    ) -> None:
         super().__init__(f"step '{step}': {message}")
         self.step = step
         self.code = code
         self.message = message
+        self._http = http
+        """Set where the gRPC status says less than the situation (a message over the
+        size limit is RESOURCE_EXHAUSTED in gRPC, not a full queue: 413, not 429)."""
 
     @property
     def http_status(self) -> int:
-        return http_status(self.code)
+        return self._http if self._http is not None else http_status(self.code)
 
 
 class DefinitionError(ValueError):

@@ -2,19 +2,23 @@
 
 One absolute deadline per request (loop time); every call gets what is left
 of it (or less, its own timeout_ms). A failing all_or_nothing branch cancels
-its siblings; a finished or failed request leaves no call running.
+its siblings; a finished or failed request leaves no call running. A request keeps a
+tensor only while a later step or its result still reads it, and every byte it keeps
+is on its ledger (proxy/admission.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
 
-from proxy import metrics
+from proxy import chunks, metrics
+from proxy.admission import Ledger
 from proxy.client import Channels, infer_with_retries
 from proxy.combine import combine
 from proxy.definitions import CallSpec, CallStep, Condition, ParallelSpec, ParallelStep, Plan, Step
@@ -38,10 +42,30 @@ class Run:
     plan: Plan
     request_id: str
     deadline: float
+    ledger: Ledger
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
     branches: dict[str, dict[str, dict[str, np.ndarray]]] = field(default_factory=dict)
     steps: list[StepStatus] = field(default_factory=list)
     partial: bool = False
+
+    def remaining(self) -> float:
+        return self.deadline - asyncio.get_running_loop().time()
+
+    def put(self, ref: str, value: np.ndarray) -> None:
+        self.ledger.hold(_nbytes(value))
+        self.tensors[ref] = value
+
+    def put_branches(self, step: str, outputs: dict[str, dict[str, np.ndarray]]) -> None:
+        self.ledger.hold(sum(_nbytes(v) for out in outputs.values() for v in out.values()))
+        self.branches[step] = outputs
+
+    def keep_only(self, producers: frozenset[str]) -> None:
+        """Drop every tensor no later step or the result reads (its bytes leave the ledger)."""
+        for ref in [r for r in self.tensors if r.partition(".")[0] not in producers]:
+            self.ledger.release(_nbytes(self.tensors.pop(ref)))
+        for step in [s for s in self.branches if s not in producers]:
+            outputs = self.branches.pop(step)
+            self.ledger.release(sum(_nbytes(v) for out in outputs.values() for v in out.values()))
 
     def resolve(self, ref: str, step: str) -> np.ndarray:
         try:
@@ -58,9 +82,11 @@ class Executor:
     def __init__(self, channels: Channels) -> None:
         self.channels = channels
 
-    async def run(self, plan: Plan, body: bytes, request_id: str, budget_s: float) -> Run:
-        loop = asyncio.get_running_loop()
-        run = Run(plan, request_id, loop.time() + budget_s)
+    async def run(
+        self, plan: Plan, body: bytes, request_id: str, deadline: float, ledger: Ledger
+    ) -> Run:
+        """`deadline` is absolute (loop time); the upload is already on `ledger`."""
+        run = Run(plan, request_id, deadline, ledger)
         upload = np.empty(1, dtype=object)
         upload[0] = body
         run.tensors[f"request.{plan.pipeline.input}"] = upload
@@ -78,6 +104,7 @@ class Executor:
                 await self._parallel(spec.parallel, run)
             else:
                 await self._switch(spec.switch, run)
+            run.keep_only(run.plan.keep_after[id(spec)])
 
     async def _invoke(
         self,
@@ -93,19 +120,37 @@ class Executor:
         feeds = {name: run.resolve(ref, label) for name, ref in inputs.items()}
         start = time.perf_counter()
         status, error = "ok", None
-        try:
+
+        async def call(inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
             return await infer_with_retries(
                 self.channels,
                 label,
                 target.address,
                 target.model,
-                feeds,
+                inputs,
                 version=target.version,
                 outputs=outputs,
                 deadline=run.deadline,
                 per_call_s=None if timeout_ms is None else timeout_ms / 1000,
                 retries=retries,
                 request_id=run.request_id,
+            )
+
+        try:
+            if (
+                max(a.shape[0] if a.ndim else 1 for a in feeds.values()) <= 1
+                and sum(_nbytes(a) for a in feeds.values())
+                <= chunks.HEADROOM * self.channels.max_message
+            ):
+                return await call(feeds)  # one row that fits: the common case, no lookup
+            max_batch = await self.channels.batch_size(
+                target.address, target.model, target.version, max(0.05, run.remaining())
+            )
+            rows = chunks.plan(feeds, max_batch, self.channels.max_message, label)
+            return (
+                await call(feeds)
+                if rows is None
+                else await chunks.call_in_chunks(call, feeds, rows)
             )
         except StepError as exc:
             status, error = exc.code.name.lower(), exc.message
@@ -129,7 +174,7 @@ class Executor:
             step.name,
         )
         for name, value in out.items():
-            run.tensors[f"{step.name}.{name}"] = value
+            run.put(f"{step.name}.{name}", value)
 
     async def _parallel(self, step: ParallelStep, run: Run) -> None:
         branches = run.plan.branches(step)
@@ -168,9 +213,9 @@ class Executor:
             raise StepError(step.name, first.code, f"every branch failed; {first}")  # type: ignore[union-attr]
         if len(succeeded) < len(tasks):
             run.partial = True
-        run.branches[step.name] = succeeded
+        run.put_branches(step.name, succeeded)
         for name, value in combine(step.combine, succeeded).items():
-            run.tensors[f"{step.name}.{name}"] = value
+            run.put(f"{step.name}.{name}", value)
         latency = (time.perf_counter() - start) * 1000
         status = "ok" if len(succeeded) == len(tasks) else "partial"
         failed_names = sorted(set(tasks) - set(succeeded))
@@ -193,6 +238,12 @@ class Executor:
             chosen = step.default
         run.steps.append(StepStatus(step.name, "ok", 0.0, None))
         await self._steps(chosen, run)
+
+
+def _nbytes(value: np.ndarray) -> int:
+    if value.dtype == object:
+        return sum(len(v) if isinstance(v, bytes | str) else 8 for v in value.reshape(-1))
+    return value.nbytes
 
 
 def _matches(cond: Condition, value: np.ndarray) -> bool:

@@ -19,3 +19,6 @@ STEP_LATENCY = Histogram(
     buckets=_BUCKETS,
 )
 IN_FLIGHT = Gauge("proxy_in_flight_requests", "Pipeline requests being served")
+BYTES_IN_FLIGHT = Gauge(
+    "proxy_bytes_in_flight", "Bytes held by uploads and the tensors of requests in flight"
+)

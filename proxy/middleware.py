@@ -1,5 +1,5 @@
-"""Request id and API key, as plain ASGI middleware (Starlette's BaseHTTPMiddleware costs
-a task and a stream per request on the hot path)."""
+"""Request id, API key and the last line of error handling, as plain ASGI middleware
+(Starlette's BaseHTTPMiddleware costs a task and a stream per request on the hot path)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-import orjson
-
+from proxy.disconnect import ClientGone
+from proxy.problems import Problem, error_response, problem_response
 from v2server.logs import REQUEST_ID
 
 Scope = MutableMapping[str, Any]
@@ -23,8 +23,11 @@ _PLAIN_ID = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
 
 class RequestContext:
     """Give every request an id (a short, plain X-Request-Id is kept; anything else is
-    replaced, since ids travel in gRPC metadata and logs), echo it in the answer, and
-    check the API key when one is configured."""
+    replaced, since ids travel in gRPC metadata and logs), echo it in the answer, check
+    the API key when one is configured, and answer any error that escaped the app in our
+    shape: a bug becomes a 500 here, inside the server, so the connection stays usable
+    for the client's next request (Starlette's outermost layer would re-raise it and
+    uvicorn would drop the connection)."""
 
     def __init__(self, app: Callable, api_key: str | None, open_paths: set[str]) -> None:
         self.app = app
@@ -46,23 +49,15 @@ class RequestContext:
             if auth[:7].lower() == b"bearer ":
                 key = auth[7:]
             if not hmac.compare_digest(key, self.api_key):
-                body = orjson.dumps({"error": "missing or wrong API key", "id": request_id})
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 401,
-                        "headers": [
-                            (b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode()),
-                            id_header,
-                        ],
-                    }
-                )
-                await send({"type": "http.response.body", "body": body})
+                refusal = problem_response(Problem(401, "missing or wrong API key"), request_id)
+                await refusal(scope, receive, send)
                 return
+        started = False
 
         async def send_with_id(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 headers = list(message.get("headers", []))
                 # Error answers carry the id already (they are also made outside this layer).
                 if not any(name.lower() == b"x-request-id" for name, _ in headers):
@@ -73,5 +68,11 @@ class RequestContext:
         token = REQUEST_ID.set(request_id)
         try:
             await self.app(scope, receive, send_with_id)
+        except ClientGone:
+            pass  # nobody to answer
+        except Exception as exc:
+            if started:
+                raise  # half an answer went out: only closing the connection is honest
+            await error_response(exc, request_id)(scope, receive, send)
         finally:
             REQUEST_ID.reset(token)

@@ -6,6 +6,8 @@ from pathlib import Path
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from proxy.uploads import UploadLimits
+
 DEFAULT_PIPELINES = Path(__file__).resolve().parent / "pipelines.yaml"
 
 
@@ -17,11 +19,29 @@ class ProxySettings(BaseSettings):
     pipelines: Path = DEFAULT_PIPELINES
     """The pipeline definition file."""
     max_body_mb: float = 20.0
-    """Largest request body; larger ones get 413."""
+    """Largest request body; larger ones get 413 as soon as the excess arrives."""
+    min_upload_kbps: float = 32.0
+    """Slowest body accepted after its first 2 s (KiB/s); slower gets 408. The request's
+    budget (X-Request-Timeout-Ms, or the pipeline's) covers the upload too."""
+    max_head_kb: float = 32.0
+    """Largest request line plus headers; more gets 431."""
+    max_headers: int = 100
+    """Most header lines; more gets 431."""
+    head_timeout_s: float = 10.0
+    """Time from a request's first byte to the end of its headers; more gets 408."""
+    max_connections: int = 1024
+    """Open connections and requests; beyond, uvicorn answers 503."""
     max_timeout_ms: float = 60_000
     """Cap on X-Request-Timeout-Ms."""
     max_in_flight: int = 512
     """Pipeline requests served at once; more get 503 with Retry-After."""
+    max_inflight_mb: float = 1024.0
+    """Bytes that uploads and the tensors of requests in flight may hold together; while
+    they hold more, new requests get 503 with Retry-After."""
+    max_request_mb: float = 512.0
+    """Bytes one request's upload and tensors may hold; more gets 413."""
+    v2_timeout_ms: float = 30_000
+    """Budget of a v2 REST call forwarded to a service."""
     ready_timeout_ms: float = 1000
     """Per-endpoint timeout of the /readyz checks."""
     api_key: str | None = None
@@ -35,3 +55,6 @@ class ProxySettings(BaseSettings):
     """PEM client certificate for services that require one (mutual TLS); needs tls_key."""
     tls_key: Path | None = None
     log_level: str = "INFO"
+
+    def upload_limits(self) -> UploadLimits:
+        return UploadLimits(int(self.max_body_mb * 2**20), self.min_upload_kbps * 1024)

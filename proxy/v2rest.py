@@ -3,24 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-import orjson
 from fastapi import FastAPI, Path, Request, Response
 from google.protobuf.json_format import MessageToDict
 from grpc import aio
 
 from protos import codec, pb
-from proxy import schemas
+from protos.errors import InvalidInput
+from proxy import schemas, v2json
 from proxy.client import Channels
 from proxy.definitions import Plan
+from proxy.disconnect import until_disconnect
 from proxy.errors import http_status
+from proxy.problems import Problem, json_response
 from proxy.results import to_json
-
-TIMEOUT_S = 30.0
+from proxy.uploads import UploadLimits, read_body
 
 
 def _models(plans: Mapping[str, Plan]) -> dict[str, str]:
@@ -32,36 +31,12 @@ def _models(plans: Mapping[str, Plan]) -> dict[str, str]:
     return hosts
 
 
-def _tensor(spec: Any, where: str, problem: type[Exception]) -> tuple[str, np.ndarray]:
-    if not isinstance(spec, dict) or not {"name", "shape", "datatype", "data"} <= set(spec):
-        raise problem(400, f"{where}: each input needs name, shape, datatype and data")
-    name, shape, datatype = spec["name"], spec["shape"], spec["datatype"]
-    if datatype not in codec.DATATYPE_TO_DTYPE or datatype == "FP16":
-        raise problem(400, f"input '{name}': unsupported datatype {datatype!r} in JSON")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise problem(400, f"input '{name}': shape must be a list of non-negative integers")
-    flat = np.array(spec["data"], dtype=object).reshape(-1)
-    if flat.size != math.prod(shape):
-        raise problem(400, f"input '{name}': {flat.size} values do not fill shape {shape}")
-    try:
-        if datatype == "BYTES":
-            arr = np.array(
-                [v.encode() if isinstance(v, str) else bytes(v) for v in flat], dtype=object
-            )
-        else:
-            arr = flat.astype(codec.DATATYPE_TO_DTYPE[datatype])
-    except (TypeError, ValueError, OverflowError):
-        raise problem(400, f"input '{name}': data does not fit {datatype}") from None
-    return name, arr.reshape(shape)
-
-
 def mount(
     app: FastAPI,
     plans: Mapping[str, Plan],
     channels: Channels,
-    json_response: Callable[..., Response],
-    problem: type[Exception],
-    max_bytes: int,
+    uploads: UploadLimits,
+    timeout_s: float,
 ) -> None:
     hosts = _models(plans)
     # Documented, not enforced: an unknown model gets our 404 naming the served ones.
@@ -70,11 +45,11 @@ def mount(
     def host(model: str) -> str:
         address = hosts.get(model)
         if address is None:
-            raise problem(404, f"unknown model '{model}' (served: {', '.join(sorted(hosts))})")
+            raise Problem(404, f"unknown model '{model}' (served: {', '.join(sorted(hosts))})")
         return address
 
     def downstream(exc: aio.AioRpcError, model: str) -> Exception:
-        return problem(
+        return Problem(
             http_status(exc.code()), f"model '{model}': {exc.details()}", code=exc.code().name
         )
 
@@ -111,7 +86,7 @@ def mount(
                 "ModelMetadata",
                 pb.ModelMetadataRequest(name=model),
                 pb.ModelMetadataResponse,
-                TIMEOUT_S,
+                timeout_s,
             )
         except aio.AioRpcError as exc:
             raise downstream(exc, model) from None
@@ -135,29 +110,28 @@ def mount(
 
     async def _infer(model: str, version: str, request: Request) -> Response:
         address = host(model)
-        raw = await request.body()
-        if len(raw) > max_bytes:
-            raise problem(413, f"body exceeds the limit of {max_bytes} bytes")
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        raw = await read_body(request, uploads, deadline)
         try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise problem(400, f"body is not JSON: {exc}") from None
-        if not isinstance(body, dict) or not isinstance(body.get("inputs"), list):
-            raise problem(400, "body must be an object with an 'inputs' list")
-        inputs = dict(_tensor(t, f"inputs[{i}]", problem) for i, t in enumerate(body["inputs"]))
-        wanted = [o["name"] for o in body.get("outputs") or [] if isinstance(o, dict)]
+            parsed = v2json.parse(raw, uploads.max_bytes)
+        except InvalidInput as exc:
+            raise Problem(400, str(exc)) from None
         # The v2 `id` is echoed as given; downstream (message id, gRPC metadata, logs) the
         # proxy's sanitised request id travels instead: metadata must be short plain ASCII.
-        request_id = str(body.get("id") or request.state.request_id)
+        request_id = parsed.id or request.state.request_id
+        remaining = deadline - asyncio.get_running_loop().time()
         try:
-            outputs = await channels.infer(
-                address,
-                model,
-                inputs,
-                version=version,
-                outputs=wanted,
-                timeout=TIMEOUT_S,
-                request_id=request.state.request_id,
+            outputs = await until_disconnect(
+                request,
+                channels.infer(
+                    address,
+                    model,
+                    parsed.inputs,
+                    version=version,
+                    outputs=parsed.outputs,
+                    timeout=max(remaining, 0.001),
+                    request_id=request.state.request_id,
+                ),
             )
         except aio.AioRpcError as exc:
             raise downstream(exc, model) from None
@@ -181,7 +155,7 @@ def mount(
     infer_docs: dict[str, Any] = {
         "tags": ["v2"],
         "response_model": schemas.InferenceResponse,
-        "responses": schemas.errors(400, 401, 404, 413, 429, 501, 502, 503, 504),
+        "responses": schemas.errors(400, 401, 404, 408, 413, 429, 501, 502, 503, 504),
         "openapi_extra": schemas.json_body(schemas.InferenceRequest),
     }
 

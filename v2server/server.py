@@ -12,6 +12,7 @@ import time
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from v2server import metrics
 from v2server.interceptors import ErrorMappingInterceptor, InFlight
 from v2server.metrics import serve_metrics
 from v2server.model import ModelRepository
@@ -45,6 +46,8 @@ class V2Server:
             limits=settings.tensor_limits(),
             shared_memory=settings.shared_memory,
             in_flight=self._in_flight,
+            stream_window_bytes=int(settings.stream_window_mb * 2**20),
+            max_inflight_bytes=int(settings.max_inflight_mb * 2**20),
         )
         self.health: health.aio.HealthServicer | None = None
         self._server: aio.Server | None = None
@@ -94,6 +97,7 @@ class V2Server:
         where = {"address": f"{self.settings.host}:{self.port}", "tls": credentials is not None}
         log.info("listening", extra={"fields": where})
         await self.repository.start()
+        metrics.SERVED.update(self.repository.names())
         if self.settings.metrics_port is not None:
             self.metrics_port = serve_metrics(self.settings.host, self.settings.metrics_port)
         for service in ("", SERVICE_NAME):

@@ -12,7 +12,8 @@ from grpc import aio
 
 from protos import codec, pb, pb_grpc, wire
 from protos.codec import TensorLimits
-from protos.errors import InvalidInput, NotFound, Unavailable
+from protos.errors import InvalidInput, NotFound, Overloaded, Unavailable
+from v2server.bytewindow import ByteWindow
 from v2server.interceptors import CallScope, InFlight, error_status, request_id_of
 from v2server.model import ModelRepository, ServedModel, TensorSpec
 from v2server.shm import SharedMemory
@@ -45,6 +46,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         limits: TensorLimits = codec.DEFAULT_LIMITS,
         shared_memory: bool = False,
         in_flight: InFlight | None = None,
+        stream_window_bytes: int = 64 << 20,
+        max_inflight_bytes: int = 1 << 30,
     ) -> None:
         self._repository = repository
         self._name = server_name
@@ -54,6 +57,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         """Set on shutdown: the server stays live but stops reporting ready."""
         self.shared = SharedMemory(enabled=shared_memory)
         self._in_flight = in_flight or InFlight()
+        self._stream_window_bytes = stream_window_bytes
+        self._held = ByteWindow(max_inflight_bytes)
+        """Bytes of inference requests this service holds (unary and streamed)."""
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: aio.ServicerContext):
         return pb.ServerLiveResponse(live=True)
@@ -126,7 +132,16 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         request: pb.ModelInferRequest | wire.ParsedInferRequest,
         context: aio.ServicerContext,
     ) -> bytes:
-        return await self.answer(request, context.time_remaining())
+        size = getattr(request, "size", 0)
+        if not self._held.take(size):
+            raise Overloaded(
+                f"server holds {self._held.used >> 20} MiB of requests "
+                f"(limit {self._held.limit >> 20} MiB); retry later"
+            )
+        try:
+            return await self.answer(request, context.time_remaining())
+        finally:
+            await self._held.give(size)
 
     async def ModelStreamInfer(
         self,
@@ -136,24 +151,29 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         """Every request of the stream runs as soon as it arrives and is answered when
         done; a failed one is answered with its error_message and the stream goes on."""
         stream_id = request_id_of(context)
-        answers: asyncio.Queue[bytes | None] = asyncio.Queue()
+        answers: asyncio.Queue[tuple[bytes, int] | None] = asyncio.Queue()
         running: set[asyncio.Task[None]] = set()
         window = asyncio.Semaphore(STREAM_WINDOW)
+        stream_bytes = ByteWindow(self._stream_window_bytes)
 
         async def one(request: wire.ParsedInferRequest) -> None:
             request_id = request.id or stream_id
             with CallScope(self._in_flight, "ModelStreamInfer", request, request_id) as call:
                 try:
                     body = await self.answer(request, context.time_remaining())
-                    answers.put_nowait(wire.stream_response(body))
+                    answers.put_nowait((wire.stream_response(body), request.size))
                 except Exception as exc:
                     call.code, text = error_status(exc, "ModelStreamInfer")
-                    answers.put_nowait(_stream_error(request.message, text))
+                    answers.put_nowait((_stream_error(request.message, text), request.size))
 
         async def read() -> None:
             try:
                 async for request in requests:
+                    # Not read on until there is room, in messages and in bytes: a sender
+                    # that does not read its answers is held back by flow control.
                     await window.acquire()
+                    await stream_bytes.wait_take(request.size)
+                    await self._held.wait_take(request.size)
                     task = asyncio.create_task(one(request))
                     running.add(task)
                     task.add_done_callback(running.discard)
@@ -164,14 +184,18 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
         reader = asyncio.create_task(read())
         try:
-            while (answer := await answers.get()) is not None:
+            while (item := await answers.get()) is not None:
+                answer, size = item
                 yield answer
                 window.release()
+                await stream_bytes.give(size)
+                await self._held.give(size)
             await reader  # the caller's half-close or a broken stream surfaces here
         finally:
             reader.cancel()
             for task in list(running):
                 task.cancel()
+            await self._held.give(stream_bytes.used)  # what unsent answers still held
 
     async def answer(
         self, request: pb.ModelInferRequest | wire.ParsedInferRequest, remaining: float | None

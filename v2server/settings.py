@@ -39,6 +39,12 @@ class ServerSettings(BaseSettings):
     """Largest element count one tensor may declare."""
     max_inputs: int = 64
     """Most input tensors in one request."""
+    stream_window_mb: float = 64.0
+    """Bytes of requests one ModelStreamInfer stream may have running or unanswered;
+    beyond, the stream is not read until answers go out."""
+    max_inflight_mb: float = 1024.0
+    """Bytes of requests the whole service may hold; beyond, unary requests get
+    RESOURCE_EXHAUSTED and streams wait."""
     tls_cert: Path | None = None
     """PEM certificate (chain) to serve TLS with; needs tls_key. Unset: plaintext."""
     tls_key: Path | None = None

@@ -80,7 +80,7 @@ def test_not_an_image_is_invalid_and_named(stub: pb_grpc.GRPCInferenceServiceStu
     with pytest.raises(grpc.RpcError) as info:
         stub.ModelInfer(request, timeout=TIMEOUT)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "input 'image' element 1 is not a decodable image" in (info.value.details() or "")
+    assert "input 'image' element 1 is GIF, not a decodable image" in (info.value.details() or "")
 
 
 @settings(

@@ -1,0 +1,124 @@
+"""Calls larger than a model's batch or a message go in chunks; what cannot be split is
+a 413 naming the limit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from proxy import chunks
+from proxy.errors import StepError
+from tests.proxy.scripted import ScriptedModel
+from tests.proxy.test_pipelines import post, servers  # noqa: F401  (fixture)
+from v2server.model import Scheduling, TensorSpec
+
+
+async def _rows(inputs, deadline):
+    """x -> n rows of [1, 2, 3] * row index: the body says how many rows."""
+    n = int(np.frombuffer(inputs["raw"].reshape(-1)[0], np.int32)[0])
+    return {"x": (np.arange(n, dtype=np.float32)[:, None] * np.array([1, 2, 3], np.float32))}
+
+
+def source() -> ScriptedModel:
+    return ScriptedModel(
+        "rows",
+        _rows,
+        inputs=(TensorSpec("raw", "BYTES", (-1,)),),
+        outputs=(TensorSpec("x", "FP32", (-1, 3)),),
+    )
+
+
+def batching(max_batch: int) -> ScriptedModel:
+    """y = x * 2, and `width`: each row padded to the chunk's row count (a ragged output)."""
+    seen: list[int] = []
+
+    async def fn(inputs, deadline):
+        x = inputs["x"]
+        seen.append(len(x))
+        return {"y": x * 2, "width": np.ones((len(x), min(len(x), 8)), np.float32)}
+
+    model = ScriptedModel(
+        "double",
+        fn,
+        inputs=(TensorSpec("x", "FP32", (-1, -1)), TensorSpec("z", "FP32", (-1, -1))),
+        outputs=(TensorSpec("y", "FP32", (-1, -1)), TensorSpec("width", "FP32", (-1, -1))),
+        scheduling=Scheduling(max_batch_size=max_batch),
+    )
+    model.seen = seen  # type: ignore[attr-defined]
+    return model
+
+
+PIPES = {
+    "p": {
+        "input": "raw",
+        "steps": [
+            {
+                "call": {
+                    "name": "rows",
+                    "endpoint": "ROWS_URL",
+                    "model": "rows",
+                    "inputs": {"raw": "request.raw"},
+                }
+            },
+            {
+                "call": {
+                    "name": "double",
+                    "endpoint": "DOUBLE_URL",
+                    "model": "double",
+                    "inputs": {"x": "rows.x", "z": "rows.x"},
+                }
+            },
+        ],
+        "result": {"y": "double.y", "width": "double.width"},
+    }
+}
+
+
+async def test_rows_beyond_the_batch_size_go_in_chunks(servers, make_client) -> None:  # noqa: F811
+    model = batching(4)
+    env = {"ROWS_URL": await servers(source()), "DOUBLE_URL": await servers(model)}
+    async with make_client(PIPES, env) as client:
+        r = await post(client, "p", np.array([10], np.int32).tobytes())
+    assert r.status_code == 200, r.text
+    assert sorted(model.seen) == [2, 4, 4]
+    y = np.array(r.json()["result"]["y"])
+    np.testing.assert_array_equal(y, np.arange(10)[:, None] * np.array([2, 4, 6]))
+    width = np.array(r.json()["result"]["width"])
+    # Chunks of 4, 4 and 2 rows padded with zeros to the widest (4).
+    assert width.shape == (10, 4) and width[:8].all() and not width[8:, 2:].any()
+
+
+async def test_a_call_over_the_message_limit_is_split(servers, make_client) -> None:  # noqa: F811
+    model = batching(100_000)
+    env = {"ROWS_URL": await servers(source()), "DOUBLE_URL": await servers(model)}
+    async with make_client(PIPES, env, max_message_mb=1) as client:
+        # 60,000 rows of 12 bytes come back from `rows` (720 KB); `double` takes them twice
+        r = await post(client, "p", np.array([60_000], np.int32).tobytes())
+    assert r.status_code == 200, r.text[:300]
+    assert len(model.seen) == 2 and sum(model.seen) == 60_000
+
+
+async def test_what_cannot_be_split_is_413(servers, make_client) -> None:  # noqa: F811
+    model = batching(0)  # does not batch: rows may not be split
+    env = {"ROWS_URL": await servers(source()), "DOUBLE_URL": await servers(model)}
+    async with make_client(PIPES, env, max_message_mb=1) as client:
+        r = await post(client, "p", np.array([60_000], np.int32).tobytes())
+    assert r.status_code == 413 and "Retry-After" not in r.headers
+    assert r.json()["step"] == "double" and "does not batch" in r.json()["error"]
+    assert model.seen == []
+
+
+async def test_an_answer_over_the_message_limit_is_413_not_429(servers, make_client) -> None:  # noqa: F811
+    env = {"ROWS_URL": await servers(source()), "DOUBLE_URL": await servers(batching(0))}
+    pipes = {"p": {**PIPES["p"], "steps": PIPES["p"]["steps"][:1], "result": {"x": "rows.x"}}}
+    async with make_client(pipes, env, max_message_mb=1) as client:
+        r = await post(client, "p", np.array([200_000], np.int32).tobytes())  # 2.4 MB answer
+    assert r.status_code == 413 and "Retry-After" not in r.headers
+    assert "over the size limit" in r.json()["error"]
+
+
+def test_a_single_row_too_large_is_named() -> None:
+    big = {"x": np.zeros((2, 600_000), np.float32)}
+    with pytest.raises(StepError) as info:
+        chunks.plan(big, 8, 1 << 20, "s")
+    assert info.value.http_status == 413 and "one row" in info.value.message
