@@ -130,8 +130,7 @@ def _check_jpeg(data: bytes, pixels: int, where: str, limits: ImageLimits) -> No
     scans = data.count(b"\xff\xda")
     if scans > limits.max_jpeg_scans:
         raise InvalidInput(
-            f"{where} is a JPEG with {scans} scans, more than the limit of "
-            f"{limits.max_jpeg_scans}"
+            f"{where} is a JPEG with {scans} scans, more than the limit of {limits.max_jpeg_scans}"
         )
 
 
@@ -173,8 +172,7 @@ def decode(data: bytes, where: str, limits: ImageLimits, color: str = "bgr") -> 
         raise InvalidInput(f"{where} declares a zero-size image ({w}x{h})")
     if w * h > limits.max_pixels:
         raise InvalidInput(
-            f"{where} declares {w}x{h} = {w * h} pixels, more than the limit of "
-            f"{limits.max_pixels}"
+            f"{where} declares {w}x{h} = {w * h} pixels, more than the limit of {limits.max_pixels}"
         )
     if kind == "jpeg":
         _check_jpeg(data, w * h, where, limits)

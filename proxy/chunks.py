@@ -7,7 +7,7 @@ rows in chunks that fit both, at most `PARALLEL` at a time, and joins the answer
 order; outputs whose other dimensions differ between chunks (a ragged model's, padded
 per chunk) are padded with zeros to the widest, as the model pads within a chunk. A call
 to a model that does not batch, or a single row too large for a message, is refused
-with 413.
+with 413. Chunks are sized by what is sent; an answer over the limit is a 413 too.
 """
 
 from __future__ import annotations
