@@ -9,6 +9,8 @@ before decoding (for callers that reach it directly).
 
 from __future__ import annotations
 
+import struct
+
 ACCEPTED = {"png": "PNG", "jpeg": "JPEG", "bmp": "BMP", "webp": "WebP", "tiff": "TIFF"}
 """Format key -> the name messages use."""
 
@@ -60,3 +62,88 @@ def describe(data: bytes) -> str:
 
 def accepted_names() -> str:
     return ", ".join(ACCEPTED.values())
+
+
+# ---------------------------------------------------------------- declared sizes
+
+
+def _png(data: bytes) -> tuple[int, int] | None:
+    if data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) >= 24 and data[12:16] == b"IHDR":
+        w, h = struct.unpack(">II", data[16:24])
+        return w, h
+    return None
+
+
+def _jpeg(data: bytes) -> tuple[int, int] | None:
+    if data[:2] != b"\xff\xd8":
+        return None
+    pos = 2
+    while pos + 4 <= len(data):
+        if data[pos] != 0xFF:
+            pos += 1
+            continue
+        marker = data[pos + 1]
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7 or marker == 0xFF:
+            pos += 1 if marker == 0xFF else 2
+            continue
+        (length,) = struct.unpack(">H", data[pos + 2 : pos + 4])
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            if pos + 9 > len(data):
+                return None
+            h, w = struct.unpack(">HH", data[pos + 5 : pos + 9])
+            return w, h
+        pos += 2 + length
+    return None
+
+
+def _bmp(data: bytes) -> tuple[int, int] | None:
+    if data[:2] == b"BM" and len(data) >= 26:
+        w, h = struct.unpack("<ii", data[18:26])
+        return abs(w), abs(h)
+    return None
+
+
+def _webp(data: bytes) -> tuple[int, int] | None:
+    if data[:4] != b"RIFF" or data[8:12] != b"WEBP" or len(data) < 30:
+        return None
+    chunk = data[12:16]
+    if chunk == b"VP8X":
+        w = int.from_bytes(data[24:27], "little") + 1
+        h = int.from_bytes(data[27:30], "little") + 1
+        return w, h
+    if chunk == b"VP8 ":
+        w, h = struct.unpack("<HH", data[26:30])
+        return w & 0x3FFF, h & 0x3FFF
+    if chunk == b"VP8L" and len(data) >= 25:
+        bits = int.from_bytes(data[21:25], "little")
+        return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+    return None
+
+
+def _tiff(data: bytes) -> tuple[int, int] | None:
+    if data[:4] not in (b"II*\x00", b"MM\x00*") or len(data) < 8:
+        return None
+    order = "<" if data[:2] == b"II" else ">"
+    (ifd,) = struct.unpack(order + "I", data[4:8])
+    if ifd + 2 > len(data):
+        return None
+    (count,) = struct.unpack(order + "H", data[ifd : ifd + 2])
+    size: dict[int, int] = {}
+    for i in range(min(count, 512)):
+        entry = data[ifd + 2 + 12 * i : ifd + 14 + 12 * i]
+        if len(entry) < 12:
+            break
+        tag, kind = struct.unpack(order + "HH", entry[:4])
+        if tag in (256, 257):  # ImageWidth, ImageLength: SHORT or LONG
+            fmt = order + ("H" if kind == 3 else "I")
+            (size[tag],) = struct.unpack(fmt, entry[8 : 8 + struct.calcsize(fmt)])
+    return (size[256], size[257]) if len(size) == 2 else None
+
+
+def declared_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) from the header of a PNG, JPEG, BMP, WebP or TIFF; None if unknown."""
+    for reader in (_png, _jpeg, _bmp, _webp, _tiff):
+        size = reader(data)
+        if size is not None:
+            return size
+    return None

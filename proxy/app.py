@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from protos import media
 from proxy import definitions, metrics, schemas, v2rest
-from proxy.admission import Admission
+from proxy.admission import Admission, PipelineLimits
 from proxy.client import Channels
 from proxy.disconnect import ClientGone, until_disconnect
 from proxy.errors import StepError
@@ -97,6 +97,15 @@ def create_app(
         settings.max_in_flight,
         int(settings.max_inflight_mb * 2**20),
         int(settings.max_request_mb * 2**20),
+        {
+            name: PipelineLimits(
+                plan.pipeline.max_in_flight,
+                None
+                if plan.pipeline.max_inflight_mpx is None
+                else int(plan.pipeline.max_inflight_mpx * 1e6),
+            )
+            for name, plan in plans.items()
+        },
     )
     open_paths = {p.strip() for p in settings.open_paths.split(",") if p.strip()}
 
@@ -158,15 +167,12 @@ def create_app(
                     f"the upload is {media.describe(body)}; pipeline '{name}' takes "
                     + ", ".join(media.ACCEPTED[k] for k in accepted),
                 )
-            async with admission.slot():
-                metrics.IN_FLIGHT.inc()
-                try:
-                    run = await until_disconnect(
-                        request, executor.run(plan, body, request_id, deadline, ledger)
-                    )
-                    result = executor.result(run)
-                finally:
-                    metrics.IN_FLIGHT.dec()
+            width, height = media.declared_size(body) or (0, 0)
+            async with admission.admit(name, width * height):
+                run = await until_disconnect(
+                    request, executor.run(plan, body, request_id, deadline, ledger)
+                )
+                result = executor.result(run)
             status = "200"
         except StepError as exc:
             status = str(exc.http_status)

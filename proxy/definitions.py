@@ -120,6 +120,15 @@ class Pipeline(_Strict):
     other upload gets 415. Unset: the body is passed on whatever it is."""
     timeout_ms: float = Field(default=5000, gt=0)
     """Budget of a request unless X-Request-Timeout-Ms asks for less (or more, up to the cap)."""
+    max_in_flight: int | None = Field(default=None, ge=1)
+    """Requests of this pipeline served at once; more get 503 with Retry-After at once.
+    Beyond what the services can finish within the budget, a queue only turns every
+    answer into a 504: shedding the excess keeps the admitted ones in time."""
+    max_inflight_mpx: float | None = Field(default=None, gt=0)
+    """Megapixels of uploaded images (as their headers declare them) this pipeline may
+    work on at once; more get 503 with Retry-After at once. An image's cost grows with its
+    pixels: a page photo costs what a hundred text lines do, so a count of requests alone
+    cannot keep a crowd of large pages within the budget."""
     steps: list[Step] = Field(min_length=1)
     result: dict[str, Any]
 

@@ -32,10 +32,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._in_head = True
+        self._in_head = False
         self._head_bytes = 0
         self._parsed_bytes = 0
         self._header_count = 0
+        self._heads_done = 0
         self._head_timer: asyncio.TimerHandle | None = None
         self._refusal: tuple[int, str] | None = None
 
@@ -57,15 +58,16 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self.parser is None:  # refused: the connection is closing
             return
-        if self._in_head and self._head_timer is None and not self.transport.is_closing():
-            self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_too_slow)
+        head_open, heads_done = self._in_head, self._heads_done
         try:
             super().data_received(data)
         finally:
             if self._refusal is not None:
                 self._refuse(*self._refusal)
-            elif self._in_head and self.parser is not None:
-                # Still inside the head after this chunk: every byte of it was head.
+            elif head_open and self._in_head and self._heads_done == heads_done:
+                # A head was open before this chunk and still is after it: all of it was
+                # head. (A head that began inside the chunk is counted from the next one,
+                # and by the parser's callbacks meanwhile.)
                 self._head_bytes += len(data)
                 if self._head_bytes > self.max_head_bytes:
                     self._refuse(431, f"request head over {self.max_head_bytes} bytes")
@@ -75,6 +77,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._parsed_bytes = 0
         self._header_count = 0
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_too_slow)
         super().on_message_begin()
 
     def send_400_response(self, msg: str) -> None:
@@ -105,12 +109,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        self._heads_done += 1
         self._cancel_head_timer()
         super().on_headers_complete()
-
-    def on_message_complete(self) -> None:
-        super().on_message_complete()
-        self._in_head = True  # the next request on this connection starts its head
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()

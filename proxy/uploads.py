@@ -37,7 +37,9 @@ async def read_body(
     byte received goes on `ledger` as it arrives."""
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limits.max_bytes:
-        raise Problem(413, f"body of {length} bytes exceeds the limit of {limits.max_bytes}")
+        raise Problem(
+            413, f"body of {length} bytes exceeds the limit of {limits.max_bytes}", close=True
+        )
     loop = asyncio.get_running_loop()
     started = loop.time()
     chunks: list[bytes] = []

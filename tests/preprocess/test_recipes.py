@@ -15,6 +15,7 @@ from preprocess import images
 from preprocess.ocr import ctc_greedy, latin_punctuation
 from preprocess.recipes import Recipe, RecipeRepository
 from preprocess.settings import DEFAULT_RECIPES
+from protos import media
 from protos.errors import InvalidInput
 from tests.images import encode, render_lines
 
@@ -194,7 +195,7 @@ def test_bad_images_are_named(recipes: dict[str, Recipe], blob: bytes, message: 
 @pytest.mark.parametrize("ext", [".png", ".jpg", ".bmp", ".webp", ".tiff"])
 def test_headers_declare_the_true_size(ext: str) -> None:
     img = np.zeros((37, 53, 3), np.uint8)
-    assert images.declared_size(encode(img, ext)) == (53, 37)
+    assert media.declared_size(encode(img, ext)) == (53, 37)
 
 
 def test_tiff_bomb_is_refused_from_its_header() -> None:
