@@ -34,4 +34,5 @@ def test_a_normal_progressive_jpeg_still_decodes() -> None:
 
     img = np.random.default_rng(0).integers(0, 256, (300, 400, 3), dtype=np.uint8)
     ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_PROGRESSIVE, 1])
+    assert ok
     assert decode(buf.tobytes(), "upload", ImageLimits()).shape == (300, 400, 3)

@@ -184,3 +184,27 @@ async def test_v2_rest_echoes_any_id_without_sending_it_downstream(env, make_cli
             )
             assert r.status_code == 200, r.text
             assert r.json()["id"] == odd
+
+
+async def test_a_bug_is_answered_inside_the_server_so_the_connection_survives() -> None:
+    """An exception no handler knows becomes our 500 in RequestContext, and the ASGI call
+    returns normally: uvicorn closes a keep-alive connection when the app raises, and
+    the client's next request on it would fail."""
+    from proxy.middleware import RequestContext
+
+    async def broken(scope, receive, send):
+        raise RuntimeError("a bug")
+
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "path": "/x", "method": "GET", "headers": []}
+    await RequestContext(broken, api_key=None, open_paths=set())(scope, receive, send)
+    assert sent[0]["status"] == 500
+    assert b"internal error" in sent[1]["body"]
+    assert any(name == b"x-request-id" for name, _ in sent[0]["headers"])
