@@ -25,11 +25,12 @@ from pathlib import Path
 import grpc
 from grpc import aio
 
+from protos.channels import METHOD_PREFIX, SERVICE_NAME
 from proxy.definitions import CallSpec, ParallelSpec, Plan, Step, load
 from proxy.endpoints import parse
 from proxy.middleware import Receive, Scope, Send
 
-MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+MODEL_INFER = METHOD_PREFIX + "ModelInfer"
 
 
 async def _echo(port: int) -> None:
@@ -40,7 +41,7 @@ async def _echo(port: int) -> None:
     server.add_generic_rpc_handlers(
         (
             grpc.method_handlers_generic_handler(
-                "inference.GRPCInferenceService",
+                SERVICE_NAME,
                 {"ModelInfer": grpc.unary_unary_rpc_method_handler(echo)},
             ),
         )

@@ -16,12 +16,11 @@ import numpy as np
 
 from bench.loadgen import Stats, run_async
 from protos import codec, pb, wire
+from protos.channels import METHOD_PREFIX, channel_options
 from tests.procs import start_service
-from v2server.server import channel_options
 from v2server.shm import SHM_DIR
 
-SERVICE = "/inference.GRPCInferenceService/"
-MODEL_INFER = SERVICE + "ModelInfer"
+MODEL_INFER = METHOD_PREFIX + "ModelInfer"
 
 
 async def shared_memory_closed_loop(
@@ -36,12 +35,12 @@ async def shared_memory_closed_loop(
     requests: list[bytes] = []
     async with grpc.aio.insecure_channel(address, options=channel_options()) as channel:
         register = channel.unary_unary(
-            SERVICE + "SystemSharedMemoryRegister",
+            METHOD_PREFIX + "SystemSharedMemoryRegister",
             request_serializer=pb.SystemSharedMemoryRegisterRequest.SerializeToString,
             response_deserializer=pb.SystemSharedMemoryRegisterResponse.FromString,
         )
         unregister = channel.unary_unary(
-            SERVICE + "SystemSharedMemoryUnregister",
+            METHOD_PREFIX + "SystemSharedMemoryUnregister",
             request_serializer=pb.SystemSharedMemoryUnregisterRequest.SerializeToString,
             response_deserializer=pb.SystemSharedMemoryUnregisterResponse.FromString,
         )

@@ -8,7 +8,7 @@ from predictors import __version__
 from predictors.config import ConfigError
 from predictors.repository import OnnxRepository
 from predictors.settings import PredictorSettings
-from v2server import logs
+from protos import logs
 from v2server.server import run_service
 
 

@@ -10,7 +10,7 @@ from preprocess import __version__
 from preprocess.config import RecipeFileError
 from preprocess.recipes import RecipeRepository
 from preprocess.settings import PreprocessSettings
-from v2server import logs
+from protos import logs
 from v2server.server import run_service
 
 

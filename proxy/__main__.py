@@ -7,12 +7,12 @@ import sys
 
 import uvicorn
 
+from protos import logs
+from protos.tls import TLSConfigError
 from proxy.app import create_app
 from proxy.errors import DefinitionError
 from proxy.protocol import GuardedHttpToolsProtocol
 from proxy.settings import ProxySettings
-from v2server import logs
-from v2server.tls import TLSConfigError
 
 
 def main() -> int:

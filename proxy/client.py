@@ -11,10 +11,9 @@ import numpy as np
 from grpc import aio
 
 from protos import codec, pb, wire
+from protos.channels import METHOD_PREFIX, channel_options
 from proxy.errors import StepError
-from v2server.server import channel_options
 
-SERVICE = "/inference.GRPCInferenceService/"
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
 """Statuses a retry may fix: the endpoint is (re)starting or shutting down."""
 
@@ -65,7 +64,7 @@ class Channels:
     ) -> dict[str, np.ndarray]:
         """One ModelInfer; raises grpc.aio.AioRpcError. Tensors stay as received bytes."""
         call = self.get(address).unary_unary(
-            SERVICE + "ModelInfer",
+            METHOD_PREFIX + "ModelInfer",
             request_serializer=wire.serialize_infer_request,
             response_deserializer=wire.parse_infer_response,
         )
@@ -122,7 +121,7 @@ class Channels:
     async def unary(self, address: str, method: str, request, response_type, timeout: float):
         """Any other v2 RPC (metadata, health) with plain protobuf messages."""
         call = self.get(address).unary_unary(
-            SERVICE + method,
+            METHOD_PREFIX + method,
             request_serializer=type(request).SerializeToString,
             response_deserializer=response_type.FromString,
         )

@@ -9,9 +9,9 @@ import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from protos.logs import REQUEST_ID
 from proxy.disconnect import ClientGone
 from proxy.problems import Problem, error_response, problem_response
-from v2server.logs import REQUEST_ID
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -194,3 +194,13 @@ def json_body(model: type[BaseModel]) -> dict[str, Any]:
     """`openapi_extra` for a JSON body the handler parses itself (see add_components)."""
     ref = {"$ref": f"#/components/schemas/{model.__name__}"}
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
+def enumerate_path_parameters(openapi: dict[str, Any], values: dict[str, list[str]]) -> None:
+    """Document the values a path parameter can take (pipelines, models): not enforced, an
+    unknown one gets our 404 naming the known ones."""
+    for operations in openapi.get("paths", {}).values():
+        for operation in operations.values():
+            for parameter in operation.get("parameters", []):
+                if parameter.get("in") == "path" and parameter.get("name") in values:
+                    parameter["schema"]["enum"] = values[parameter["name"]]

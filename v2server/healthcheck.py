@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 
 from protos import pb, pb_grpc
-from v2server.tls import TLSConfigError, channel_credentials, sync_channel
+from protos.tls import TLSConfigError, channel_credentials, sync_channel
 
 
 def ready(

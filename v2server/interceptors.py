@@ -20,8 +20,8 @@ import grpc
 from grpc import aio
 
 from protos.errors import MeshError
+from protos.logs import REQUEST_ID
 from v2server import metrics
-from v2server.logs import REQUEST_ID
 
 log = logging.getLogger("v2server")
 

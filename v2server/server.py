@@ -12,17 +12,16 @@ import time
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from protos.channels import SERVICE_NAME
+from protos.tls import TLSConfigError, server_credentials
 from v2server import metrics
 from v2server.interceptors import ErrorMappingInterceptor, InFlight
 from v2server.metrics import serve_metrics
 from v2server.model import ModelRepository
 from v2server.servicer import InferenceServicer, rpc_handler
 from v2server.settings import ServerSettings
-from v2server.tls import TLSConfigError, server_credentials
 
 log = logging.getLogger("v2server")
-
-SERVICE_NAME = "inference.GRPCInferenceService"
 
 
 class V2Server:
@@ -152,15 +151,6 @@ async def serve(server: V2Server) -> None:
     await server.stop()
 
 
-def channel_options(max_message_mb: int = 64) -> list[tuple[str, int]]:
-    """Options for client channels talking to v2 services."""
-    max_bytes = max_message_mb * 1024 * 1024
-    return [
-        ("grpc.max_receive_message_length", max_bytes),
-        ("grpc.max_send_message_length", max_bytes),
-    ]
-
-
 def run_service(
     repository: ModelRepository,
     settings: ServerSettings,
@@ -179,4 +169,4 @@ def run_service(
     return 0
 
 
-__all__ = ["V2Server", "channel_options", "run_service", "serve"]
+__all__ = ["V2Server", "run_service", "serve"]

@@ -14,9 +14,9 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from protos import codec, pb, pb_grpc
+from protos.channels import channel_options
 from tests.modelgen import SLOW_WIDTH, TYPES, linear_weights
 from tests.procs import Service, metric, run_module, start_service
-from v2server.server import channel_options
 from v2server.servicer import STREAM_WINDOW
 
 TIMEOUT = 10.0

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from protos import pb, pb_grpc
+from protos.tls import sync_channel
 from tests.contract.test_predictor import infer
 from tests.pki import PKI
 from tests.procs import Service, run_module, start_service
-from v2server.tls import sync_channel
 
 
 def _start(test_repository: Path, workdir: Path, *flags: str) -> Service:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import grpc
 
-from v2server.server import channel_options
+from protos.channels import channel_options
 
 COUNTS: Counter[str] = Counter()
 

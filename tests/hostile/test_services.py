@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from protos import codec, pb, pb_grpc
+from protos.channels import channel_options
 from tests.hostile.probe import memory_mb
 from tests.procs import Service, start_service
 from tests.report import report
-from v2server.server import channel_options
 
 
 @pytest.fixture(scope="module")

@@ -70,7 +70,7 @@ async def test_other_methods_and_paths_near_the_infer_route(env, make_client) ->
         nested = await client.post("/v1/pipelines/p/x/infer", content=body(1))
         bare = await client.post("/v1/pipelines//infer", content=body(1))
         ok = await post(client, "p", body(1))
-    assert get.status_code == 405 and get.json()["id"]
+    assert get.status_code == 405 and get.json()["id"] and get.headers["allow"] == "POST"
     assert nested.status_code == 404 and bare.status_code == 404
     assert ok.status_code == 200
 

@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from protos.tls import TLSConfigError
 from proxy.app import create_app
 from proxy.settings import ProxySettings
 from tests.pki import PKI
 from tests.proxy.scripted import affine, serve
 from tests.proxy.test_pipelines import body, call, parse_model, pipeline, post
-from v2server.tls import TLSConfigError
 
 PIPES = {"p": pipeline([call("a", "plus1", "parse")], {"y": "a.y[0]"})}
 

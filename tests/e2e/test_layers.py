@@ -1,0 +1,34 @@
+"""The proxy stands on the protocol library alone: it never loads the server core, and
+its /metrics lists its own metrics only (it used to list the services' v2_* too)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import Mesh
+from tests.procs import ROOT
+
+
+def test_the_proxy_never_imports_the_server_core() -> None:
+    check = (
+        "import sys, proxy.app, proxy.__main__; "
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('v2server', 'predictors', 'preprocess')); print(loaded); sys.exit(bool(loaded))"
+    )
+    done = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_proxys_metrics_are_its_own(mesh: Mesh) -> None:
+    with mesh.client() as client:
+        client.post(
+            "/v1/pipelines/digits/infer", content=b"x", headers={"Content-Type": "image/png"}
+        )
+        text = client.get("/metrics").text
+    names = {f.name for f in text_string_to_metric_families(text)}
+    ours = {n for n in names if n.startswith("proxy_")}
+    assert {"proxy_requests", "proxy_request_duration_seconds", "proxy_bytes_in_flight"} <= ours
+    assert not [n for n in names if n.startswith("v2_")], names

@@ -1,0 +1,71 @@
+"""The handlers as plain objects over a ProxyState: no app, no router, no middleware."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+import yaml
+from starlette.requests import Request
+
+from proxy.api import HealthEndpoints, PipelineEndpoints, budget_s
+from proxy.problems import Problem
+from proxy.settings import ProxySettings
+from proxy.state import ProxyState
+from proxy.v2api import V2Endpoints
+from tests.proxy.test_pipelines import call, pipeline
+
+
+def state_for(tmp_path: Path, env: dict[str, str], **settings) -> ProxyState:
+    path = tmp_path / "pipelines.yaml"
+    pipes = {"p": pipeline([call("a", "plus1", "parse")], {"y": "a.y[0]"})}
+    path.write_text(yaml.safe_dump({"pipelines": pipes}))
+    return ProxyState.build(ProxySettings(pipelines=path, **settings), env)
+
+
+def request_with(headers: dict[str, str]) -> Request:
+    raw = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+    return Request({"type": "http", "method": "POST", "path": "/", "headers": raw})
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [(None, 2.0), ("500", 0.5), ("60000", 3.0)],  # the pipeline's default, asked, capped
+)
+def test_budget_is_the_header_or_the_pipeline_default_capped(header, expected) -> None:
+    request = request_with({} if header is None else {"X-Request-Timeout-Ms": header})
+    assert budget_s(request, 2000, 3000) == expected
+
+
+async def test_readiness_names_each_endpoint_and_why_it_is_not_ready(tmp_path: Path) -> None:
+    # Nothing listens on these ports: each pair is reported not ready, with the reason.
+    env = {"PARSE_URL": "127.0.0.1:9", "MODELS_URL": "127.0.0.1:9"}
+    state = state_for(tmp_path, env, ready_timeout_ms=300)
+    try:
+        report = await HealthEndpoints(state).readiness()
+        answer = await HealthEndpoints(state).ready()
+    finally:
+        await state.channels.close()
+    assert set(report) == {"PARSE_URL/parse", "MODELS_URL/plus1"}
+    assert all(not item["ready"] and item["error"] for item in report.values())
+    assert answer.status_code == 503 and orjson.loads(answer.body)["ready"] is False
+
+
+async def test_pipeline_list_and_unknown_names(tmp_path: Path) -> None:
+    env = {"PARSE_URL": "127.0.0.1:9", "MODELS_URL": "127.0.0.1:10"}
+    state = state_for(tmp_path, env)
+    listing = orjson.loads((await PipelineEndpoints(state).list_pipelines()).body)
+    assert listing["p"]["targets"]["a"] == {
+        "endpoint": "MODELS_URL",
+        "address": "127.0.0.1:10",
+        "model": "plus1",
+        "version": "",
+    }
+    with pytest.raises(Problem) as unknown_pipeline:
+        await PipelineEndpoints(state).infer(request_with({}), "nope")
+    with pytest.raises(Problem) as unknown_model:
+        V2Endpoints(state).host("nope")
+    assert unknown_pipeline.value.status == 404 and "known: p" in unknown_pipeline.value.message
+    assert unknown_model.value.status == 404 and "parse, plus1" in unknown_model.value.message
+    await state.channels.close()
