@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from preprocess.recipes import Recipe, RecipeRepository
+from preprocess import recipes as recipe_file
+from preprocess.recipes import Recipe
 from preprocess.settings import DEFAULT_RECIPES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,7 +30,7 @@ def _session(name: str, threads: int = 1) -> ort.InferenceSession:
 
 class InProcess:
     def __init__(self, threads: int = 1) -> None:
-        self.recipes: dict[str, Recipe] = RecipeRepository(DEFAULT_RECIPES).load()
+        self.recipes: dict[str, Recipe] = recipe_file.load(DEFAULT_RECIPES)
         self.sessions = {
             n: _session(n, threads) for n in (*DIGITS_MODELS, "ocr_det", "ocr_cls", "ocr_rec")
         }

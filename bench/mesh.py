@@ -343,14 +343,14 @@ def preprocess_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     from sklearn.datasets import load_digits
 
-    from preprocess.recipes import RecipeRepository
+    from preprocess import recipes as recipe_file
     from preprocess.settings import DEFAULT_RECIPES
     from tests.images import encode, render_digit, render_lines
 
     work = Path(tempfile.mkdtemp(prefix="bench-preprocess-"))
     proc, address = services.start("preprocess", [], work)
     try:
-        recipes = RecipeRepository(DEFAULT_RECIPES).load()
+        recipes = recipe_file.load(DEFAULT_RECIPES)
         page, _ = render_lines(["A page of text to detect,", "two lines of it."], scale=1.2)
         cases = {
             "digits": ("image", encode(render_digit(load_digits().images[0]))),

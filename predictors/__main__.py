@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from predictors import __version__
-from predictors.config import ConfigError
-from predictors.repository import OnnxRepository
+from predictors import __version__, repository
 from predictors.settings import PredictorSettings
 from protos import logs
 from v2server.server import run_service
@@ -16,11 +14,10 @@ def main(argv: list[str] | None = None) -> int:
     settings = PredictorSettings(_cli_parse_args=sys.argv[1:] if argv is None else argv)
     logs.configure(settings.log_level)
     return run_service(
-        OnnxRepository(settings.repository, settings.model_list()),
+        repository.registry(settings.repository, settings.model_list()),
         settings,
         server_name="inference-mesh-predictor",
         server_version=__version__,
-        config_errors=(ConfigError,),
     )
 
 

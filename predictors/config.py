@@ -10,6 +10,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from protos.codec import DATATYPE_TO_DTYPE
+from v2server.model import LoadError
 
 
 class _Strict(BaseModel):
@@ -126,7 +127,7 @@ class ModelConfig(_Strict):
         return self
 
 
-class ConfigError(ValueError):
+class ConfigError(LoadError, ValueError):
     """A model folder whose configuration cannot be used; the message names the file."""
 
 

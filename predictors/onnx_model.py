@@ -1,11 +1,7 @@
-"""One version of one ONNX model: an ONNX Runtime session behind a Batcher."""
+"""One version of one ONNX model: an ONNX Runtime session, run by the server core."""
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -13,14 +9,10 @@ import onnxruntime as ort
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
 
 from predictors import ragged
-from predictors.config import ConfigError, ModelConfig, TensorConfig
+from predictors.config import ModelConfig, TensorConfig
 from protos.codec import dtype_of
 from protos.errors import InvalidInput
-from v2server.batcher import Batcher
 from v2server.model import Scheduling, TensorSpec
-from v2server.validation import batch_rows
-
-log = logging.getLogger("predictors")
 
 ORT_TYPE_TO_DATATYPE = {
     "tensor(bool)": "BOOL",
@@ -103,31 +95,14 @@ class OnnxModel:
             self.inputs = (*self.inputs, _ragged_lengths(config, self.inputs, self.outputs, where))
         self._output_names = [s.name for s in self.outputs]
         self._string_inputs = {s.name for s in self.inputs if s.datatype == "BYTES"}
-        self._executor = ThreadPoolExecutor(
-            max_workers=config.instance_count, thread_name_prefix=f"ort-{name}"
-        )
         batching = config.dynamic_batching
-        self._batcher = Batcher(
-            self.run,
-            self._executor,
-            name=name,
-            max_batch_rows=config.max_batch_size if batching else 0,
-            max_delay_s=(batching.max_queue_delay_ms / 1000) if batching else 0.0,
-            max_queue=config.max_queue_size,
+        self.scheduling = Scheduling(
+            max_batch_size=config.max_batch_size,
+            max_queue_delay_s=batching.max_queue_delay_ms / 1000 if batching else None,
             instances=config.instance_count,
+            max_queue=config.max_queue_size,
             inline_below_s=config.inline_below_ms / 1000,
         )
-        self.scheduling = Scheduling(
-            config.max_batch_size,
-            batching.max_queue_delay_ms / 1000 if batching else None,
-            config.instance_count,
-        )
-        self.statistics = self._batcher.statistics
-        self._ready = False
-
-    @property
-    def ready(self) -> bool:
-        return self._ready
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One synchronous execution (called from the executor): one ONNX Runtime call,
@@ -164,35 +139,6 @@ class OnnxModel:
             padded = feeds[spec.input]
             feeds[spec.lengths] = np.full(padded.shape[0], padded.shape[spec.axis], np.int32)
         return feeds
-
-    async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            inputs = self.warmup_inputs()
-            await loop.run_in_executor(self._executor, self.run, inputs)
-            start = time.perf_counter()
-            await loop.run_in_executor(self._executor, self.run, inputs)
-            self._batcher.seed(time.perf_counter() - start)
-        except Exception as exc:
-            raise ConfigError(
-                f"model '{self.name}' version {self.version}: warm-up inference failed "
-                f"({exc}); set `warmup` shapes in its config"
-            ) from exc
-        self._batcher.start()
-        self._ready = True
-
-    async def stop(self) -> None:
-        self._ready = False
-        await self._batcher.stop()
-        self._executor.shutdown(wait=True)
-
-    async def infer(
-        self, inputs: dict[str, np.ndarray], deadline: float | None
-    ) -> dict[str, np.ndarray]:
-        rows = batch_rows(self.name, inputs) if self.config.max_batch_size else 0
-        if self.config.max_batch_size and rows == 0:
-            raise InvalidInput(f"model '{self.name}': batch has no rows")
-        return await self._batcher.submit(inputs, rows, deadline)
 
 
 def _ragged_lengths(

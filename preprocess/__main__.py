@@ -6,9 +6,7 @@ import sys
 
 import cv2
 
-from preprocess import __version__
-from preprocess.config import RecipeFileError
-from preprocess.recipes import RecipeRepository
+from preprocess import __version__, recipes
 from preprocess.settings import PreprocessSettings
 from protos import logs
 from v2server.server import run_service
@@ -19,13 +17,12 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(settings.log_level)
     cv2.setNumThreads(1)  # parallelism comes from the worker threads
     return run_service(
-        RecipeRepository(
+        recipes.registry(
             settings.config, settings.workers, settings.max_queue_size, settings.inline_below_ms
         ),
         settings,
         server_name="inference-mesh-preprocess",
         server_version=__version__,
-        config_errors=(RecipeFileError,),
     )
 
 

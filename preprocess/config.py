@@ -12,6 +12,7 @@ from preprocess import ink as _ink  # noqa: F401  (registers the ink operations)
 from preprocess import ocr as _ocr  # noqa: F401  (registers the OCR operations)
 from preprocess.ops import check_params
 from protos.codec import DATATYPE_TO_DTYPE
+from v2server.model import LoadError
 
 
 class _Strict(BaseModel):
@@ -59,7 +60,7 @@ class RecipeFile(_Strict):
     recipes: dict[str, RecipeConfig] = Field(min_length=1)
 
 
-class RecipeFileError(ValueError):
+class RecipeFileError(LoadError, ValueError):
     """The recipe file cannot be used; the message names the file and the problem."""
 
 

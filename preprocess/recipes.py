@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -13,10 +12,12 @@ from preprocess import config as cfg
 from preprocess.images import ImageLimits
 from preprocess.ops import OPS
 from preprocess.state import State
-from protos.errors import NotFound
-from v2server.batcher import Batcher
 from v2server.model import Scheduling, TensorSpec
-from v2server.statistics import ModelStatistics
+from v2server.registry import Registry
+from v2server.served import ServedModel
+
+INLINE_MAX_BYTES = 64 * 1024
+"""Small uploads of quick recipes skip the thread hand-off."""
 
 
 def _specs(tensors: list[cfg.TensorConfig]) -> tuple[TensorSpec, ...]:
@@ -30,16 +31,20 @@ class Recipe:
     version = "1"
     labels = None
 
-    def __init__(self, name: str, config: cfg.RecipeConfig, limits: ImageLimits) -> None:
+    def __init__(
+        self,
+        name: str,
+        config: cfg.RecipeConfig,
+        limits: ImageLimits,
+        scheduling: Scheduling | None = None,
+    ) -> None:
         self.name = name
         self.config = config
         self.limits = limits
         self.inputs = _specs(config.inputs)
         self.outputs = _specs(config.outputs)
+        self.scheduling = scheduling or Scheduling()
         self._steps = [next(iter(step.items())) for step in config.steps]
-        self._batcher: Batcher | None = None
-        self.scheduling = Scheduling()
-        self.statistics = ModelStatistics()
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         state = State(dict(inputs), self.limits)
@@ -50,87 +55,30 @@ class Recipe:
             raise RuntimeError(f"recipe '{self.name}' produced no {missing}")
         return {s.name: state.tensors[s.name] for s in self.outputs}
 
-    @property
-    def ready(self) -> bool:
-        return self._batcher is not None
-
-    def attach(self, batcher: Batcher, instances: int) -> None:
-        self._batcher = batcher
-        self.scheduling = Scheduling(instances=instances)
-        self.statistics = batcher.statistics
-        batcher.start()
-
-    async def infer(
-        self, inputs: dict[str, np.ndarray], deadline: float | None
-    ) -> dict[str, np.ndarray]:
-        assert self._batcher is not None, "recipe not started"
-        return await self._batcher.submit(inputs, 0, deadline)
-
-    async def stop(self) -> None:
-        if self._batcher is not None:
-            await self._batcher.stop()
+    def warmup_inputs(self) -> None:
+        return None  # a recipe needs an image; the first request pays OpenCV's set-up
 
 
-class RecipeRepository:
-    """Every recipe of a recipe file, sharing one pool of worker threads."""
+def load(path: Path, scheduling: Scheduling | None = None) -> dict[str, Recipe]:
+    """Every recipe of a recipe file, by name."""
+    parsed = cfg.load(path)
+    limits = ImageLimits(parsed.limits.max_encoded_bytes, parsed.limits.max_pixels)
+    return {name: Recipe(name, rc, limits, scheduling) for name, rc in parsed.recipes.items()}
 
-    def __init__(
-        self, path: Path, workers: int = 2, max_queue: int = 256, inline_below_ms: float = 0.0
-    ) -> None:
-        self.path = path
-        self.inline_below_ms = inline_below_ms
-        self.workers = workers
-        self.max_queue = max_queue
-        self._recipes: dict[str, Recipe] = {}
-        self._executor: ThreadPoolExecutor | None = None
 
-    def load(self) -> dict[str, Recipe]:
-        parsed = cfg.load(self.path)
-        limits = ImageLimits(parsed.limits.max_encoded_bytes, parsed.limits.max_pixels)
-        return {name: Recipe(name, rc, limits) for name, rc in parsed.recipes.items()}
-
-    async def start(self) -> None:
-        recipes = await asyncio.to_thread(self.load)
-        self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="recipe")
-        for recipe in recipes.values():
-            recipe.attach(
-                Batcher(
-                    recipe.run,
-                    self._executor,
-                    name=recipe.name,
-                    max_batch_rows=0,
-                    max_delay_s=0.0,
-                    max_queue=self.max_queue,
-                    instances=self.workers,
-                    # Small uploads of quick recipes skip the thread hand-off.
-                    inline_below_s=self.inline_below_ms / 1000,
-                    inline_max_bytes=64 * 1024,
-                ),
-                self.workers,
-            )
-        self._recipes = recipes
-
-    async def stop(self) -> None:
-        await asyncio.gather(*(r.stop() for r in self._recipes.values()))
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-
-    @property
-    def ready(self) -> bool:
-        return bool(self._recipes) and all(r.ready for r in self._recipes.values())
-
-    def names(self) -> list[str]:
-        return sorted(self._recipes)
-
-    def versions(self, name: str) -> list[str]:
-        return [self.resolve(name).version]
-
-    def resolve(self, name: str, version: str = "") -> Recipe:
-        recipe = self._recipes.get(name)
-        if recipe is None:
-            raise NotFound(
-                f"unknown recipe '{name}' (this server has: {', '.join(self.names()) or 'none'})"
-            )
-        if version and version != recipe.version:
-            raise NotFound(f"recipe '{name}' has no version '{version}' (loaded: 1)")
-        return recipe
+def registry(
+    path: Path, workers: int = 2, max_queue: int = 256, inline_below_ms: float = 0.0
+) -> Registry:
+    """Every recipe of the file, all sharing one pool of `workers` threads."""
+    scheduling = Scheduling(
+        instances=workers,
+        max_queue=max_queue,
+        inline_below_s=inline_below_ms / 1000,
+        inline_max_bytes=INLINE_MAX_BYTES,
+    )
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="recipe")
+    return Registry(
+        lambda: [ServedModel(r, pool) for r in load(path, scheduling).values()],
+        noun="recipe",
+        executor=pool,
+    )

@@ -1,54 +1,30 @@
-"""Dynamic batching: an object owned by the model, not a patch on it.
+"""Dynamic batching: an object owned by the served model, not a patch on it.
 
-Requests wait in a bounded queue. A worker takes the oldest request plus every
-queued request with the same per-row signature, up to `max_batch_rows` rows,
-waiting at most `max_delay_s` for more; concatenates them along axis 0; runs
-the model once in an executor; and splits the result back by row counts.
-Callers that left (cancelled, deadline passed) are skipped, never break the
-batch, and are never run after their deadline.
-
-The wait is adaptive: it pays while batches hold other requests or requests arrive
-closer together than `max_delay_s` (moving averages of both). Otherwise (low load) a
-batch closes at once, and a request that finds nothing queued or running is run by its
-own caller, with no hand-off to the worker. At c=1 this saves the delay plus a timer
-wake-up and a task hop (~1.5-2 ms per call for a 1 ms delay on a small VM). Workers and
-callers share `instances` execution slots.
+Requests wait in a bounded queue (v2server/batchqueue.py). A worker takes the oldest
+request plus every queued request with the same per-row signature, up to
+`max_batch_rows` rows, waiting at most `max_delay_s` for more, as long as waiting pays
+(v2server/policy.py); concatenates them along axis 0; runs the model once in an executor;
+and splits the result back by row counts. Callers that left (cancelled, deadline passed)
+are skipped, never break the batch, and are never run after their deadline. Workers and
+callers that run alone share `instances` execution slots.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from protos.errors import DeadlineExceeded, InvalidInput, Overloaded, Unavailable
 from v2server import metrics
+from v2server.batchqueue import Pending, RequestQueue, fail
+from v2server.policy import AdaptivePolicy
 from v2server.statistics import ModelStatistics
 
-log = logging.getLogger("v2server.batcher")
-
 RunFn = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
-
-
-@dataclass(eq=False)
-class _Pending:
-    inputs: dict[str, np.ndarray]
-    rows: int
-    deadline: float | None
-    future: asyncio.Future[dict[str, np.ndarray]]
-    arrived_ns: int = field(default_factory=time.perf_counter_ns)
-    signature: tuple = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.signature = tuple(
-            (name, arr.dtype.str, arr.shape[1:]) for name, arr in sorted(self.inputs.items())
-        )
 
 
 class Batcher:
@@ -71,59 +47,39 @@ class Batcher:
         instances: int = 1,
         inline_below_s: float = 0.0,
         inline_max_bytes: int = 1 << 16,
+        statistics: ModelStatistics | None = None,
     ) -> None:
         self._run = run
         self._executor = executor
         self._name = name
         self._max_rows = max_batch_rows
-        self._max_delay = max_delay_s
         self._max_queue = max_queue
         self._instances = instances
-        self._queue: collections.deque[_Pending] = collections.deque()
-        self._arrived = asyncio.Event()
-        self._workers: list[asyncio.Task[None]] = []
-        self._depth = metrics.QUEUE_DEPTH.labels(name)
-        self._batch_rows = metrics.BATCH_ROWS.labels(name)
-        self._closed = False
+        self._queue = RequestQueue(name)
+        self._policy = AdaptivePolicy(max_delay_s, inline_below_s, inline_max_bytes)
         self._slots = asyncio.Semaphore(instances)
+        self._workers: list[asyncio.Task[None]] = []
+        self._closed = False
         self._waiting = 0
-        self._inline_below = inline_below_s
-        self._inline_max_bytes = inline_max_bytes
-        self._mean_s = float("inf")
-        """Moving average of one execution's duration, measured where it runs."""
-        self._company = 1.0
-        """Moving average of the other requests each batch held; starts as if batching
-        pays, as a server that has seen no traffic cannot know."""
-        self._gap_cap = 10 * max_delay_s
-        self._gap = self._gap_cap
-        """Moving average of the time between arrivals (each gap capped, so that a busy
-        spell after a quiet one shows within a few arrivals)."""
-        self._last_arrival: float | None = None
+        """Callers running alone that wait for a slot."""
         self._executing = 0
         """Batches the workers are running."""
-        self.statistics = ModelStatistics()
+        self._batch_rows = metrics.BATCH_ROWS.labels(name)
+        self.statistics = statistics if statistics is not None else ModelStatistics()
 
     def seed(self, seconds: float) -> None:
         """Start the execution-time average from a measured run (the warm-up)."""
-        self._mean_s = seconds
+        self._policy.seed(seconds)
 
-    def _timed(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        start = time.perf_counter()
-        try:
-            return self._run(inputs)
-        finally:
-            elapsed = time.perf_counter() - start
-            mean = self._mean_s
-            self._mean_s = elapsed if mean == float("inf") else 0.9 * mean + 0.1 * elapsed
+    def _unloading(self) -> Unavailable:
+        return Unavailable(f"model '{self._name}' is unloading")
 
     async def _call(
         self, inputs: dict[str, np.ndarray], loop: asyncio.AbstractEventLoop
     ) -> dict[str, np.ndarray]:
-        """Run cheap executions on the event loop: a thread hand-off costs more than they do
-        (~0.2-0.5 ms on small VMs); everything else goes to the executor."""
-        if self._mean_s < self._inline_below and _payload_bytes(inputs) <= self._inline_max_bytes:
-            return self._timed(inputs)
-        return await loop.run_in_executor(self._executor, self._timed, inputs)
+        if self._policy.runs_inline(inputs):
+            return self._policy.timed(self._run, inputs)
+        return await loop.run_in_executor(self._executor, self._policy.timed, self._run, inputs)
 
     def start(self) -> None:
         if self._max_rows == 0:
@@ -136,20 +92,17 @@ class Batcher:
     async def stop(self) -> None:
         """Fail what is still queued, then stop the workers."""
         self._closed = True
-        while self._queue:
-            pending = self._queue.popleft()
-            if not pending.future.done():
-                pending.future.set_exception(Unavailable(f"model '{self._name}' is unloading"))
+        fail(self._queue.drain(), self._unloading())
         for task in self._workers:
             task.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
-        self._depth.set(0)
+        self._queue.show_depth()
 
     async def submit(
         self, inputs: dict[str, np.ndarray], rows: int, deadline: float | None
     ) -> dict[str, np.ndarray]:
         if self._closed:
-            raise Unavailable(f"model '{self._name}' is unloading")
+            raise self._unloading()
         if self._max_rows and rows > self._max_rows:
             raise InvalidInput(
                 f"model '{self._name}': batch of {rows} rows exceeds max_batch_size "
@@ -161,18 +114,13 @@ class Batcher:
             )
         if self._max_rows == 0:
             return await self._run_alone(inputs, rows, deadline)
-        now = asyncio.get_running_loop().time()
-        if self._last_arrival is not None:
-            gap = min(now - self._last_arrival, self._gap_cap)
-            self._gap = 0.7 * self._gap + 0.3 * gap
-        self._last_arrival = now
+        loop = asyncio.get_running_loop()
+        self._policy.arrived(loop.time())
         idle = not (self._queue or self._executing or self._waiting or self._slots.locked())
-        if idle and not self._batching_pays():
+        if idle and not self._policy.batching_pays():
             return await self._run_alone(inputs, rows, deadline)
-        future: asyncio.Future[dict[str, np.ndarray]] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Pending(inputs, rows, deadline, future))
-        self._depth.set(len(self._queue))
-        self._arrived.set()
+        future: asyncio.Future[dict[str, np.ndarray]] = loop.create_future()
+        self._queue.push(Pending(inputs, rows, deadline, future))
         return await future
 
     async def _run_alone(
@@ -180,18 +128,18 @@ class Batcher:
     ) -> dict[str, np.ndarray]:
         loop = asyncio.get_running_loop()
         self._waiting += 1
-        self._depth.set(self._waiting)
+        self._queue.show_depth(self._waiting)
         arrived = time.perf_counter_ns()
         try:
             await self._slots.acquire()
         finally:
             self._waiting -= 1
-            self._depth.set(self._waiting)
+            self._queue.show_depth(self._waiting)
         started = time.perf_counter_ns()
         self.statistics.queue.add(started - arrived)
         try:
             if self._closed:
-                raise Unavailable(f"model '{self._name}' is unloading")
+                raise self._unloading()
             if deadline is not None and deadline <= loop.time():
                 raise DeadlineExceeded(f"model '{self._name}': deadline passed while queued")
             outputs = await self._call(inputs, loop)
@@ -210,86 +158,35 @@ class Batcher:
             if batch:
                 await self._execute(batch, loop)
 
-    async def _next_live(self, loop: asyncio.AbstractEventLoop) -> _Pending:
-        """The oldest queued request whose caller is still waiting and in time."""
-        while True:
-            while not self._queue:
-                self._arrived.clear()
-                await self._arrived.wait()
-            pending = self._queue.popleft()
-            self._depth.set(len(self._queue))
-            if self._alive(pending, loop):
-                return pending
-
-    def _alive(self, pending: _Pending, loop: asyncio.AbstractEventLoop) -> bool:
-        if pending.future.done():  # caller cancelled
-            return False
-        if pending.deadline is not None and pending.deadline <= loop.time():
-            pending.future.set_exception(
-                DeadlineExceeded(f"model '{self._name}': deadline passed while queued")
-            )
-            return False
-        return True
-
-    def _take_compatible(
-        self, batch: list[_Pending], rows: int, loop: asyncio.AbstractEventLoop
-    ) -> int:
-        """Move queued requests that fit the batch into it; return the new row count."""
-        signature = batch[0].signature
-        kept: collections.deque[_Pending] = collections.deque()
-        while self._queue and rows < self._max_rows:
-            pending = self._queue.popleft()
-            if not self._alive(pending, loop):
-                continue
-            if pending.signature == signature and rows + pending.rows <= self._max_rows:
-                batch.append(pending)
-                rows += pending.rows
-            else:
-                kept.append(pending)
-        self._queue.extendleft(reversed(kept))
-        self._depth.set(len(self._queue))
-        return rows
-
-    async def _collect(self, loop: asyncio.AbstractEventLoop) -> list[_Pending]:
-        first = await self._next_live(loop)
+    async def _collect(self, loop: asyncio.AbstractEventLoop) -> list[Pending]:
+        queue, policy = self._queue, self._policy
+        first = await queue.next_live(loop)
         batch = [first]
-        rows = self._take_compatible(batch, first.rows, loop)
-        close_at = loop.time() + self._max_delay
-        while rows < self._max_rows and self._batching_pays():
+        rows = queue.take_compatible(batch, first.rows, self._max_rows, loop)
+        close_at = loop.time() + policy.max_delay_s
+        while rows < self._max_rows and policy.batching_pays():
             remaining = close_at - loop.time()
-            if remaining <= 0:
+            if remaining <= 0 or not await queue.wait_arrival(remaining):
                 break
-            self._arrived.clear()
-            try:
-                await asyncio.wait_for(self._arrived.wait(), remaining)
-            except TimeoutError:
-                break
-            rows = self._take_compatible(batch, rows, loop)
-        self._company = 0.8 * self._company + 0.2 * (len(batch) - 1)
+            rows = queue.take_compatible(batch, rows, self._max_rows, loop)
+        policy.closed_batch(len(batch))
         # Callers may have left while the batch was filling.
-        return [p for p in batch if self._alive(p, loop)]
+        return [p for p in batch if queue.alive(p, loop)]
 
-    def _batching_pays(self) -> bool:
-        return self._company >= 0.5 or self._gap < self._max_delay
-
-    async def _execute(self, batch: list[_Pending], loop: asyncio.AbstractEventLoop) -> None:
-        rows = [p.rows for p in batch]
+    async def _execute(self, batch: list[Pending], loop: asyncio.AbstractEventLoop) -> None:
         self._executing += 1
         try:
             async with self._slots:
-                await self._execute_batch(batch, rows, loop)
+                await self._execute_batch(batch, loop)
         except asyncio.CancelledError:
-            # Stopped while waiting for a slot: the batch's callers must still get an answer.
-            for p in batch:
-                if not p.future.done():
-                    p.future.set_exception(Unavailable(f"model '{self._name}' is unloading"))
+            # Stopped while waiting for a slot or running: the callers still get an answer.
+            fail(batch, self._unloading())
             raise
         finally:
             self._executing -= 1
 
-    async def _execute_batch(
-        self, batch: list[_Pending], rows: list[int], loop: asyncio.AbstractEventLoop
-    ) -> None:
+    async def _execute_batch(self, batch: list[Pending], loop: asyncio.AbstractEventLoop) -> None:
+        rows = [p.rows for p in batch]
         started = time.perf_counter_ns()
         for p in batch:
             self.statistics.queue.add(started - p.arrived_ns)
@@ -305,15 +202,8 @@ class Batcher:
             outputs = await self._call(merged, loop)
             ran_at = time.perf_counter_ns()
             parts = _split(outputs, rows, self._name) if len(batch) > 1 else [outputs]
-        except asyncio.CancelledError:
-            for p in batch:
-                if not p.future.done():
-                    p.future.set_exception(Unavailable(f"model '{self._name}' is unloading"))
-            raise
         except Exception as exc:
-            for p in batch:
-                if not p.future.done():
-                    p.future.set_exception(exc)
+            fail(batch, exc)
             return
         self.statistics.execution(
             sum(rows),
@@ -326,17 +216,6 @@ class Batcher:
         for p, part in zip(batch, parts, strict=True):
             if not p.future.done():
                 p.future.set_result(part)
-
-
-def _payload_bytes(inputs: dict[str, np.ndarray]) -> int:
-    """Bytes a request carries (for BYTES tensors, their elements' lengths)."""
-    total = 0
-    for arr in inputs.values():
-        if arr.dtype == object:
-            total += sum(len(x) if isinstance(x, bytes | str) else 8 for x in arr.reshape(-1))
-        else:
-            total += arr.nbytes
-    return total
 
 
 def _split(

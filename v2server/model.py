@@ -1,4 +1,9 @@
-"""The transport-free interface between the server core and what it serves."""
+"""The transport-free interface between the server core and what it serves.
+
+A service provides `Runnable`s (a synchronous `run` and its scheduling settings); the core
+wraps each in a `ServedModel` (v2server/served.py: batcher, statistics, warm-up) and keeps
+them in one `Registry`. The data plane talks to anything that is `Served`.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,10 @@ from typing import Protocol
 import numpy as np
 
 from v2server.statistics import ModelStatistics
+
+
+class LoadError(Exception):
+    """A model could not be loaded or warmed up (a start-up error, exit status 2)."""
 
 
 @dataclass(frozen=True)
@@ -32,10 +41,16 @@ class Scheduling:
     """Dynamic batching's wait for company; None: requests are never merged."""
     instances: int = 1
     """Executions that may run at once."""
+    max_queue: int = 256
+    """Requests that may wait for an execution; beyond that RESOURCE_EXHAUSTED."""
+    inline_below_s: float = 0.0
+    """Executions quicker than this (on average) run on the event loop, not in a thread."""
+    inline_max_bytes: int = 1 << 16
+    """...and only for requests carrying at most this many bytes."""
 
 
-class ServedModel(Protocol):
-    """One loaded version of one model."""
+class Runnable(Protocol):
+    """What a service provides for one version of one model."""
 
     name: str
     version: str
@@ -45,37 +60,38 @@ class ServedModel(Protocol):
     labels: list[str] | None
     """Class names for the classification extension, if the model has them."""
     scheduling: Scheduling
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One synchronous execution (in a worker thread, or inline when quick)."""
+        ...
+
+    def warmup_inputs(self) -> dict[str, np.ndarray] | None:
+        """Inputs for a run before the model reports ready; None: no warm-up."""
+        ...
+
+
+class Served(Protocol):
+    """One loaded version of one model, as the data plane and the registry see it."""
+
+    name: str
+    version: str
+    platform: str
+    inputs: Sequence[TensorSpec]
+    outputs: Sequence[TensorSpec]
+    labels: list[str] | None
+    scheduling: Scheduling
     statistics: ModelStatistics
-    """Updated by the model's batcher (executions, queueing) and the servicer (requests)."""
+    """Executions and queueing (recorded by the batcher); requests (by the data plane)."""
 
     @property
     def ready(self) -> bool: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
 
     async def infer(
         self, inputs: dict[str, np.ndarray], deadline: float | None
     ) -> dict[str, np.ndarray]:
         """Run the model. `deadline` is absolute, in the running loop's time()."""
         ...
-
-
-class ModelRepository(Protocol):
-    """Everything a server hosts, resolved by name and optional version."""
-
-    def resolve(self, name: str, version: str = "") -> ServedModel:
-        """The model version to use; raises protos.errors.NotFound."""
-        ...
-
-    def versions(self, name: str) -> list[str]:
-        """Loaded versions of a model, oldest first; raises NotFound."""
-        ...
-
-    def names(self) -> list[str]: ...
-
-    @property
-    def ready(self) -> bool: ...
-
-    async def start(self) -> None:
-        """Load and warm up everything; the server reports ready only after this."""
-        ...
-
-    async def stop(self) -> None: ...

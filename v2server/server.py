@@ -1,4 +1,4 @@
-"""Build, run and gracefully stop a v2 gRPC server around a ModelRepository."""
+"""Build, run and gracefully stop a v2 gRPC server around a model registry."""
 
 from __future__ import annotations
 
@@ -15,9 +15,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from protos.channels import SERVICE_NAME
 from protos.tls import TLSConfigError, server_credentials
 from v2server import metrics
+from v2server.dataplane import DataPlane
 from v2server.interceptors import ErrorMappingInterceptor, InFlight
 from v2server.metrics import serve_metrics
-from v2server.model import ModelRepository
+from v2server.model import LoadError
+from v2server.registry import Registry
 from v2server.servicer import InferenceServicer, rpc_handler
 from v2server.settings import ServerSettings
 
@@ -25,25 +27,28 @@ log = logging.getLogger("v2server")
 
 
 class V2Server:
-    """A grpc.aio server hosting the v2 servicer and grpc.health.v1 for one repository."""
+    """A grpc.aio server hosting the v2 servicer and grpc.health.v1 for one registry."""
 
     def __init__(
         self,
-        repository: ModelRepository,
+        registry: Registry,
         settings: ServerSettings,
         *,
         server_name: str,
         server_version: str,
     ) -> None:
         self.settings = settings
-        self.repository = repository
+        self.registry = registry
         self._in_flight = InFlight()
-        self.servicer = InferenceServicer(
-            repository,
+        self.plane = DataPlane(
+            registry,
             server_name=server_name,
             server_version=server_version,
             limits=settings.tensor_limits(),
             shared_memory=settings.shared_memory,
+        )
+        self.servicer = InferenceServicer(
+            self.plane,
             in_flight=self._in_flight,
             stream_window_bytes=int(settings.stream_window_mb * 2**20),
             max_inflight_bytes=int(settings.max_inflight_mb * 2**20),
@@ -71,7 +76,7 @@ class V2Server:
         return server
 
     async def start(self) -> int:
-        """Bind, serve liveness at once, load the repository, then report ready."""
+        """Bind, serve liveness at once, load the models, then report ready."""
         self.health = health.aio.HealthServicer()
         self._server = self._build()
         for service in ("", SERVICE_NAME):
@@ -95,8 +100,8 @@ class V2Server:
         await self._server.start()
         where = {"address": f"{self.settings.host}:{self.port}", "tls": credentials is not None}
         log.info("listening", extra={"fields": where})
-        await self.repository.start()
-        metrics.SERVED.update(self.repository.names())
+        await self.registry.start()
+        metrics.SERVED.update(self.registry.names())
         if self.settings.metrics_port is not None:
             self.metrics_port = serve_metrics(self.settings.host, self.settings.metrics_port)
         for service in ("", SERVICE_NAME):
@@ -105,7 +110,7 @@ class V2Server:
             tmp = self.settings.port_file.with_suffix(".tmp")
             tmp.write_text(json.dumps({"grpc": self.port, "metrics": self.metrics_port}))
             tmp.replace(self.settings.port_file)
-        log.info("ready", extra={"fields": {"models": self.repository.names()}})
+        log.info("ready", extra={"fields": {"models": self.registry.names()}})
         return self.port
 
     async def stop(self, grace: float | None = None) -> None:
@@ -117,7 +122,7 @@ class V2Server:
         lingers until callers had time to read the last answers, and only then stops.
         """
         grace = self.settings.grace_s if grace is None else grace
-        self.servicer.draining = True
+        self.plane.draining = True
         if self.health is not None:
             await self.health.enter_graceful_shutdown()
         if self._server is not None:
@@ -130,8 +135,8 @@ class V2Server:
                     await asyncio.sleep(self.settings.linger_s - since)
                 grace = max(0.0, grace - (time.monotonic() - started))
             await self._server.stop(grace)
-        await self.repository.stop()
-        self.servicer.shared.close()
+        await self.registry.stop()
+        self.plane.shared.close()
         log.info("stopped")
 
 
@@ -152,18 +157,17 @@ async def serve(server: V2Server) -> None:
 
 
 def run_service(
-    repository: ModelRepository,
+    registry: Registry,
     settings: ServerSettings,
     *,
     server_name: str,
     server_version: str,
-    config_errors: tuple[type[Exception], ...],
 ) -> int:
     """The body of every service's `main`: serve until SIGTERM; 2 on a configuration error."""
-    server = V2Server(repository, settings, server_name=server_name, server_version=server_version)
+    server = V2Server(registry, settings, server_name=server_name, server_version=server_version)
     try:
         asyncio.run(serve(server))
-    except (TLSConfigError, *config_errors) as exc:
+    except (TLSConfigError, LoadError) as exc:
         log.error("cannot start: %s", exc)
         return 2
     return 0

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sklearn.datasets import load_digits
 
-from preprocess.recipes import RecipeRepository
+from preprocess import recipes as recipe_file
 from preprocess.settings import DEFAULT_RECIPES
 from protos import codec, pb, pb_grpc
 from tests.images import encode, render_digit
@@ -34,7 +34,7 @@ def images(*blobs: bytes) -> np.ndarray:
 
 
 def test_every_recipe_is_listed_with_metadata(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
-    for name in RecipeRepository(DEFAULT_RECIPES).load():
+    for name in recipe_file.load(DEFAULT_RECIPES):
         meta = stub.ModelMetadata(pb.ModelMetadataRequest(name=name), timeout=TIMEOUT)
         assert meta.platform == "opencv_recipe" and meta.inputs and meta.outputs
 
@@ -44,7 +44,7 @@ def test_digits_over_grpc_equals_in_process(stub: pb_grpc.GRPCInferenceServiceSt
     batch = images(*(encode(render_digit(v)) for v in data.images[:32]))
     response = stub.ModelInfer(codec.build_request("digits", {"image": batch}), timeout=TIMEOUT)
     remote = codec.response_outputs(response)["input"]
-    local = RecipeRepository(DEFAULT_RECIPES).load()["digits"].run({"image": batch})["input"]
+    local = recipe_file.load(DEFAULT_RECIPES)["digits"].run({"image": batch})["input"]
     np.testing.assert_array_equal(remote, local)
 
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from predictors.config import ConfigError
-from predictors.repository import OnnxRepository
+from predictors.repository import discover
 from protos import codec, pb, pb_grpc
 from tests.modelgen import build_test_repository
 
@@ -85,5 +85,5 @@ def test_a_ragged_config_that_does_not_fit_the_graph_stops_start_up(
     config = yaml.safe_load((root / "ragged" / "config.yaml").read_text())
     (root / "ragged" / "config.yaml").write_text(yaml.safe_dump({**config, "ragged": ragged}))
     with pytest.raises(ConfigError, match="ragged") as info:
-        OnnxRepository(root, only=["ragged"])._discover()
+        discover(root, ["ragged"])
     assert message in str(info.value)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from models.digits import load_split
-from preprocess.recipes import Recipe, RecipeRepository
+from preprocess import recipes as recipe_file
+from preprocess.recipes import Recipe
 from preprocess.settings import DEFAULT_RECIPES
 from protos.errors import InvalidInput
 from tests.inputs.digits import Look, blank_images, draw, encode
@@ -14,7 +15,7 @@ from tests.inputs.digits import Look, blank_images, draw, encode
 
 @pytest.fixture(scope="module")
 def digits() -> Recipe:
-    return RecipeRepository(DEFAULT_RECIPES).load()["digits"]
+    return recipe_file.load(DEFAULT_RECIPES)["digits"]
 
 
 @pytest.fixture(scope="module")

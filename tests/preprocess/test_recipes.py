@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from preprocess import images
+from preprocess import recipes as recipe_file
 from preprocess.ocr import ctc_greedy, latin_punctuation
-from preprocess.recipes import Recipe, RecipeRepository
+from preprocess.recipes import Recipe
 from preprocess.settings import DEFAULT_RECIPES
 from protos import media
 from protos.errors import InvalidInput
@@ -24,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def recipes() -> dict[str, Recipe]:
-    return RecipeRepository(DEFAULT_RECIPES).load()
+    return recipe_file.load(DEFAULT_RECIPES)
 
 
 def as_bytes(*blobs: bytes) -> np.ndarray:

@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from protos.errors import NotFound
 from v2server.model import Scheduling, TensorSpec
+from v2server.registry import Registry
 from v2server.server import V2Server
 from v2server.settings import ServerSettings
 from v2server.statistics import ModelStatistics
@@ -38,6 +38,12 @@ class ScriptedModel:
     def ready(self) -> bool:
         return True
 
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
     async def infer(self, inputs: dict[str, np.ndarray], deadline: float | None):
         self.calls += 1
         if deadline is not None:
@@ -49,35 +55,9 @@ class ScriptedModel:
             raise
 
 
-class ScriptedRepository:
-    def __init__(self, *models: ScriptedModel) -> None:
-        self.models = {m.name: m for m in models}
-
-    def resolve(self, name: str, version: str = "") -> ScriptedModel:
-        if name not in self.models:
-            raise NotFound(f"unknown model '{name}'")
-        return self.models[name]
-
-    def versions(self, name: str) -> list[str]:
-        return ["1"]
-
-    def names(self) -> list[str]:
-        return sorted(self.models)
-
-    @property
-    def ready(self) -> bool:
-        return True
-
-    async def start(self) -> None:
-        pass
-
-    async def stop(self) -> None:
-        pass
-
-
 async def serve(*models: ScriptedModel, **settings: Any) -> V2Server:
     server = V2Server(
-        ScriptedRepository(*models),
+        Registry.of(*models),
         ServerSettings(port=0, grace_s=0.5, linger_s=0, **settings),
         server_name="scripted",
         server_version="0",

@@ -15,7 +15,7 @@ async def test_index_marks_versions_unavailable_while_draining() -> None:
             stub = pb_grpc.GRPCInferenceServiceStub(channel)
             index = await stub.RepositoryIndex(pb.RepositoryIndexRequest(), timeout=5)
             assert [(m.name, m.state) for m in index.models] == [("a", "READY"), ("b", "READY")]
-            server.servicer.draining = True
+            server.plane.draining = True
             index = await stub.RepositoryIndex(pb.RepositoryIndexRequest(), timeout=5)
             assert {(m.state, m.reason) for m in index.models} == {("UNAVAILABLE", "shutting down")}
             ready = await stub.RepositoryIndex(pb.RepositoryIndexRequest(ready=True), timeout=5)

@@ -1,0 +1,75 @@
+"""When to wait for company and where to run: the batcher's adaptive decisions.
+
+The wait pays while batches hold other requests or requests arrive closer together than
+the configured delay (moving averages of both). Otherwise (low load) a batch closes at
+once, and a request that finds nothing queued or running is run by its own caller, with
+no hand-off to the worker. At c=1 this saves the delay plus a timer wake-up and a task hop
+(~1.5-2 ms per call for a 1 ms delay on a small VM). Executions cheaper than a thread
+hand-off (~0.2-0.5 ms on small VMs) run on the event loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+Tensors = dict[str, np.ndarray]
+
+
+class AdaptivePolicy:
+    def __init__(self, max_delay_s: float, inline_below_s: float, inline_max_bytes: int) -> None:
+        self.max_delay_s = max_delay_s
+        self._inline_below = inline_below_s
+        self._inline_max_bytes = inline_max_bytes
+        self._mean_s = float("inf")
+        """Moving average of one execution's duration, measured where it runs."""
+        self._company = 1.0
+        """Moving average of the other requests each batch held; starts as if batching
+        pays, as a server that has seen no traffic cannot know."""
+        self._gap_cap = 10 * max_delay_s
+        self._gap = self._gap_cap
+        """Moving average of the time between arrivals (each gap capped, so that a busy
+        spell after a quiet one shows within a few arrivals)."""
+        self._last_arrival: float | None = None
+
+    def seed(self, seconds: float) -> None:
+        """Start the execution-time average from a measured run (the warm-up)."""
+        self._mean_s = seconds
+
+    def timed(self, run: Callable[[Tensors], Tensors], inputs: Tensors) -> Tensors:
+        """Run, and fold the duration into the execution-time average."""
+        start = time.perf_counter()
+        try:
+            return run(inputs)
+        finally:
+            elapsed = time.perf_counter() - start
+            mean = self._mean_s
+            self._mean_s = elapsed if mean == float("inf") else 0.9 * mean + 0.1 * elapsed
+
+    def runs_inline(self, inputs: Tensors) -> bool:
+        return self._mean_s < self._inline_below and payload_bytes(inputs) <= self._inline_max_bytes
+
+    def arrived(self, now: float) -> None:
+        if self._last_arrival is not None:
+            gap = min(now - self._last_arrival, self._gap_cap)
+            self._gap = 0.7 * self._gap + 0.3 * gap
+        self._last_arrival = now
+
+    def closed_batch(self, requests: int) -> None:
+        self._company = 0.8 * self._company + 0.2 * (requests - 1)
+
+    def batching_pays(self) -> bool:
+        return self._company >= 0.5 or self._gap < self.max_delay_s
+
+
+def payload_bytes(inputs: Tensors) -> int:
+    """Bytes a request carries (for BYTES tensors, their elements' lengths)."""
+    total = 0
+    for arr in inputs.values():
+        if arr.dtype == object:
+            total += sum(len(x) if isinstance(x, bytes | str) else 8 for x in arr.reshape(-1))
+        else:
+            total += arr.nbytes
+    return total

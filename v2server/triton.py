@@ -1,0 +1,142 @@
+"""Triton's extensions of the v2 protocol, rendered from what the server core knows:
+model configuration, statistics, classification, the per-request `timeout` parameter."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from protos import pb
+from protos.errors import InvalidInput
+from v2server.model import Served
+from v2server.statistics import Compute, Duration
+
+EXTENSIONS = ["classification", "model_configuration", "statistics", "system_shared_memory"]
+"""Triton protocol extensions this server implements (ServerMetadata lists them)."""
+
+_DATA_TYPES = {
+    "BOOL": pb.TYPE_BOOL,
+    "UINT8": pb.TYPE_UINT8,
+    "UINT16": pb.TYPE_UINT16,
+    "UINT32": pb.TYPE_UINT32,
+    "UINT64": pb.TYPE_UINT64,
+    "INT8": pb.TYPE_INT8,
+    "INT16": pb.TYPE_INT16,
+    "INT32": pb.TYPE_INT32,
+    "INT64": pb.TYPE_INT64,
+    "FP16": pb.TYPE_FP16,
+    "FP32": pb.TYPE_FP32,
+    "FP64": pb.TYPE_FP64,
+    "BYTES": pb.TYPE_STRING,
+}
+"""v2 datatype -> Triton's model configuration DataType."""
+
+_BACKENDS = {"onnxruntime_onnx": "onnxruntime"}
+
+
+def model_config(model: Served) -> pb.ModelConfig:
+    """Triton's view of a model: with max_batch_size > 0 the dims leave out the batch one."""
+    scheduling = model.scheduling
+    skip = 1 if scheduling.max_batch_size else 0
+    config = pb.ModelConfig(
+        name=model.name,
+        platform=model.platform,
+        backend=_BACKENDS.get(model.platform, ""),
+        max_batch_size=scheduling.max_batch_size,
+        input=[
+            pb.ModelInput(
+                name=s.name,
+                data_type=_DATA_TYPES.get(s.datatype, pb.TYPE_INVALID),
+                dims=s.shape[skip:],
+                optional=s.optional,
+            )
+            for s in model.inputs
+        ],
+        output=[
+            pb.ModelOutput(
+                name=s.name,
+                data_type=_DATA_TYPES.get(s.datatype, pb.TYPE_INVALID),
+                dims=s.shape[skip:],
+            )
+            for s in model.outputs
+        ],
+        instance_group=[
+            pb.ModelInstanceGroup(
+                name=model.name, kind=pb.ModelInstanceGroup.KIND_CPU, count=scheduling.instances
+            )
+        ],
+    )
+    if scheduling.max_queue_delay_s is not None:
+        config.dynamic_batching.max_queue_delay_microseconds = round(
+            scheduling.max_queue_delay_s * 1e6
+        )
+    return config
+
+
+def _duration(d: Duration) -> pb.StatisticDuration:
+    return pb.StatisticDuration(count=d.count, ns=d.ns)
+
+
+def model_statistics(model: Served) -> pb.ModelStatistics:
+    stats = model.statistics
+    compute = stats.compute
+    return pb.ModelStatistics(
+        name=model.name,
+        version=model.version,
+        last_inference=stats.last_inference_ms,
+        inference_count=stats.inference_count,
+        execution_count=stats.execution_count,
+        inference_stats=pb.InferStatistics(
+            success=_duration(stats.success),
+            fail=_duration(stats.fail),
+            queue=_duration(stats.queue),
+            compute_input=_duration(compute.input),
+            compute_infer=_duration(compute.infer),
+            compute_output=_duration(compute.output),
+        ),
+        batch_stats=[_batch(rows, stats.batches[rows]) for rows in sorted(stats.batches)],
+    )
+
+
+def _batch(rows: int, compute: Compute) -> pb.InferBatchStatistics:
+    return pb.InferBatchStatistics(
+        batch_size=rows,
+        compute_input=_duration(compute.input),
+        compute_infer=_duration(compute.infer),
+        compute_output=_duration(compute.output),
+    )
+
+
+def classify(scores: np.ndarray, k: int, labels: list[str] | None) -> np.ndarray:
+    """Triton's classification extension: the top k of each row as BYTES
+    "value:index" (or "value:index:label" when the model has labels)."""
+    if scores.ndim not in (1, 2) or scores.dtype.kind != "f":
+        raise InvalidInput(
+            f"classification needs a float [N, C] or [C] output, got "
+            f"{scores.dtype} {list(scores.shape)}"
+        )
+    rows = scores.reshape(-1, scores.shape[-1])
+    k = min(k, rows.shape[1])
+    top = np.argsort(-rows, axis=1, kind="stable")[:, :k]
+    out = np.empty(top.shape, dtype=object)
+    for r, c in np.ndindex(top.shape):
+        index = int(top[r, c])
+        text = f"{rows[r, index]:f}:{index}"
+        if labels is not None and index < len(labels):
+            text += f":{labels[index]}"
+        out[r, c] = text.encode()
+    return out if scores.ndim == 2 else out[0]
+
+
+def with_request_timeout(request: pb.ModelInferRequest, remaining: float | None) -> float | None:
+    """Triton's per-request `timeout` parameter (microseconds) shortens the call's deadline:
+    a streamed request's only deadline besides the whole stream's."""
+    param = request.parameters.get("timeout")
+    kind = None if param is None else param.WhichOneof("parameter_choice")
+    if kind is None:
+        return remaining
+    if kind != "int64_param" or param.int64_param < 0:
+        raise InvalidInput("parameter 'timeout' must be a non-negative int64 (microseconds)")
+    if param.int64_param == 0:
+        return remaining
+    own = param.int64_param / 1e6
+    return own if remaining is None else min(own, remaining)
