@@ -132,14 +132,9 @@ def encode_bytes_elements(elements: Iterable[object]) -> bytes:
     return b"".join(parts)
 
 
-def to_raw(array: np.ndarray) -> tuple[str, bytes]:
-    """(datatype, raw little-endian bytes) for a numpy array."""
-    datatype, view = to_raw_view(array)
-    return datatype, view if isinstance(view, bytes) else view.tobytes()
-
-
 def to_raw_view(array: np.ndarray) -> tuple[str, bytes | memoryview]:
-    """Like to_raw, but a view of the array's memory when no conversion is needed."""
+    """(datatype, raw little-endian bytes) for a numpy array: a view of the array's memory
+    when no conversion is needed."""
     datatype = datatype_of(array)
     if datatype == "BYTES":
         return datatype, encode_bytes_elements(array.reshape(-1))
@@ -278,20 +273,17 @@ SharedReader = Callable[[SharedRef, str], "bytes | memoryview"]
 
 
 def request_inputs(
-    request: pb.ModelInferRequest | wire.ParsedInferRequest,
+    parsed: wire.ParsedInferRequest,
     limits: TensorLimits = DEFAULT_LIMITS,
     shared: SharedReader | None = None,
 ) -> dict[str, np.ndarray]:
-    """All input tensors of a ModelInferRequest, by name (zero-copy for parsed requests).
-    Inputs in shared memory are read through `shared`; raw contents are given for the
-    other inputs only, in order (as tritonclient sends them)."""
-    if isinstance(request, wire.ParsedInferRequest):
-        if request.error:
-            raise InvalidInput(f"request does not parse: {request.error}")
-        raw_contents: Sequence[bytes | memoryview] = request.raw
-        request = request.message
-    else:
-        raw_contents = request.raw_input_contents
+    """All input tensors of a received ModelInferRequest, by name (zero-copy views of the
+    received buffer). Inputs in shared memory are read through `shared`; raw contents are
+    given for the other inputs only, in order (as tritonclient sends them)."""
+    if parsed.error:
+        raise InvalidInput(f"request does not parse: {parsed.error}")
+    raw_contents: Sequence[bytes | memoryview] = parsed.raw
+    request = parsed.message
     n_inputs = len(request.inputs)
     if n_inputs > limits.max_inputs:
         raise InvalidInput(f"request has {n_inputs} inputs, more than {limits.max_inputs}")
@@ -366,17 +358,16 @@ def build_request(
     request_id: str = "",
     outputs: Sequence[str] = (),
 ) -> pb.ModelInferRequest:
-    """A ModelInferRequest carrying `inputs` as raw contents."""
-    request = pb.ModelInferRequest(
-        model_name=model_name, model_version=model_version, id=request_id
+    """build_request_bytes as a protobuf message (for generated stubs and tools)."""
+    return pb.ModelInferRequest.FromString(
+        build_request_bytes(
+            model_name,
+            inputs,
+            model_version=model_version,
+            request_id=request_id,
+            outputs=outputs,
+        )
     )
-    for name, array in inputs.items():
-        datatype, raw = to_raw(np.asarray(array))
-        request.inputs.add(name=name, datatype=datatype, shape=array.shape)
-        request.raw_input_contents.append(raw)
-    for name in outputs:
-        request.outputs.add(name=name)
-    return request
 
 
 def build_response_bytes(
@@ -417,23 +408,6 @@ def _with_raw_tensors(
             tensor.parameters[SHM_OFFSET].int64_param = ref.offset
         views.append(b"")
     return wire.with_field(head, field, views)
-
-
-def build_response(
-    model_name: str,
-    model_version: str,
-    outputs: Mapping[str, np.ndarray],
-    request_id: str = "",
-) -> pb.ModelInferResponse:
-    """A ModelInferResponse carrying `outputs` as raw contents (tritonclient reads only raw)."""
-    response = pb.ModelInferResponse(
-        model_name=model_name, model_version=model_version, id=request_id
-    )
-    for name, array in outputs.items():
-        datatype, raw = to_raw(np.asarray(array))
-        response.outputs.add(name=name, datatype=datatype, shape=array.shape)
-        response.raw_output_contents.append(raw)
-    return response
 
 
 def build_request_bytes(

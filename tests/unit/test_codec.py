@@ -6,8 +6,23 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from protos import codec, pb
+from protos import codec, pb, wire
 from protos.errors import InvalidInput
+
+
+def inputs_of(request: pb.ModelInferRequest, **kwargs) -> dict[str, np.ndarray]:
+    """What a server decodes from `request`, received as bytes."""
+    return codec.request_inputs(wire.parse_infer_request(request.SerializeToString()), **kwargs)
+
+
+def to_raw(array: np.ndarray) -> tuple[str, bytes]:
+    datatype, view = codec.to_raw_view(array)
+    return datatype, bytes(view)
+
+
+def built_response(model: str, version: str, outputs: dict) -> pb.ModelInferResponse:
+    return pb.ModelInferResponse.FromString(codec.build_response_bytes(model, version, outputs))
+
 
 NUMERIC = [k for k in codec.DATATYPE_TO_DTYPE if k != "BYTES"]
 
@@ -17,7 +32,7 @@ NUMERIC = [k for k in codec.DATATYPE_TO_DTYPE if k != "BYTES"]
 def test_numeric_round_trip(datatype: str, data: st.DataObject) -> None:
     dtype = codec.DATATYPE_TO_DTYPE[datatype]
     arr = data.draw(hnp.arrays(dtype, hnp.array_shapes(min_dims=0, max_dims=4, max_side=5)))
-    name, raw = codec.to_raw(arr)
+    name, raw = to_raw(arr)
     assert name == datatype
     back = codec.from_raw(raw, datatype, arr.shape)
     np.testing.assert_array_equal(back, arr)
@@ -26,7 +41,7 @@ def test_numeric_round_trip(datatype: str, data: st.DataObject) -> None:
 
 def test_raw_is_little_endian_whatever_the_input_order() -> None:
     big = np.array([1, 256], dtype=">u2")
-    _, raw = codec.to_raw(big)
+    _, raw = to_raw(big)
     assert raw == b"\x01\x00\x00\x01"
 
 
@@ -34,7 +49,7 @@ def test_raw_is_little_endian_whatever_the_input_order() -> None:
 def test_bytes_round_trip(items: list[bytes]) -> None:
     arr = np.empty(len(items), dtype=object)
     arr[:] = items
-    name, raw = codec.to_raw(arr)
+    name, raw = to_raw(arr)
     assert name == "BYTES"
     assert raw == b"".join(len(i).to_bytes(4, "little") + i for i in items)
     back = codec.from_raw(raw, "BYTES", [len(items)])
@@ -42,7 +57,7 @@ def test_bytes_round_trip(items: list[bytes]) -> None:
 
 
 def test_str_elements_encode_as_utf8() -> None:
-    _, raw = codec.to_raw(np.array(["é"], dtype=object))
+    _, raw = to_raw(np.array(["é"], dtype=object))
     assert raw == b"\x02\x00\x00\x00\xc3\xa9"
 
 
@@ -83,7 +98,7 @@ def test_unknown_datatype() -> None:
 def test_request_round_trip_and_typed_contents() -> None:
     x = np.arange(6, dtype=np.int32).reshape(2, 3)
     req = codec.build_request("m", {"x": x, "s": np.array([b"a"], dtype=object)}, request_id="7")
-    got = codec.request_inputs(req)
+    got = inputs_of(req)
     np.testing.assert_array_equal(got["x"], x)
     assert req.id == "7" and list(got["s"]) == [b"a"]
 
@@ -91,7 +106,7 @@ def test_request_round_trip_and_typed_contents() -> None:
     typed.inputs.add(name="x", datatype="INT32", shape=[2, 3]).contents.int_contents.extend(
         range(6)
     )
-    np.testing.assert_array_equal(codec.request_inputs(typed)["x"], x)
+    np.testing.assert_array_equal(inputs_of(typed)["x"], x)
 
 
 def test_request_consistency_errors() -> None:
@@ -100,35 +115,35 @@ def test_request_consistency_errors() -> None:
     with pytest.raises(
         InvalidInput, match="2 inputs outside shared memory but 1 raw_input_contents"
     ):
-        codec.request_inputs(req)
+        inputs_of(req)
 
     dup = codec.build_request("m", {"a": np.zeros(1, np.float32)})
     dup.inputs.add(name="a", datatype="FP32", shape=[1])
     dup.raw_input_contents.append(b"\x00" * 4)
     with pytest.raises(InvalidInput, match="appears twice"):
-        codec.request_inputs(dup)
+        inputs_of(dup)
 
     many = pb.ModelInferRequest(model_name="m")
     for i in range(codec.DEFAULT_LIMITS.max_inputs + 1):
         many.inputs.add(name=f"i{i}", datatype="FP32", shape=[0])
     with pytest.raises(InvalidInput, match="more than 64"):
-        codec.request_inputs(many)
+        inputs_of(many)
 
 
 def test_typed_contents_count_and_range_checked() -> None:
     req = pb.ModelInferRequest(model_name="m")
     req.inputs.add(name="x", datatype="FP32", shape=[3]).contents.fp32_contents.extend([1.0])
     with pytest.raises(InvalidInput, match="holds 1 values, but shape \\[3\\] needs 3"):
-        codec.request_inputs(req)
+        inputs_of(req)
     req = pb.ModelInferRequest(model_name="m")
     req.inputs.add(name="x", datatype="UINT8", shape=[1]).contents.uint_contents.extend([300])
     with pytest.raises(InvalidInput, match="does not fit UINT8"):
-        codec.request_inputs(req)
+        inputs_of(req)
 
 
 def test_response_outputs_reads_raw() -> None:
     probs = np.array([[0.25, 0.75]], dtype=np.float32)
-    resp = codec.build_response("m", "1", {"p": probs})
+    resp = built_response("m", "1", {"p": probs})
     assert resp.raw_output_contents and not resp.outputs[0].HasField("contents")
     np.testing.assert_array_equal(codec.response_outputs(resp)["p"], probs)
 

@@ -8,10 +8,19 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from protos import codec, pb
+from protos import codec, pb, wire
 from protos.codec import SharedRef
 from protos.errors import AlreadyExists, InvalidInput, NotFound, Unsupported
 from v2server.shm import SHM_DIR, SharedMemory
+
+
+def inputs_of(request: pb.ModelInferRequest, **kwargs) -> dict[str, np.ndarray]:
+    """What a server decodes from `request`, received as bytes."""
+    return codec.request_inputs(wire.parse_infer_request(request.SerializeToString()), **kwargs)
+
+
+def built_response(model: str, version: str, outputs: dict) -> pb.ModelInferResponse:
+    return pb.ModelInferResponse.FromString(codec.build_response_bytes(model, version, outputs))
 
 
 @pytest.fixture
@@ -81,13 +90,13 @@ def test_codec_reads_shared_inputs_beside_raw_ones(key: str) -> None:
     shared = request.inputs.add(name="a", datatype="FP32", shape=[2, 2])
     shared.parameters[codec.SHM_REGION].string_param = "r"
     shared.parameters[codec.SHM_BYTE_SIZE].int64_param = 16
-    got = codec.request_inputs(request, shared=shm.read)
+    got = inputs_of(request, shared=shm.read)
     assert got["a"].tolist() == [[0, 1], [2, 3]] and got["b"].tolist() == [7]
     with pytest.raises(InvalidInput, match="has no shared memory"):
-        codec.request_inputs(request)
+        inputs_of(request)
     shared.parameters[codec.SHM_BYTE_SIZE].int64_param = 12
     with pytest.raises(InvalidInput, match="'a'"):
-        codec.request_inputs(request, shared=shm.read)
+        inputs_of(request, shared=shm.read)
 
 
 def test_shared_outputs_keep_one_raw_entry_per_output() -> None:
@@ -108,7 +117,7 @@ def test_shared_outputs_keep_one_raw_entry_per_output() -> None:
     response.outputs[1].shape[:] = [2]
     response.raw_output_contents[:] = [b"", np.array([2, 0]).tobytes()]
     assert codec.response_outputs(response)["label"].tolist() == [2, 0]
-    omitted = codec.build_response("m", "1", {"label": np.array([2, 0])})
+    omitted = built_response("m", "1", {"label": np.array([2, 0])})
     omitted.outputs.add(name="y", datatype="FP32", shape=[2, 3]).parameters[
         codec.SHM_REGION
     ].string_param = "out"

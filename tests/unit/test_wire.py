@@ -37,13 +37,17 @@ def test_reserialized_request_is_equivalent() -> None:
     assert pb.ModelInferRequest.FromString(again) == request
 
 
-def test_response_bytes_parse_like_build_response() -> None:
+def test_response_bytes_parse_like_protobufs_own_message() -> None:
     outputs = {
         "p": np.random.default_rng(0).random((2, 5), dtype=np.float32),
         "label": np.array([3, 1], dtype=np.int64),
     }
     data = codec.build_response_bytes("m", "1", outputs, "id-9")
-    assert pb.ModelInferResponse.FromString(data) == codec.build_response("m", "1", outputs, "id-9")
+    expected = pb.ModelInferResponse(model_name="m", model_version="1", id="id-9")
+    for name, arr in outputs.items():
+        expected.outputs.add(name=name, datatype=codec.datatype_of(arr), shape=arr.shape)
+        expected.raw_output_contents.append(arr.tobytes())
+    assert pb.ModelInferResponse.FromString(data) == expected
     parsed = wire.parse_infer_response(data)
     got = codec.response_outputs(parsed)
     for name, arr in outputs.items():
