@@ -26,7 +26,7 @@ import grpc
 from grpc import aio
 
 from protos.channels import METHOD_PREFIX, SERVICE_NAME
-from proxy.definitions import CallSpec, ParallelSpec, Plan, Step, load
+from proxy.definitions import CallStep, Entry, ParallelStep, Plan, load
 from proxy.endpoints import parse
 from proxy.middleware import Receive, Scope, Send
 
@@ -67,18 +67,19 @@ class Relay:
             call = self._calls[label] = channel.unary_unary(MODEL_INFER)
         return call
 
-    async def _steps(self, steps: list[Step], body: bytes) -> bytes:
-        for spec in steps:
-            if isinstance(spec, CallSpec):
-                body = await self._call(spec.call.name)(body, timeout=5)
-            elif isinstance(spec, ParallelSpec):
-                names = self.plan.branches(spec.parallel)
+    async def _steps(self, entries: list[Entry], body: bytes) -> bytes:
+        for entry in entries:
+            step = entry.step
+            if isinstance(step, CallStep):
+                body = await self._call(step.name)(body, timeout=5)
+            elif isinstance(step, ParallelStep):
+                names = self.plan.branches(step)
                 answers = await asyncio.gather(
-                    *(self._call(f"{spec.parallel.name}/{n}")(body, timeout=5) for n in names)
+                    *(self._call(f"{step.name}/{n}")(body, timeout=5) for n in names)
                 )
                 body = answers[0]
             else:  # a switch: its default path (echoes carry no data to decide on)
-                body = await self._steps(spec.switch.default, body)
+                body = await self._steps(step.default, body)
         return body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

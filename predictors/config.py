@@ -7,36 +7,19 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
-from protos.codec import DATATYPE_TO_DTYPE
+from protos.strict import Strict
+from v2server.config import TensorConfig
 from v2server.model import LoadError
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class TensorConfig(_Strict):
-    """Overrides what the ONNX graph says about one tensor."""
-
-    name: str
-    datatype: str | None = None
-    shape: list[int] | None = None
-
-    @model_validator(mode="after")
-    def _known_datatype(self) -> TensorConfig:
-        if self.datatype is not None and self.datatype not in DATATYPE_TO_DTYPE:
-            raise ValueError(f"unknown datatype '{self.datatype}'")
-        return self
-
-
-class DynamicBatching(_Strict):
+class DynamicBatching(Strict):
     max_queue_delay_ms: float = Field(default=2.0, ge=0)
     """How long the first request of a batch waits for others to join it."""
 
 
-class VersionPolicy(_Strict):
+class VersionPolicy(Strict):
     """Which of the numbered version folders are loaded: exactly one of the three."""
 
     latest: int | None = Field(default=None, ge=1)
@@ -62,7 +45,7 @@ class VersionPolicy(_Strict):
         return ordered[-(self.latest or 1) :]
 
 
-class OrtOptions(_Strict):
+class OrtOptions(Strict):
     intra_op_threads: int = Field(default=0, ge=0)
     """0 lets ONNX Runtime decide (one per core)."""
     inter_op_threads: int = Field(default=0, ge=0)
@@ -72,7 +55,7 @@ class OrtOptions(_Strict):
     steal the cores that gRPC and the other services share."""
 
 
-class Ragged(_Strict):
+class Ragged(Strict):
     """Rows of one input padded to a common length along one axis, each run alone.
 
     A request carries the padded input and each row's true length (`lengths`, an INT32 or
@@ -92,7 +75,7 @@ class Ragged(_Strict):
     """Outputs whose axis (the value) grows with the row's length: padded back with zeros."""
 
 
-class ModelConfig(_Strict):
+class ModelConfig(Strict):
     name: str | None = None
     """Defaults to the model's folder name; must match it when given."""
     platform: Literal["onnxruntime_onnx"] = "onnxruntime_onnx"

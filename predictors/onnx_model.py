@@ -9,9 +9,10 @@ import onnxruntime as ort
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
 
 from predictors import ragged
-from predictors.config import ModelConfig, TensorConfig
+from predictors.config import ModelConfig
 from protos.codec import dtype_of
 from protos.errors import InvalidInput
+from v2server.config import TensorConfig
 from v2server.model import Scheduling, TensorSpec
 
 ORT_TYPE_TO_DATATYPE = {

@@ -6,38 +6,29 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
 from preprocess import ink as _ink  # noqa: F401  (registers the ink operations)
 from preprocess import ocr as _ocr  # noqa: F401  (registers the OCR operations)
 from preprocess.ops import check_params
-from protos.codec import DATATYPE_TO_DTYPE
+from protos.strict import Strict
+from v2server.config import TensorConfig
 from v2server.model import LoadError
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class TensorConfig(_Strict):
-    name: str
-    datatype: str
-    shape: list[int]
-    optional: bool = False
-
-    @field_validator("datatype")
-    @classmethod
-    def _known(cls, value: str) -> str:
-        if value not in DATATYPE_TO_DTYPE:
-            raise ValueError(f"unknown datatype '{value}'")
-        return value
-
-
-class RecipeConfig(_Strict):
+class RecipeConfig(Strict):
     inputs: list[TensorConfig] = Field(min_length=1)
     outputs: list[TensorConfig] = Field(min_length=1)
     steps: list[dict[str, dict[str, Any]]] = Field(min_length=1)
     """Each step is `{operation: {parameter: value}}`."""
+
+    @field_validator("inputs", "outputs")
+    @classmethod
+    def _declared(cls, tensors: list[TensorConfig]) -> list[TensorConfig]:
+        for t in tensors:
+            if t.datatype is None or t.shape is None:
+                raise ValueError(f"tensor '{t.name}' needs its datatype and shape")
+        return tensors
 
     @field_validator("steps")
     @classmethod
@@ -50,12 +41,12 @@ class RecipeConfig(_Strict):
         return steps
 
 
-class LimitsConfig(_Strict):
+class LimitsConfig(Strict):
     max_encoded_bytes: int = Field(default=20 * 1024 * 1024, ge=1)
     max_pixels: int = Field(default=40_000_000, ge=1)
 
 
-class RecipeFile(_Strict):
+class RecipeFile(Strict):
     limits: LimitsConfig = LimitsConfig()
     recipes: dict[str, RecipeConfig] = Field(min_length=1)
 

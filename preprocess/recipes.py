@@ -12,6 +12,7 @@ from preprocess import config as cfg
 from preprocess.images import ImageLimits
 from preprocess.ops import OPS
 from preprocess.state import State
+from v2server.config import TensorConfig
 from v2server.model import Scheduling, TensorSpec
 from v2server.registry import Registry
 from v2server.served import ServedModel
@@ -20,8 +21,11 @@ INLINE_MAX_BYTES = 64 * 1024
 """Small uploads of quick recipes skip the thread hand-off."""
 
 
-def _specs(tensors: list[cfg.TensorConfig]) -> tuple[TensorSpec, ...]:
-    return tuple(TensorSpec(t.name, t.datatype, tuple(t.shape), t.optional) for t in tensors)
+def _specs(tensors: list[TensorConfig]) -> tuple[TensorSpec, ...]:
+    # Both are set in a recipe file (RecipeConfig checks it).
+    return tuple(
+        TensorSpec(t.name, t.datatype or "", tuple(t.shape or ()), t.optional) for t in tensors
+    )
 
 
 class Recipe:

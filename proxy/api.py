@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import Request, Response
@@ -105,7 +106,7 @@ class PipelineEndpoints:
                 name: {
                     "description": plan.pipeline.description,
                     "timeout_ms": plan.pipeline.timeout_ms,
-                    "targets": {k: t.model_dump() for k, t in plan.targets.items()},
+                    "targets": {k: asdict(t) for k, t in plan.targets.items()},
                     "definition": plan.pipeline.model_dump(mode="json", exclude_defaults=True),
                 }
                 for name, plan in self.state.plans.items()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import grpc
 import numpy as np
@@ -12,6 +13,7 @@ from grpc import aio
 
 from protos import codec, pb, wire
 from protos.channels import METHOD_PREFIX, channel_options
+from proxy.endpoints import Target
 from proxy.errors import StepError
 
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
@@ -53,23 +55,25 @@ class Channels:
 
     async def infer(
         self,
-        address: str,
-        model: str,
+        target: Target,
         inputs: Mapping[str, np.ndarray],
         *,
-        version: str = "",
         outputs: Sequence[str] = (),
         timeout: float,
         request_id: str,
     ) -> dict[str, np.ndarray]:
         """One ModelInfer; raises grpc.aio.AioRpcError. Tensors stay as received bytes."""
-        call = self.get(address).unary_unary(
+        call = self.get(target.address).unary_unary(
             METHOD_PREFIX + "ModelInfer",
             request_serializer=wire.serialize_infer_request,
             response_deserializer=wire.parse_infer_response,
         )
         request = codec.build_request_bytes(
-            model, inputs, model_version=version, request_id=request_id, outputs=outputs
+            target.model,
+            inputs,
+            model_version=target.version,
+            request_id=request_id,
+            outputs=outputs,
         )
         response = await call(request, timeout=timeout, metadata=(("x-request-id", request_id),))
         return codec.response_outputs(response)
@@ -128,22 +132,29 @@ class Channels:
         return await call(request, timeout=timeout)
 
 
+@dataclass(frozen=True)
+class Call:
+    """One step's (or branch's) call: where it goes, what it asks for, how long each
+    attempt may take and how many more attempts UNAVAILABLE earns."""
+
+    label: str
+    """The step, or `<parallel step>/<branch>`: errors name it."""
+    target: Target
+    outputs: Sequence[str]
+    per_call_s: float | None
+    retries: int
+
+
 async def infer_with_retries(
     channels: Channels,
-    step: str,
-    address: str,
-    model: str,
+    call: Call,
     inputs: Mapping[str, np.ndarray],
-    *,
-    version: str,
-    outputs: Sequence[str],
     deadline: float,
-    per_call_s: float | None,
-    retries: int,
     request_id: str,
 ) -> dict[str, np.ndarray]:
     """ModelInfer within the request's deadline, retrying UNAVAILABLE with jittered backoff."""
     loop = asyncio.get_running_loop()
+    step, address = call.label, call.target.address
     attempt = 0
     while True:
         remaining = deadline - loop.time()
@@ -151,16 +162,10 @@ async def infer_with_retries(
             raise StepError(
                 step, grpc.StatusCode.DEADLINE_EXCEEDED, "no time left in the request's budget"
             )
-        timeout = remaining if per_call_s is None else min(per_call_s, remaining)
+        timeout = remaining if call.per_call_s is None else min(call.per_call_s, remaining)
         try:
             return await channels.infer(
-                address,
-                model,
-                inputs,
-                version=version,
-                outputs=outputs,
-                timeout=timeout,
-                request_id=request_id,
+                call.target, inputs, outputs=call.outputs, timeout=timeout, request_id=request_id
             )
         except aio.AioRpcError as exc:
             code = exc.code()
@@ -173,7 +178,7 @@ async def infer_with_retries(
                     f"a message to or from {address} is over the size limit ({exc.details()})",
                     http=413,
                 ) from None
-            if code in RETRYABLE and attempt < retries:
+            if code in RETRYABLE and attempt < call.retries:
                 attempt += 1
                 backoff = min(0.05 * 2**attempt, 0.5) * (0.5 + random.random() / 2)
                 if deadline - loop.time() > backoff:

@@ -9,28 +9,34 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
+from protos.strict import Strict
 from proxy import endpoints
-from proxy.endpoints import Endpoint
+from proxy.endpoints import Endpoint, Target
 from proxy.errors import DefinitionError
 
 _NAME = r"^[A-Za-z0-9_\-]+$"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class Step(Strict):
+    """What every kind of step has; `kind` is its YAML key and the suffix of the method
+    that handles it (`_call`, `_parallel`, `_switch`): the one dispatch, see `handle`."""
 
-
-class CallStep(_Strict):
+    kind: ClassVar[str]
     name: str = Field(pattern=_NAME)
-    endpoint: str
-    """Environment variable holding host:port[/model[/version]]."""
-    model: str | None = None
-    version: str = ""
+
+    def reads(self) -> list[str]:
+        """The references this step reads before it runs."""
+        raise NotImplementedError
+
+
+class CallingStep(Step):
+    """A step that calls models: what to send, what to ask for, how long, how often."""
+
     inputs: dict[str, str] = Field(min_length=1)
     """Model input name -> reference."""
     outputs: list[str] = []
@@ -39,22 +45,33 @@ class CallStep(_Strict):
     retries: int = Field(default=1, ge=0, le=5)
     """Extra attempts when the endpoint is UNAVAILABLE (inference is idempotent)."""
 
+    def reads(self) -> list[str]:
+        return list(self.inputs.values())
 
-class Branch(_Strict):
+
+class CallStep(CallingStep):
+    kind: ClassVar[str] = "call"
+    endpoint: str
+    """Environment variable holding host:port[/model[/version]]."""
+    model: str | None = None
+    version: str = ""
+
+
+class Branch(Strict):
     name: str = Field(pattern=_NAME)
     endpoint: str
     model: str | None = None
     version: str = ""
 
 
-class BranchesFrom(_Strict):
+class BranchesFrom(Strict):
     prefix: str
     """Every `<prefix><BRANCH>_URL` variable becomes a branch named `<branch>`."""
     model: str = "{branch}"
     """Model name template; `{branch}` is replaced (the URL may name the model instead)."""
 
 
-class Combine(_Strict):
+class Combine(Strict):
     op: Literal["collect", "mean", "vote", "argmax"] = "collect"
     tensor: str | None = None
     """The branch output to combine (mean/argmax: scores; vote: labels)."""
@@ -62,56 +79,77 @@ class Combine(_Strict):
     """Class names for the combined label (argmax/mean); default: the index."""
 
 
-class ParallelStep(_Strict):
-    name: str = Field(pattern=_NAME)
+class ParallelStep(CallingStep):
+    kind: ClassVar[str] = "parallel"
     branches: list[Branch] = []
     branches_from: BranchesFrom | None = None
-    inputs: dict[str, str] = Field(min_length=1)
-    outputs: list[str] = []
-    timeout_ms: float | None = Field(default=None, gt=0)
-    retries: int = Field(default=1, ge=0, le=5)
     aggregation: Literal["all_or_nothing", "partial"] = "all_or_nothing"
     combine: Combine = Combine()
 
 
-class Condition(_Strict):
+class Condition(Strict):
     empty: bool | None = None
     """True: the tensor has no rows."""
     equals: Any = None
     one_of: list[Any] | None = None
 
 
-class Case(_Strict):
+class Case(Strict):
     when: Condition
-    steps: list[Step] = []
+    steps: list[Entry] = []
 
 
-class SwitchStep(_Strict):
-    name: str = Field(pattern=_NAME)
+class SwitchStep(Step):
+    kind: ClassVar[str] = "switch"
     input: str
     """Reference to the tensor the cases look at (its first element for equals/one_of)."""
     cases: list[Case] = Field(min_length=1)
-    default: list[Step] = []
+    default: list[Entry] = []
+
+    def reads(self) -> list[str]:
+        return [self.input]
+
+    def paths(self) -> list[list[Entry]]:
+        """Every list of steps the switch may run: each case's, then the default."""
+        return [*(case.steps for case in self.cases), self.default]
 
 
-class CallSpec(_Strict):
+class CallEntry(Strict):
     call: CallStep
 
+    @property
+    def step(self) -> CallStep:
+        return self.call
 
-class ParallelSpec(_Strict):
+
+class ParallelEntry(Strict):
     parallel: ParallelStep
 
+    @property
+    def step(self) -> ParallelStep:
+        return self.parallel
 
-class SwitchSpec(_Strict):
+
+class SwitchEntry(Strict):
     switch: SwitchStep
 
+    @property
+    def step(self) -> SwitchStep:
+        return self.switch
 
-Step = CallSpec | ParallelSpec | SwitchSpec
+
+Entry = CallEntry | ParallelEntry | SwitchEntry
+"""One item of a `steps:` list in YAML: `call:`, `parallel:` or `switch:`."""
 Case.model_rebuild()
 SwitchStep.model_rebuild()
 
 
-class Pipeline(_Strict):
+def handle(handler: object, step: Step, *args: Any) -> Any:
+    """Call `handler._<kind>(step, *args)`: how the plan and the executor treat each kind."""
+    return getattr(handler, f"_{step.kind}")(step, *args)
+
+
+class Pipeline(Strict):
     description: str = ""
     input: str = Field(default="image", pattern=_NAME)
     """Name of the request tensor (BYTES [1]) holding the uploaded body."""
@@ -129,11 +167,11 @@ class Pipeline(_Strict):
     work on at once; more get 503 with Retry-After at once. An image's cost grows with its
     pixels: a page photo costs what a hundred text lines do, so a count of requests alone
     cannot keep a crowd of large pages within the budget."""
-    steps: list[Step] = Field(min_length=1)
+    steps: list[Entry] = Field(min_length=1)
     result: dict[str, Any]
 
 
-class PipelineFile(_Strict):
+class PipelineFile(Strict):
     pipelines: dict[str, Pipeline] = Field(min_length=1)
 
     @model_validator(mode="before")
@@ -153,15 +191,6 @@ def _explain(exc: ValidationError) -> str:
 
 
 # ---------------------------------------------------------------- resolved plan
-
-
-class Target(_Strict):
-    """Where one call goes: the endpoint and the model/version to ask for."""
-
-    endpoint: str
-    address: str
-    model: str
-    version: str = ""
 
 
 def _target(
@@ -209,22 +238,21 @@ class Plan:
         self._env = env
         self._walk(pipeline.steps)
         self.keep_after: dict[int, frozenset[str]] = {}
-        """id(step spec) -> producers ("request" or a step name) whose tensors a later step
-        or the result still reads: everything else is dropped once the step is done."""
+        """id(step) -> producers ("request" or a step name) whose tensors a later step or
+        the result still reads: everything else is dropped once the step is done."""
         self._liveness(pipeline.steps, frozenset(_producers(pipeline.result)))
 
     def branches(self, step: ParallelStep) -> dict[str, Target]:
         prefix = f"{step.name}/"
         return {k[len(prefix) :]: t for k, t in self.targets.items() if k.startswith(prefix)}
 
-    def _walk(self, steps: list[Step]) -> None:
-        for spec in steps:
-            if isinstance(spec, CallSpec):
-                self._call(spec.call)
-            elif isinstance(spec, ParallelSpec):
-                self._parallel(spec.parallel)
-            else:
-                self._switch(spec.switch)
+    def _walk(self, entries: list[Entry]) -> None:
+        for entry in entries:
+            step = entry.step
+            where = self._claim(step.name)
+            for ref in step.reads():
+                _check_ref(ref, self._known, self._inputs, where)
+            handle(self, step, where)
 
     def _claim(self, name: str) -> str:
         where = f"pipeline '{self.name}', step '{name}'"
@@ -232,17 +260,11 @@ class Plan:
             raise DefinitionError(f"{where}: step names must be unique")
         return where
 
-    def _call(self, step: CallStep) -> None:
-        where = self._claim(step.name)
-        for ref in step.inputs.values():
-            _check_ref(ref, self._known, self._inputs, where)
+    def _call(self, step: CallStep, where: str) -> None:
         self.targets[step.name] = _target(step.endpoint, step.model, step.version, self._env, where)
         self._known.add(step.name)
 
-    def _parallel(self, step: ParallelStep) -> None:
-        where = self._claim(step.name)
-        for ref in step.inputs.values():
-            _check_ref(ref, self._known, self._inputs, where)
+    def _parallel(self, step: ParallelStep, where: str) -> None:
         branches = {
             b.name: _target(b.endpoint, b.model, b.version, self._env, where) for b in step.branches
         }
@@ -263,31 +285,26 @@ class Plan:
             self.targets[f"{step.name}/{branch}"] = target
         self._known.add(step.name)
 
-    def _switch(self, step: SwitchStep) -> None:
-        where = self._claim(step.name)
-        _check_ref(step.input, self._known, self._inputs, where)
+    def _switch(self, step: SwitchStep, where: str) -> None:
         self._known.add(step.name)
         before = set(self._known)
-        for case in [*step.cases, Case(when=Condition(), steps=step.default)]:
+        for path in step.paths():
             self._known = set(before)
-            self._walk(case.steps)
+            self._walk(path)
         # After a switch only what every path defines is certain; results tolerate the rest.
         self._known = before | {n.split("/")[0] for n in self.targets}
 
-    def _liveness(self, steps: list[Step], after: frozenset[str]) -> frozenset[str]:
-        """Fill keep_after for `steps`, given what is needed after them; return what is
+    def _liveness(self, entries: list[Entry], after: frozenset[str]) -> frozenset[str]:
+        """Fill keep_after for the steps, given what is needed after them; return what is
         needed before them."""
-        for spec in reversed(steps):
-            self.keep_after[id(spec)] = after
-            if isinstance(spec, SwitchSpec):
-                step = spec.switch
-                needed = set(_producers(step.input))
-                for case in [*step.cases, Case(when=Condition(), steps=step.default)]:
-                    needed |= self._liveness(case.steps, after)
-                after = after | needed
-            else:
-                inner = spec.call if isinstance(spec, CallSpec) else spec.parallel
-                after = after | {p for ref in inner.inputs.values() for p in _producers(ref)}
+        for entry in reversed(entries):
+            step = entry.step
+            self.keep_after[id(step)] = after
+            needed = {p for ref in step.reads() for p in _producers(ref)}
+            if isinstance(step, SwitchStep):
+                for path in step.paths():
+                    needed |= self._liveness(path, after)
+            after = after | needed
         return after
 
 

@@ -29,6 +29,16 @@ class Endpoint:
     version: str = ""
 
 
+@dataclass(frozen=True)
+class Target:
+    """Where one call goes: the endpoint's variable, its address, the model and version."""
+
+    endpoint: str
+    address: str
+    model: str
+    version: str = ""
+
+
 def parse(variable: str, value: str) -> Endpoint:
     match = _VALUE.match(value.strip())
     if not match:

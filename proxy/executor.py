@@ -19,10 +19,19 @@ import numpy as np
 
 from proxy import chunks, metrics
 from proxy.admission import Ledger
-from proxy.client import Channels, infer_with_retries
+from proxy.client import Call, Channels, infer_with_retries
 from proxy.combine import combine
-from proxy.definitions import CallSpec, CallStep, Condition, ParallelSpec, ParallelStep, Plan, Step
-from proxy.definitions import SwitchStep as SwitchDef
+from proxy.definitions import (
+    CallingStep,
+    CallStep,
+    Condition,
+    Entry,
+    ParallelStep,
+    Plan,
+    SwitchStep,
+    handle,
+)
+from proxy.endpoints import Target
 from proxy.errors import StepError
 from proxy.results import render
 
@@ -96,44 +105,25 @@ class Executor:
     def result(self, run: Run) -> object:
         return render(run.plan.pipeline.result, run.tensors, run.branches)
 
-    async def _steps(self, steps: list[Step], run: Run) -> None:
-        for spec in steps:
-            if isinstance(spec, CallSpec):
-                await self._call(spec.call, run)
-            elif isinstance(spec, ParallelSpec):
-                await self._parallel(spec.parallel, run)
-            else:
-                await self._switch(spec.switch, run)
-            run.keep_only(run.plan.keep_after[id(spec)])
+    async def _steps(self, entries: list[Entry], run: Run) -> None:
+        for entry in entries:
+            step = entry.step
+            await handle(self, step, run)
+            run.keep_only(run.plan.keep_after[id(step)])
 
     async def _invoke(
-        self,
-        run: Run,
-        label: str,
-        inputs: dict[str, str],
-        outputs: list[str],
-        timeout_ms: float | None,
-        retries: int,
-        step_name: str,
+        self, run: Run, step: CallingStep, label: str, target: Target
     ) -> dict[str, np.ndarray]:
-        target = run.plan.targets[label]  # a call step's name, or "<parallel step>/<branch>"
-        feeds = {name: run.resolve(ref, label) for name, ref in inputs.items()}
+        """One call of a step (`label`: the step, or `<parallel step>/<branch>`)."""
+        feeds = {name: run.resolve(ref, label) for name, ref in step.inputs.items()}
+        per_call_s = None if step.timeout_ms is None else step.timeout_ms / 1000
+        spec = Call(label, target, step.outputs, per_call_s, step.retries)
         start = time.perf_counter()
         status, error = "ok", None
 
         async def call(inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
             return await infer_with_retries(
-                self.channels,
-                label,
-                target.address,
-                target.model,
-                inputs,
-                version=target.version,
-                outputs=outputs,
-                deadline=run.deadline,
-                per_call_s=None if timeout_ms is None else timeout_ms / 1000,
-                retries=retries,
-                request_id=run.request_id,
+                self.channels, spec, inputs, run.deadline, run.request_id
             )
 
         try:
@@ -161,18 +151,10 @@ class Executor:
         finally:
             latency = (time.perf_counter() - start) * 1000
             run.steps.append(StepStatus(label, status, round(latency, 3), error))
-            metrics.STEP_LATENCY.labels(run.plan.name, step_name, status).observe(latency / 1000)
+            metrics.STEP_LATENCY.labels(run.plan.name, step.name, status).observe(latency / 1000)
 
     async def _call(self, step: CallStep, run: Run) -> None:
-        out = await self._invoke(
-            run,
-            step.name,
-            step.inputs,
-            step.outputs,
-            step.timeout_ms,
-            step.retries,
-            step.name,
-        )
+        out = await self._invoke(run, step, step.name, run.plan.targets[step.name])
         for name, value in out.items():
             run.put(f"{step.name}.{name}", value)
 
@@ -180,18 +162,10 @@ class Executor:
         branches = run.plan.branches(step)
         start = time.perf_counter()
 
-        async def branch(name: str) -> dict[str, np.ndarray]:
-            return await self._invoke(
-                run,
-                f"{step.name}/{name}",
-                step.inputs,
-                step.outputs,
-                step.timeout_ms,
-                step.retries,
-                step.name,
-            )
-
-        tasks = {name: asyncio.ensure_future(branch(name)) for name in branches}
+        tasks = {
+            name: asyncio.ensure_future(self._invoke(run, step, f"{step.name}/{name}", target))
+            for name, target in branches.items()
+        }
         try:
             if step.aggregation == "all_or_nothing":
                 done, _ = await asyncio.wait(tasks.values(), return_when=asyncio.FIRST_EXCEPTION)
@@ -228,7 +202,7 @@ class Executor:
             )
         )
 
-    async def _switch(self, step: SwitchDef, run: Run) -> None:
+    async def _switch(self, step: SwitchStep, run: Run) -> None:
         value = run.resolve(step.input, step.name)
         for case in step.cases:
             if _matches(case.when, value):

@@ -13,6 +13,7 @@ from protos import codec, pb
 from protos.errors import InvalidInput
 from proxy import v2json
 from proxy.disconnect import until_disconnect
+from proxy.endpoints import Target
 from proxy.errors import http_status
 from proxy.problems import Problem, json_response
 from proxy.results import to_json
@@ -90,10 +91,8 @@ class V2Endpoints:
             outputs = await until_disconnect(
                 request,
                 self.state.channels.infer(
-                    address,
-                    model,
+                    Target("", address, model, version),
                     parsed.inputs,
-                    version=version,
                     outputs=parsed.outputs,
                     timeout=max(deadline - loop.time(), 0.001),
                     request_id=request.state.request_id,
