@@ -26,9 +26,10 @@ import grpc
 from grpc import aio
 
 from protos.channels import METHOD_PREFIX, SERVICE_NAME
-from proxy.definitions import CallStep, Entry, ParallelStep, Plan, load
+from proxy.definitions import CallStep, Entry, ParallelStep
 from proxy.endpoints import parse
 from proxy.middleware import Receive, Scope, Send
+from proxy.plan import Plan, load
 
 MODEL_INFER = METHOD_PREFIX + "ModelInfer"
 

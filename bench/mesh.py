@@ -6,6 +6,11 @@ through the REST proxy vs the same k gRPC calls made directly, at concurrency 1 
 `python -m bench pipelines`: the shipped digits and ocr pipelines through the whole mesh
 (REST, every service a process) vs the same steps in one process (the limit), and vs the
 same topology with nothing in it (bench/hops.py: the hops alone).
+
+`python -m bench preprocess`: the preprocess service against its recipes in one process.
+
+One module over 300 lines on purpose: the three share the closed-loop HTTP client, the
+echo repository and the row format, so that their figures read alike.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from bench import services
 from bench.httpload import Connection, post_bytes
 from bench.inprocess import InProcess
 from bench.loadgen import Stats, run_async, run_threads
-from protos import codec
+from protos import messages
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -153,7 +158,7 @@ def proxy_main(argv: list[str]) -> int:
         payload = b"x" * 64
         tensor = np.empty(1, dtype=object)
         tensor[0] = payload
-        request = codec.build_request("echo", {"x": tensor}).SerializeToString()
+        request = messages.build_request("echo", {"x": tensor}).SerializeToString()
 
         async def direct(k: int, c: int) -> Stats:
             return await services.grpc_closed_loop(address, request, c, args.duration, calls=k)
@@ -215,8 +220,8 @@ def pipelines_main(argv: list[str]) -> int:
     from compose.local import DEFAULT_FILE, LocalMesh
     from compose.topology import load
     from proxy.settings import DEFAULT_PIPELINES
-    from tests.images import encode, render_digit
-    from tests.inputs.text import suite
+    from samples.images import encode, render_digit
+    from samples.text import suite
 
     # Ports 20002..21113: below the ephemeral range, clear of the tests (+20000, +22000).
     services = load([DEFAULT_FILE], environ={}, port_offset=12000)
@@ -345,7 +350,7 @@ def preprocess_main(argv: list[str]) -> int:
 
     from preprocess import recipes as recipe_file
     from preprocess.settings import DEFAULT_RECIPES
-    from tests.images import encode, render_digit, render_lines
+    from samples.images import encode, render_digit, render_lines
 
     work = Path(tempfile.mkdtemp(prefix="bench-preprocess-"))
     proc, address = services.start("preprocess", [], work)
@@ -361,7 +366,7 @@ def preprocess_main(argv: list[str]) -> int:
         for name, (input_name, blob) in cases.items():
             tensor = np.empty(1, dtype=object)
             tensor[0] = blob
-            request = codec.build_request(name, {input_name: tensor}).SerializeToString()
+            request = messages.build_request(name, {input_name: tensor}).SerializeToString()
             recipe = recipes[name]
 
             for c in args.concurrency:

@@ -24,7 +24,7 @@ from bench import perf_analyzer, services
 from bench.loadgen import Stats, run_threads
 from models import convnet
 from models.build import DEFAULT_OUT as DIGITS_REPOSITORY
-from protos import codec, pb, pb_grpc
+from protos import messages, pb, pb_grpc
 
 
 def build_repository(root: Path) -> dict[str, tuple[Path, dict[str, np.ndarray]]]:
@@ -100,7 +100,7 @@ def median(runs: list[Stats]) -> Stats:
 
 
 async def over_grpc(address: str, model: str, sample: dict, c: int, duration: float) -> Stats:
-    request = codec.build_request(model, sample).SerializeToString()
+    request = messages.build_request(model, sample).SerializeToString()
     return await services.grpc_closed_loop(address, request, c, duration)
 
 

@@ -15,9 +15,9 @@ import grpc
 import numpy as np
 
 from bench.loadgen import Stats, run_async
-from protos import codec, pb, wire
+from compose.processes import start_service
+from protos import codec, messages, pb, wire
 from protos.channels import METHOD_PREFIX, channel_options
-from tests.procs import start_service
 from v2server.shm import SHM_DIR
 
 MODEL_INFER = METHOD_PREFIX + "ModelInfer"
@@ -67,8 +67,8 @@ async def shared_memory_closed_loop(
                     tensor = request.inputs.add(
                         name=name, datatype=codec.datatype_of(array), shape=array.shape
                     )
-                    tensor.parameters[codec.SHM_REGION].string_param = key
-                    tensor.parameters[codec.SHM_BYTE_SIZE].int64_param = len(blobs[name])
+                    tensor.parameters[messages.SHM_REGION].string_param = key
+                    tensor.parameters[messages.SHM_BYTE_SIZE].int64_param = len(blobs[name])
                 requests.append(request.SerializeToString())
             free = list(range(concurrency))
 

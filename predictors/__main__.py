@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import sys
 
-from predictors import __version__, repository
+from predictors import repository
 from predictors.settings import PredictorSettings
 from protos import logs
+from protos.version import VERSION
 from v2server.server import run_service
 
 
@@ -17,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
         repository.registry(settings.repository, settings.model_list()),
         settings,
         server_name="inference-mesh-predictor",
-        server_version=__version__,
+        server_version=VERSION,
     )
 
 

@@ -8,5 +8,3 @@ import os
 os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(40_000_000))
 os.environ.setdefault("OPENCV_IO_ENABLE_OPENEXR", "0")
 os.environ.setdefault("OPENCV_IO_ENABLE_JASPER", "0")
-
-__version__ = "0.1.0"

@@ -6,9 +6,10 @@ import sys
 
 import cv2
 
-from preprocess import __version__, recipes
+from preprocess import recipes
 from preprocess.settings import PreprocessSettings
 from protos import logs
+from protos.version import VERSION
 from v2server.server import run_service
 
 
@@ -22,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         settings,
         server_name="inference-mesh-preprocess",
-        server_version=__version__,
+        server_version=VERSION,
     )
 
 

@@ -1,12 +1,13 @@
-"""PP-OCR pre/post-processing as recipe operations (own implementation).
+"""PP-OCR pre/post-processing as recipe operations (own implementation): detection
+and crops here, the per-line operations in preprocess/ocr_lines.py.
 
 Conventions follow the reference pipeline that ships with the PP-OCR models
 (rapidocr-onnxruntime 1.4.4's config.yaml): BGR images, DB thresholds 0.3 / 0.5, unclip
 ratio 1.6, classifier input 48x192, recogniser height 48 and width at least 320. Where
-we depart from it, measured on the generated text suite (tests/inputs/text.py):
+we depart from it, measured on the generated text suite (samples/text.py):
 
 - Detection runs at the image's own size (short side at least 64, long side at most
-  4000, multiples of 32) instead of upscaling the short side to 736: as accurate, and a
+  2000, multiples of 32) instead of upscaling the short side to 736: as accurate, and a
   120 px line is not blown up to a 4,300x736 tensor.
 - The direction classifier sees windows of a line at its own aspect (up to four along
   a long line, probabilities averaged) instead of the whole line squeezed into 192 px,
@@ -22,14 +23,10 @@ we depart from it, measured on the generated text suite (tests/inputs/text.py):
 
 from __future__ import annotations
 
-import math
-from pathlib import Path
-
 import cv2
 import numpy as np
 
-from preprocess.images import convert
-from preprocess.ops import ceil_width, op
+from preprocess.ops import op
 from preprocess.state import State
 from protos.errors import InvalidInput
 
@@ -108,14 +105,19 @@ def ocr_det_prepare(
 # ---------------------------------------------------------------- boxes and crops
 
 
+def _clockwise(pts: np.ndarray) -> np.ndarray:
+    """A quadrilateral's corners as (tl, tr, br, bl): the two leftmost, top first, then
+    the two rightmost, top first (stable sorts, as PaddleOCR orders them)."""
+    xs = pts[np.argsort(pts[:, 0], kind="stable")]
+    left = xs[:2][np.argsort(xs[:2, 1], kind="stable")]
+    right = xs[2:][np.argsort(xs[2:, 1], kind="stable")]
+    return np.array([left[0], right[0], right[1], left[1]], dtype=np.float32)
+
+
 def _mini_box(contour: np.ndarray) -> tuple[np.ndarray, float]:
     """The minimum-area rectangle's corners (tl, tr, br, bl) and its shorter side."""
     rect = cv2.minAreaRect(contour)
-    pts = sorted(cv2.boxPoints(rect).tolist(), key=lambda p: p[0])
-    left = sorted(pts[:2], key=lambda p: p[1])
-    right = sorted(pts[2:], key=lambda p: p[1])
-    box = np.array([left[0], right[0], right[1], left[1]], dtype=np.float32)
-    return box, min(rect[1])
+    return _clockwise(cv2.boxPoints(rect)), min(rect[1])
 
 
 def _box_score(prob: np.ndarray, box: np.ndarray) -> float:
@@ -180,13 +182,6 @@ def db_boxes(
         grown[:, 1] = np.clip(np.round(grown[:, 1] / h * dest_h), 0, dest_h)
         boxes.append(grown.astype(np.int32).astype(np.float32))
     return boxes
-
-
-def _clockwise(pts: np.ndarray) -> np.ndarray:
-    xs = pts[np.argsort(pts[:, 0])]
-    left = xs[:2][np.argsort(xs[:2, 1])]
-    right = xs[2:][np.argsort(xs[2:, 1])]
-    return np.array([left[0], right[0], right[1], left[1]], dtype=np.float32)
 
 
 def _tidy(boxes: list[np.ndarray], h: int, w: int) -> list[np.ndarray]:
@@ -275,206 +270,3 @@ def ocr_crops(
     original[..., 0] = np.clip((original[..., 0] - pad_left) * ratio_w, 0, raw_w)
     original[..., 1] = np.clip((original[..., 1] - pad_top) * ratio_h, 0, raw_h)
     state.tensors[boxes_output] = original
-
-
-# ---------------------------------------------------------------- classifier / recogniser
-
-
-PAD = 128
-"""Fills the right of shorter crops in a batch: mid-grey, what PaddleOCR's zero after
-normalisation (pixel 127.5) comes closest to in a byte."""
-
-
-def _paddle_batch(images: list[np.ndarray], height: int, width: int) -> np.ndarray:
-    """Crops as one UINT8 [N, height, width, 3] batch: each resized to `height` keeping its
-    aspect (at most `width` wide), padded on the right with mid-grey. The models normalise
-    (pixel / 127.5 - 1) inside their graphs."""
-    batch = np.full((len(images), height, width, 3), PAD, np.uint8)
-    for i, im in enumerate(images):
-        resized_w = ceil_width(im.shape[0], im.shape[1], height, width)
-        batch[i, :, :resized_w] = cv2.resize(convert(im, "bgr"), (resized_w, height))
-    return batch
-
-
-def cls_windows(h: int, w: int, aspect: float = 4.0, most: int = 4) -> list[tuple[int, int]]:
-    """Column ranges of a crop that the direction classifier looks at.
-
-    The classifier's input is `aspect` times as wide as high; a longer line squeezed into
-    it reads as noise (measured: long lines turned upside down). So a long line is seen
-    through up to `most` windows of that aspect, spread evenly along it.
-    """
-    window = max(1, round(aspect * h))
-    if w <= 1.5 * window:
-        return [(0, w)]
-    count = min(most, math.ceil(w / window))
-    starts = np.linspace(0, w - window, count).round().astype(int)
-    return [(int(x), int(x) + window) for x in starts]
-
-
-@op
-def ocr_cls_batch(state: State, output: str = "x", height: int = 48, width: int = 192) -> None:
-    """Crops as the direction classifier's UINT8 [M,48,192,3] input: the windows of every
-    crop (`cls_windows`), in crop order."""
-    windows = [
-        im[:, x0:x1]
-        for im in state.images
-        for x0, x1 in cls_windows(im.shape[0], im.shape[1], width / height)
-    ]
-    state.tensors[output] = _paddle_batch(windows, height, width)
-
-
-@op
-def rotate_by_class(
-    state: State,
-    probs: str = "probs",
-    index: int = 1,
-    threshold: float = 0.9,
-    boxes: str | None = None,
-    height: int = 48,
-    width: int = 192,
-) -> None:
-    """Turn crops 180 degrees where class `index` (upside down) scores above `threshold`
-    for the crop as a whole: the mean log-odds of its windows (`cls_windows` with the
-    classifier's `height` and `width`: one row of `probs` per window). Measured on 2,362
-    lines of the generated suite against the mean of probabilities (3 wrong), the median
-    (0 wrong, narrow margin) and summed log-odds (2 wrong: overconfident when windows
-    disagree): 0 wrong, upright lines scoring at most 0.76 and upside-down ones at least
-    0.98 against the threshold of 0.9.
-
-    With `boxes`: when most crops were upside down the page itself is, so its reading
-    order runs backwards; crops and boxes are then reversed to read naturally.
-    """
-    p = state.tensor(probs)
-    counts = [len(cls_windows(im.shape[0], im.shape[1], width / height)) for im in state.images]
-    if p.ndim != 2 or p.shape[0] != sum(counts) or p.shape[1] <= index:
-        raise InvalidInput(
-            f"input '{probs}': expected [{sum(counts)}, >{index}] (one row per window of "
-            f"{len(state.images)} crops), got {list(p.shape)}"
-        )
-    q = np.clip(p[:, index].astype(np.float64), 1e-6, 1 - 1e-6)
-    starts = np.cumsum([0, *counts[:-1]]).astype(int)
-    evidence = np.add.reduceat(np.log(q / (1 - q)), starts) if counts else np.zeros(0)
-    per_crop = 1 / (1 + np.exp(-evidence / np.maximum(1, counts)))
-    flipped = per_crop > threshold
-    state.images = [
-        cv2.rotate(im, cv2.ROTATE_180) if flipped[i] else im for i, im in enumerate(state.images)
-    ]
-    if boxes is not None:
-        b = state.tensor(boxes)
-        if b.shape[:1] != (len(state.images),):
-            raise InvalidInput(
-                f"input '{boxes}' has {b.shape[0]} boxes for {len(state.images)} crops"
-            )
-        if flipped.sum() * 2 > len(flipped):
-            state.images = state.images[::-1]
-            state.tensors[boxes] = b[::-1].copy()
-
-
-@op
-def ocr_rec_batch(
-    state: State,
-    output: str = "x",
-    widths_output: str = "widths",
-    height: int = 48,
-    min_width: int = 320,
-) -> None:
-    """Crops as the recogniser's UINT8 [N,48,W,3] input, W fitting the widest crop, and
-    each row's own width (INT32 [N], at least `min_width`): the recogniser runs each line
-    at its width (its `ragged` config), not the padded batch's."""
-    ratios = [im.shape[1] / im.shape[0] for im in state.images]
-    width = int(height * max([min_width / height, *ratios]))
-    state.tensors[output] = _paddle_batch(state.images, height, width)
-    state.tensors[widths_output] = np.array(
-        [
-            max(min_width, ceil_width(im.shape[0], im.shape[1], height, width))
-            for im in state.images
-        ],
-        dtype=np.int32,
-    )
-
-
-# ---------------------------------------------------------------- CTC decoding
-
-
-_CHARSETS: dict[Path, list[str]] = {}
-
-
-def charset(path: Path) -> list[str]:
-    """Index 0 is the CTC blank; the file's characters follow, then a space."""
-    if path not in _CHARSETS:
-        chars = path.read_text(encoding="utf-8").split("\n")
-        if chars and chars[-1] == "":
-            chars.pop()
-        _CHARSETS[path] = ["", *chars, " "]
-    return _CHARSETS[path]
-
-
-def ctc_greedy(index: np.ndarray, prob: np.ndarray, chars: list[str]) -> list[tuple[str, float]]:
-    """Best path from the recogniser's best class and its probability per step: merge
-    repeats, drop blanks; score = mean probability of the kept steps."""
-    out = []
-    for idx, p in zip(index, prob, strict=True):
-        keep = np.ones(len(idx), dtype=bool)
-        keep[1:] = idx[1:] != idx[:-1]
-        keep &= idx != 0
-        text = "".join(chars[i] for i in idx[keep])
-        out.append((text, float(np.mean(p[keep])) if keep.any() else 0.0))
-    return out
-
-
-def latin_punctuation(text: str) -> str:
-    """Full-width forms (U+FF01..U+FF5E: comma U+FF0C, colon U+FF1A, ...) read inside
-    Latin text become their ASCII twins. The recogniser knows both, as Chinese text uses
-    the full-width ones, and after a Latin word it sometimes picks the full-width comma
-    (seen on the generated suite); a full-width sign whose nearest characters on both
-    sides are ASCII is the ASCII one."""
-    if not any("\uff01" <= c <= "\uff5e" for c in text):
-        return text
-    chars = list(text)
-    for i, c in enumerate(chars):
-        if not "\uff01" <= c <= "\uff5e":
-            continue
-        before = text[:i].rstrip()[-1:]
-        after = text[i + 1 :].lstrip()[:1]
-        if all(n == "" or n.isascii() for n in (before, after)) and (before or after):
-            chars[i] = chr(ord(c) - 0xFEE0)
-    return "".join(chars)
-
-
-@op
-def ocr_ctc_decode(
-    state: State,
-    characters_file: str,
-    index: str = "index",
-    prob: str = "prob",
-    boxes: str = "boxes",
-    min_score: float = 0.5,
-    text_output: str = "text",
-    score_output: str = "score",
-    boxes_output: str = "boxes",
-) -> None:
-    """Best class per step -> text and confidence per line (lines under min_score drop)."""
-    chars = charset(Path(characters_file))
-    idx, p = state.tensor(index), state.tensor(prob)
-    if idx.ndim != 2 or p.shape != idx.shape:
-        raise InvalidInput(
-            f"inputs '{index}' {list(idx.shape)} and '{prob}' {list(p.shape)} must both be [N,T]"
-        )
-    if idx.size and (idx.min() < 0 or idx.max() >= len(chars)):
-        raise InvalidInput(
-            f"input '{index}' holds classes outside this character list (0..{len(chars) - 1})"
-        )
-    decoded = ctc_greedy(idx, p, chars)
-    box = state.tensors.get(boxes)
-    if box is not None and box.shape[0] != len(decoded):
-        raise InvalidInput(f"input '{boxes}' has {box.shape[0]} boxes for {len(decoded)} lines")
-    keep = [i for i, (text, score) in enumerate(decoded) if text and score >= min_score]
-    state.tensors[text_output] = np.array(
-        [latin_punctuation(decoded[i][0]).encode() for i in keep] or [], dtype=object
-    )
-    state.tensors[score_output] = np.array([decoded[i][1] for i in keep], dtype=np.float32)
-    state.tensors[boxes_output] = (
-        box[keep].reshape(-1, 4, 2).astype(np.float32)
-        if box is not None
-        else np.zeros((len(keep), 4, 2), np.float32)  # no boxes given: none to report
-    )

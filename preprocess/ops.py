@@ -8,7 +8,6 @@ the configuration loads. Per-image operations map over `state.images`.
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import Callable, Sequence
 
 import cv2
@@ -249,8 +248,3 @@ def stack_padded(state: State, output: str, sizes_output: str) -> None:
         batch[i, : im.shape[0], : im.shape[1]] = im
     state.tensors[output] = batch
     state.tensors[sizes_output] = np.array([im.shape[:2] for im in ims], np.int32).reshape(-1, 2)
-
-
-def ceil_width(h: int, w: int, target_h: int, max_w: int) -> int:
-    """PaddleOCR's width rule: keep aspect at target_h, rounded up, at most max_w."""
-    return min(max_w, math.ceil(target_h * w / float(h)))

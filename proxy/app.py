@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from importlib import metadata
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
@@ -12,6 +11,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from protos.version import VERSION
 from proxy import routes, schemas
 from proxy.api import HealthEndpoints, PipelineEndpoints
 from proxy.middleware import RequestContext
@@ -22,13 +22,6 @@ from proxy.v2api import V2Endpoints
 
 TITLE = "inference-mesh proxy"
 DESCRIPTION = "Runs REST requests through pipelines of v2 gRPC services."
-
-
-def version() -> str:
-    try:
-        return metadata.version("inference-mesh")
-    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
-        return "0+unknown"
 
 
 def create_app(
@@ -44,7 +37,7 @@ def create_app(
         yield
         await state.channels.close()
 
-    app = FastAPI(title=TITLE, version=version(), lifespan=lifespan, description=DESCRIPTION)
+    app = FastAPI(title=TITLE, version=VERSION, lifespan=lifespan, description=DESCRIPTION)
     for route in routes.table(pipelines, health, v2):
         app.add_api_route(route.path, route.endpoint, methods=[route.method], **route.docs)
     # Starlette runs the middleware added last first: the request id and API key come first.

@@ -11,7 +11,7 @@ import grpc
 import numpy as np
 from grpc import aio
 
-from protos import codec, pb, wire
+from protos import messages, pb, wire
 from protos.channels import METHOD_PREFIX, channel_options
 from proxy.endpoints import Target
 from proxy.errors import StepError
@@ -68,7 +68,7 @@ class Channels:
             request_serializer=wire.serialize_infer_request,
             response_deserializer=wire.parse_infer_response,
         )
-        request = codec.build_request_bytes(
+        request = messages.build_request_bytes(
             target.model,
             inputs,
             model_version=target.version,
@@ -76,7 +76,7 @@ class Channels:
             outputs=outputs,
         )
         response = await call(request, timeout=timeout, metadata=(("x-request-id", request_id),))
-        return codec.response_outputs(response)
+        return messages.response_outputs(response)
 
     async def batch_size(self, address: str, model: str, version: str, timeout: float) -> int:
         """The model's max_batch_size from its ModelConfig (Triton's RPC, which our

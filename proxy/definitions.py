@@ -7,7 +7,6 @@ dots; step names may not). Referring only to earlier steps rules out cycles.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -15,8 +14,6 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from protos.strict import Strict
-from proxy import endpoints
-from proxy.endpoints import Endpoint, Target
 from proxy.errors import DefinitionError
 
 _NAME = r"^[A-Za-z0-9_\-]+$"
@@ -190,151 +187,12 @@ def _explain(exc: ValidationError) -> str:
     return "\n  ".join(["invalid pipeline definition:", *lines])
 
 
-# ---------------------------------------------------------------- resolved plan
-
-
-def _target(
-    variable: str, model: str | None, version: str, env: Mapping[str, str], where: str
-) -> Target:
-    try:
-        ep: Endpoint = endpoints.resolve(variable, env)
-    except DefinitionError as exc:
-        raise DefinitionError(f"{where}: {exc}") from None
-    chosen = ep.model or model
-    if not chosen:
-        raise DefinitionError(
-            f"{where}: no model named (give `model` or {variable}=host:port/model)"
-        )
-    return Target(
-        endpoint=variable, address=ep.address, model=chosen, version=ep.version or version
-    )
-
-
-def _check_ref(ref: str, known: set[str], inputs: set[str], where: str) -> None:
-    step, _, tensor = ref.partition(".")
-    if not tensor:
-        raise DefinitionError(f"{where}: reference '{ref}' must be <step>.<tensor>")
-    if step == "request":
-        if tensor not in inputs:
-            raise DefinitionError(f"{where}: the request has no tensor '{tensor}'")
-        return
-    if step not in known:
-        raise DefinitionError(
-            f"{where}: reference '{ref}' names no earlier step "
-            f"(known: {', '.join(sorted(known)) or 'none'}); steps may only use earlier outputs"
-        )
-
-
-class Plan:
-    """A pipeline with every endpoint resolved and every reference checked."""
-
-    def __init__(self, name: str, pipeline: Pipeline, env: Mapping[str, str]) -> None:
-        self.name = name
-        self.pipeline = pipeline
-        self.targets: dict[str, Target] = {}
-        """Call step name, or `<parallel step>/<branch>`, -> target."""
-        self._known: set[str] = set()
-        self._inputs = {pipeline.input}
-        self._env = env
-        self._walk(pipeline.steps)
-        self.keep_after: dict[int, frozenset[str]] = {}
-        """id(step) -> producers ("request" or a step name) whose tensors a later step or
-        the result still reads: everything else is dropped once the step is done."""
-        self._liveness(pipeline.steps, frozenset(_producers(pipeline.result)))
-
-    def branches(self, step: ParallelStep) -> dict[str, Target]:
-        prefix = f"{step.name}/"
-        return {k[len(prefix) :]: t for k, t in self.targets.items() if k.startswith(prefix)}
-
-    def _walk(self, entries: list[Entry]) -> None:
-        for entry in entries:
-            step = entry.step
-            where = self._claim(step.name)
-            for ref in step.reads():
-                _check_ref(ref, self._known, self._inputs, where)
-            handle(self, step, where)
-
-    def _claim(self, name: str) -> str:
-        where = f"pipeline '{self.name}', step '{name}'"
-        if name in self._known or name == "request":
-            raise DefinitionError(f"{where}: step names must be unique")
-        return where
-
-    def _call(self, step: CallStep, where: str) -> None:
-        self.targets[step.name] = _target(step.endpoint, step.model, step.version, self._env, where)
-        self._known.add(step.name)
-
-    def _parallel(self, step: ParallelStep, where: str) -> None:
-        branches = {
-            b.name: _target(b.endpoint, b.model, b.version, self._env, where) for b in step.branches
-        }
-        if step.branches_from is not None:
-            found = endpoints.with_prefix(step.branches_from.prefix, self._env)
-            for branch, ep in found.items():
-                model = step.branches_from.model.replace("{branch}", branch)
-                branches[branch] = _target(ep.variable, model, "", self._env, where)
-        if not branches:
-            prefix = step.branches_from.prefix if step.branches_from else None
-            raise DefinitionError(
-                f"{where}: no branches"
-                + (f" (no {prefix}<NAME>_URL variable is set)" if prefix else "")
-            )
-        if step.combine.op != "collect" and not step.combine.tensor:
-            raise DefinitionError(f"{where}: combine '{step.combine.op}' needs `tensor`")
-        for branch, target in branches.items():
-            self.targets[f"{step.name}/{branch}"] = target
-        self._known.add(step.name)
-
-    def _switch(self, step: SwitchStep, where: str) -> None:
-        self._known.add(step.name)
-        before = set(self._known)
-        for path in step.paths():
-            self._known = set(before)
-            self._walk(path)
-        # After a switch only what every path defines is certain; results tolerate the rest.
-        self._known = before | {n.split("/")[0] for n in self.targets}
-
-    def _liveness(self, entries: list[Entry], after: frozenset[str]) -> frozenset[str]:
-        """Fill keep_after for the steps, given what is needed after them; return what is
-        needed before them."""
-        for entry in reversed(entries):
-            step = entry.step
-            self.keep_after[id(step)] = after
-            needed = {p for ref in step.reads() for p in _producers(ref)}
-            if isinstance(step, SwitchStep):
-                for path in step.paths():
-                    needed |= self._liveness(path, after)
-            after = after | needed
-        return after
-
-
-def _producers(template: Any) -> set[str]:
-    """Step names (or "request") a reference or a result template reads from."""
-    if isinstance(template, str):
-        step, dot, _ = template.partition(".")
-        return {step} if dot else set()
-    if isinstance(template, list):
-        return {p for item in template for p in _producers(item)}
-    if isinstance(template, dict):
-        found = {p for value in template.values() for p in _producers(value)}
-        if isinstance(template.get("per_branch"), str):
-            found.add(template["per_branch"])
-        return found
-    return set()
-
-
-def load(path: Path, env: Mapping[str, str]) -> dict[str, Plan]:
+def parse(path: Path) -> PipelineFile:
+    """The pipeline file, checked against the schema (DefinitionError naming each problem)."""
     try:
         raw = yaml.safe_load(path.read_text())
-        parsed = PipelineFile.model_validate(raw or {})
+        return PipelineFile.model_validate(raw or {})
     except (OSError, yaml.YAMLError) as exc:
         raise DefinitionError(f"{path}: {exc}") from exc
     except ValidationError as exc:
         raise DefinitionError(f"{path}: {_explain(exc)}") from exc
-    plans = {}
-    for name, pipeline in parsed.pipelines.items():
-        try:
-            plans[name] = Plan(name, pipeline, env)
-        except DefinitionError as exc:
-            raise DefinitionError(f"{path}: {exc}") from exc
-    return plans

@@ -27,12 +27,12 @@ from proxy.definitions import (
     Condition,
     Entry,
     ParallelStep,
-    Plan,
     SwitchStep,
     handle,
 )
 from proxy.endpoints import Target
 from proxy.errors import StepError
+from proxy.plan import Plan
 from proxy.results import render
 
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from protos.tls import channel_credentials
-from proxy import definitions
+from proxy import definitions, plan
 from proxy.admission import Admission, PipelineLimits
 from proxy.client import Channels
 from proxy.executor import Executor
@@ -18,7 +18,7 @@ from proxy.uploads import UploadLimits
 @dataclass
 class ProxyState:
     settings: ProxySettings
-    plans: dict[str, definitions.Plan]
+    plans: dict[str, plan.Plan]
     channels: Channels
     executor: Executor
     admission: Admission
@@ -28,7 +28,7 @@ class ProxyState:
     def build(cls, settings: ProxySettings, environ: Mapping[str, str] | None = None) -> ProxyState:
         """Pipelines are loaded (and checked) here, so a bad definition fails at start-up."""
         env = os.environ if environ is None else environ
-        plans = definitions.load(settings.pipelines, env)
+        plans = plan.load(settings.pipelines, env)
         credentials = channel_credentials(settings.tls_ca, settings.tls_cert, settings.tls_key)
         channels = Channels(settings.max_message_mb, credentials)
         admission = Admission(
@@ -44,8 +44,8 @@ class ProxyState:
     def models(self) -> dict[str, str]:
         """Model name -> address of the first endpoint any pipeline uses for it."""
         hosts: dict[str, str] = {}
-        for plan in self.plans.values():
-            for target in plan.targets.values():
+        for resolved in self.plans.values():
+            for target in resolved.targets.values():
                 hosts.setdefault(target.model, target.address)
         return hosts
 

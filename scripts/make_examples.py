@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from models.digits import load_split  # noqa: E402
-from tests.inputs import digits, text  # noqa: E402
+from samples import digits, text  # noqa: E402
 
 OUT = ROOT / "docs" / "examples"
 

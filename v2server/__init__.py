@@ -1,5 +1,6 @@
 """The gRPC server core shared by every v2 service (predictors, preprocess).
 
-A service supplies a `ModelRepository` (what it serves); this package supplies
-the v2 servicer, gRPC health, error mapping, metrics, logs and graceful stop.
+A service supplies `Runnable`s (v2server/model.py: a `run()` and its scheduling); this
+package serves them: one registry, batching, statistics, the data plane under a thin v2
+servicer, Triton's extensions, gRPC health, error mapping, metrics and graceful stop.
 """

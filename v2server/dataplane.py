@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from protos import codec, pb, wire
+from protos import codec, messages, pb, wire
 from protos.codec import TensorLimits
 from protos.errors import InvalidInput, NotFound, Unavailable
 from v2server import triton
@@ -103,7 +103,7 @@ class DataPlane:
         if self.draining:
             raise Unavailable("server is shutting down")
         # Decoded first: a message that does not parse has no model to charge.
-        inputs = codec.request_inputs(request, self.limits, self.shared.read)
+        inputs = messages.request_inputs(request, self.limits, self.shared.read)
         message = request.message
         model = self.registry.resolve(message.model_name, message.model_version)
         remaining = triton.with_request_timeout(message, remaining)
@@ -125,7 +125,7 @@ class DataPlane:
         check_inputs(model.name, model.inputs, inputs)
         wanted = _requested_outputs(model, message)
         # Checked before the model runs, like every other part of the request.
-        refs = {o.name: codec.shared_ref(o.parameters, o.name) for o in message.outputs}
+        refs = {o.name: messages.shared_ref(o.parameters, o.name) for o in message.outputs}
         deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining
         outputs = await model.infer(inputs, deadline)
         if wanted is not None:
@@ -141,7 +141,7 @@ class DataPlane:
                 array = outputs.pop(name)
                 self.shared.write(ref, name, codec.to_raw_view(np.asarray(array))[1])
                 shared[name] = (array, ref)
-        return codec.build_response_bytes(model.name, model.version, outputs, message.id, shared)
+        return messages.build_response_bytes(model.name, model.version, outputs, message.id, shared)
 
 
 def _requested_outputs(model: Served, request: pb.ModelInferRequest) -> list[str] | None:

@@ -49,8 +49,8 @@ class Scheduling:
     """...and only for requests carrying at most this many bytes."""
 
 
-class Runnable(Protocol):
-    """What a service provides for one version of one model."""
+class Described(Protocol):
+    """What ModelMetadata and ModelConfig report of one version of one model."""
 
     name: str
     version: str
@@ -61,6 +61,10 @@ class Runnable(Protocol):
     """Class names for the classification extension, if the model has them."""
     scheduling: Scheduling
 
+
+class Runnable(Described, Protocol):
+    """What a service provides for one version of one model."""
+
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One synchronous execution (in a worker thread, or inline when quick)."""
         ...
@@ -70,16 +74,9 @@ class Runnable(Protocol):
         ...
 
 
-class Served(Protocol):
+class Served(Described, Protocol):
     """One loaded version of one model, as the data plane and the registry see it."""
 
-    name: str
-    version: str
-    platform: str
-    inputs: Sequence[TensorSpec]
-    outputs: Sequence[TensorSpec]
-    labels: list[str] | None
-    scheduling: Scheduling
     statistics: ModelStatistics
     """Executions and queueing (recorded by the batcher); requests (by the data plane)."""
 

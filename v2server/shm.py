@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from protos.codec import SharedRef
 from protos.errors import AlreadyExists, InvalidInput, NotFound, Unsupported
+from protos.messages import SharedRef
 
 SHM_DIR = Path("/dev/shm")
 _KEY = re.compile(r"/?[A-Za-z0-9_.\-]{1,200}")

@@ -23,9 +23,9 @@ import pytest
 
 from bench.inprocess import InProcess
 from compose import topology, wheelhouse
+from samples.images import text_samples
 from tests.compose import engine as docker
 from tests.e2e.test_digits import held_out, png
-from tests.images import text_samples
 
 pytestmark = [
     pytest.mark.slow,

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from protos import pb_grpc
+from samples.images import encode, render_digit
 from tests.conftest import v2_target
-from tests.images import encode, render_digit
 
 
 @dataclass(frozen=True)

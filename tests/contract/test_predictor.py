@@ -13,7 +13,7 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from protos import codec, pb, pb_grpc
+from protos import codec, messages, pb, pb_grpc
 from protos.channels import channel_options
 from tests.modelgen import SLOW_WIDTH, TYPES, linear_weights
 from tests.procs import Service, metric, run_module, start_service
@@ -24,9 +24,9 @@ TIMEOUT = 10.0
 
 def infer(stub, model: str, inputs: dict, version: str = "", timeout: float = TIMEOUT) -> dict:
     response = stub.ModelInfer(
-        codec.build_request(model, inputs, model_version=version), timeout=timeout
+        messages.build_request(model, inputs, model_version=version), timeout=timeout
     )
-    return codec.response_outputs(response)
+    return messages.response_outputs(response)
 
 
 def linear_expected(x: np.ndarray, version: int) -> np.ndarray:
@@ -114,7 +114,7 @@ def test_typed_contents_infer(predictor_stub: pb_grpc.GRPCInferenceServiceStub) 
     request.inputs.add(name="x", datatype="FP32", shape=[2, 4]).contents.fp32_contents.extend(
         x.ravel().tolist()
     )
-    out = codec.response_outputs(predictor_stub.ModelInfer(request, timeout=TIMEOUT))
+    out = messages.response_outputs(predictor_stub.ModelInfer(request, timeout=TIMEOUT))
     np.testing.assert_allclose(out["y"], linear_expected(x, 2), rtol=1e-5)
 
 
@@ -127,10 +127,12 @@ def test_coalesced_batch_equals_single_requests(
     executions_before = metric(predictor.metrics_port, "v2_batch_rows_count", model="linear")
     stats_before = statistics(predictor_stub, "linear", "3")
     futures = [
-        predictor_stub.ModelInfer.future(codec.build_request("linear", {"x": x}), timeout=TIMEOUT)
+        predictor_stub.ModelInfer.future(
+            messages.build_request("linear", {"x": x}), timeout=TIMEOUT
+        )
         for x in xs
     ]
-    batched = [codec.response_outputs(f.result()) for f in futures]
+    batched = [messages.response_outputs(f.result()) for f in futures]
     executions = (
         metric(predictor.metrics_port, "v2_batch_rows_count", model="linear") - executions_before
     )
@@ -270,14 +272,14 @@ def test_sigterm_finishes_in_flight_then_refuses(test_repository: Path, workdir:
         # Enough rows that the call is still running when SIGTERM lands.
         rows = int(min(4096, max(256, 64 * 2.0 / max(single_s, 1e-3))))
         in_flight = stub.ModelInfer.future(
-            codec.build_request("slow", {"x": np.ones((rows, SLOW_WIDTH), np.float32)}),
+            messages.build_request("slow", {"x": np.ones((rows, SLOW_WIDTH), np.float32)}),
             timeout=60,
         )
         time.sleep(0.2)
         assert not in_flight.done(), "the slow call finished before SIGTERM; test is void"
         stopper = threading.Thread(target=service.stop, kwargs={"sig": signal.SIGTERM})
         stopper.start()
-        out = codec.response_outputs(in_flight.result())
+        out = messages.response_outputs(in_flight.result())
         assert out["y"].shape == (rows, SLOW_WIDTH)
         stopper.join(30)
     assert service.proc.returncode == 0, service.log()
@@ -315,10 +317,10 @@ def test_classification_extension_uses_labels(
     predictor_stub: pb_grpc.GRPCInferenceServiceStub,
 ) -> None:
     x = np.random.default_rng(9).normal(size=(2, 4)).astype(np.float32)
-    request = codec.build_request("linear", {"x": x}, model_version="2")
+    request = messages.build_request("linear", {"x": x}, model_version="2")
     wanted = request.outputs.add(name="y")
     wanted.parameters["classification"].int64_param = 2
-    out = codec.response_outputs(predictor_stub.ModelInfer(request, timeout=TIMEOUT))["y"]
+    out = messages.response_outputs(predictor_stub.ModelInfer(request, timeout=TIMEOUT))["y"]
     scores = linear_expected(x, 2)
     assert out.shape == (2, 2)
     for row, got in zip(scores, out, strict=True):
@@ -335,12 +337,14 @@ def test_stream_answers_every_request_and_survives_failures(
     gets its error_message and the rest go on; counted like unary calls."""
     rng = np.random.default_rng(3)
     xs = {f"r{i}": rng.normal(size=(1 + i % 3, 4)).astype(np.float32) for i in range(24)}
-    requests = [codec.build_request("linear", {"x": x}, request_id=i) for i, x in xs.items()]
+    requests = [messages.build_request("linear", {"x": x}, request_id=i) for i, x in xs.items()]
     requests.insert(
         5,
-        codec.build_request("linear", {"x": np.zeros((1, 5), np.float32)}, request_id="bad-shape"),
+        messages.build_request(
+            "linear", {"x": np.zeros((1, 5), np.float32)}, request_id="bad-shape"
+        ),
     )
-    requests.insert(9, codec.build_request("nope", {"x": xs["r0"]}, request_id="bad-model"))
+    requests.insert(9, messages.build_request("nope", {"x": xs["r0"]}, request_id="bad-model"))
     streamed_before = metric(
         predictor.metrics_port, "v2_requests_total", method="ModelStreamInfer", model="linear"
     )
@@ -353,7 +357,7 @@ def test_stream_answers_every_request_and_survives_failures(
     for request_id, x in xs.items():
         answer = by_id[request_id]
         assert answer.error_message == ""
-        out = codec.response_outputs(answer.infer_response)
+        out = messages.response_outputs(answer.infer_response)
         np.testing.assert_allclose(out["y"], linear_expected(x, 3), rtol=1e-5)
     streamed = metric(
         predictor.metrics_port, "v2_requests_total", method="ModelStreamInfer", model="linear"
@@ -366,7 +370,7 @@ def test_stream_longer_than_its_window_is_answered_in_full(
 ) -> None:
     x = np.ones((1, 4), np.float32)
     count = 3 * STREAM_WINDOW
-    requests = (codec.build_request("linear", {"x": x}, request_id=str(i)) for i in range(count))
+    requests = (messages.build_request("linear", {"x": x}, request_id=str(i)) for i in range(count))
     answers = list(predictor_stub.ModelStreamInfer(requests, timeout=30))
     assert sorted(int(a.infer_response.id) for a in answers) == list(range(count))
     assert not any(a.error_message for a in answers)
@@ -376,7 +380,7 @@ def test_cancelled_stream_leaves_the_server_serving(
     predictor_stub: pb_grpc.GRPCInferenceServiceStub,
 ) -> None:
     x = np.ones((256, SLOW_WIDTH), np.float32)
-    requests = [codec.build_request("slow", {"x": x}, request_id=f"s{i}") for i in range(3)]
+    requests = [messages.build_request("slow", {"x": x}, request_id=f"s{i}") for i in range(3)]
     call = predictor_stub.ModelStreamInfer(iter(requests), timeout=TIMEOUT)
     call.cancel()
     with pytest.raises(grpc.RpcError) as info:
@@ -393,10 +397,10 @@ def test_request_timeout_parameter_bounds_a_streamed_request(
 ) -> None:
     """Triton's `timeout` parameter (microseconds): a request still queued behind a long
     one when it runs out is answered DEADLINE_EXCEEDED, not run; the stream goes on."""
-    long = codec.build_request(
+    long = messages.build_request(
         "slow", {"x": np.ones((1024, SLOW_WIDTH), np.float32)}, request_id="long"
     )
-    short = codec.build_request(
+    short = messages.build_request(
         "slow", {"x": np.ones((1, SLOW_WIDTH), np.float32)}, request_id="short"
     )
     short.parameters["timeout"].int64_param = 1

@@ -14,8 +14,8 @@ from sklearn.datasets import load_digits
 
 from preprocess import recipes as recipe_file
 from preprocess.settings import DEFAULT_RECIPES
-from protos import codec, pb, pb_grpc
-from tests.images import encode, render_digit
+from protos import messages, pb, pb_grpc
+from samples.images import encode, render_digit
 from tests.procs import Service, run_module
 
 TIMEOUT = 10.0
@@ -42,8 +42,8 @@ def test_every_recipe_is_listed_with_metadata(stub: pb_grpc.GRPCInferenceService
 def test_digits_over_grpc_equals_in_process(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
     data = load_digits()
     batch = images(*(encode(render_digit(v)) for v in data.images[:32]))
-    response = stub.ModelInfer(codec.build_request("digits", {"image": batch}), timeout=TIMEOUT)
-    remote = codec.response_outputs(response)["input"]
+    response = stub.ModelInfer(messages.build_request("digits", {"image": batch}), timeout=TIMEOUT)
+    remote = messages.response_outputs(response)["input"]
     local = recipe_file.load(DEFAULT_RECIPES)["digits"].run({"image": batch})["input"]
     np.testing.assert_array_equal(remote, local)
 
@@ -61,12 +61,12 @@ def test_recipe_config_and_statistics(stub: pb_grpc.GRPCInferenceServiceStub) ->
 
     before = counts()
     batch = images(encode(render_digit(load_digits().images[0])))
-    stub.ModelInfer(codec.build_request("digits", {"image": batch}), timeout=TIMEOUT)
+    stub.ModelInfer(messages.build_request("digits", {"image": batch}), timeout=TIMEOUT)
     assert counts() == (before[0] + 1, before[1] + 1)
 
 
 def test_unknown_recipe_is_not_found(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
-    request = codec.build_request("sharpen", {"image": images(b"x")})
+    request = messages.build_request("sharpen", {"image": images(b"x")})
     with pytest.raises(grpc.RpcError) as info:
         stub.ModelInfer(request, timeout=TIMEOUT)
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
@@ -74,7 +74,7 @@ def test_unknown_recipe_is_not_found(stub: pb_grpc.GRPCInferenceServiceStub) -> 
 
 
 def test_not_an_image_is_invalid_and_named(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
-    request = codec.build_request(
+    request = messages.build_request(
         "digits", {"image": images(encode(np.zeros((8, 8), np.uint8)), b"GIF89a-nonsense")}
     )
     with pytest.raises(grpc.RpcError) as info:
@@ -90,7 +90,7 @@ def test_not_an_image_is_invalid_and_named(stub: pb_grpc.GRPCInferenceServiceStu
 def test_random_uploads_get_a_clean_answer(
     stub: pb_grpc.GRPCInferenceServiceStub, blob: bytes
 ) -> None:
-    request = codec.build_request("digits", {"image": images(blob)})
+    request = messages.build_request("digits", {"image": images(blob)})
     try:
         stub.ModelInfer(request, timeout=TIMEOUT)
     except grpc.RpcError as exc:

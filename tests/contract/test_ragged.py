@@ -11,15 +11,15 @@ import yaml
 
 from predictors.config import ConfigError
 from predictors.repository import discover
-from protos import codec, pb, pb_grpc
+from protos import messages, pb, pb_grpc
 from tests.modelgen import build_test_repository
 
 TIMEOUT = 10.0
 
 
 def infer(stub: pb_grpc.GRPCInferenceServiceStub, inputs: dict) -> dict:
-    request = codec.build_request("ragged", inputs)
-    return codec.response_outputs(stub.ModelInfer(request, timeout=TIMEOUT))
+    request = messages.build_request("ragged", inputs)
+    return messages.response_outputs(stub.ModelInfer(request, timeout=TIMEOUT))
 
 
 def test_metadata_lists_the_lengths_input(

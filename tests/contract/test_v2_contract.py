@@ -11,7 +11,7 @@ import grpc
 import numpy as np
 import pytest
 
-from protos import codec, pb, pb_grpc
+from protos import codec, messages, pb, pb_grpc
 from tests.contract.conftest import Target
 
 TIMEOUT = 10.0
@@ -71,14 +71,14 @@ def test_infer_returns_declared_outputs_as_raw(
 ) -> None:
     meta = metadata(stub, target.model)
     response = stub.ModelInfer(
-        codec.build_request(target.model, valid_input(meta, target), request_id="r-1"),
+        messages.build_request(target.model, valid_input(meta, target), request_id="r-1"),
         timeout=TIMEOUT,
     )
     assert response.model_name == target.model
     assert response.id == "r-1"
     assert len(response.raw_output_contents) == len(response.outputs)
     declared = {t.name: t for t in meta.outputs}
-    outputs = codec.response_outputs(response)
+    outputs = messages.response_outputs(response)
     assert set(outputs) == set(declared)
     for name, arr in outputs.items():
         assert codec.datatype_of(arr) == declared[name].datatype
@@ -89,13 +89,13 @@ def test_infer_requested_output_only(
 ) -> None:
     meta = metadata(stub, target.model)
     wanted = meta.outputs[-1].name
-    request = codec.build_request(target.model, valid_input(meta, target), outputs=[wanted])
+    request = messages.build_request(target.model, valid_input(meta, target), outputs=[wanted])
     response = stub.ModelInfer(request, timeout=TIMEOUT)
     assert [o.name for o in response.outputs] == [wanted]
 
 
 def test_unknown_model_is_not_found(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
-    request = codec.build_request("no_such_model", {"x": np.zeros((1, 1), np.float32)})
+    request = messages.build_request("no_such_model", {"x": np.zeros((1, 1), np.float32)})
     expect_error(lambda: stub.ModelInfer(request, timeout=TIMEOUT), grpc.StatusCode.NOT_FOUND)
     expect_error(
         lambda: stub.ModelMetadata(pb.ModelMetadataRequest(name="no_such_model"), timeout=TIMEOUT),
@@ -107,7 +107,9 @@ def test_unknown_version_is_not_found(
     stub: pb_grpc.GRPCInferenceServiceStub, target: Target
 ) -> None:
     meta = metadata(stub, target.model)
-    request = codec.build_request(target.model, valid_input(meta, target), model_version="987654")
+    request = messages.build_request(
+        target.model, valid_input(meta, target), model_version="987654"
+    )
     expect_error(lambda: stub.ModelInfer(request, timeout=TIMEOUT), grpc.StatusCode.NOT_FOUND)
 
 
@@ -122,7 +124,7 @@ def test_wrong_input_name_is_invalid(
 ) -> None:
     _, inputs, name = _first_input(stub, target)
     inputs["__no_such_input__"] = inputs.pop(name)
-    request = codec.build_request(target.model, inputs)
+    request = messages.build_request(target.model, inputs)
     details = expect_error(
         lambda: stub.ModelInfer(request, timeout=TIMEOUT), grpc.StatusCode.INVALID_ARGUMENT
     )
@@ -133,7 +135,7 @@ def test_wrong_datatype_is_invalid(stub: pb_grpc.GRPCInferenceServiceStub, targe
     _, inputs, name = _first_input(stub, target)
     wrong = np.int32 if codec.datatype_of(inputs[name]) != "INT32" else np.float32
     inputs[name] = np.zeros(inputs[name].shape, dtype=wrong)
-    request = codec.build_request(target.model, inputs)
+    request = messages.build_request(target.model, inputs)
     details = expect_error(
         lambda: stub.ModelInfer(request, timeout=TIMEOUT), grpc.StatusCode.INVALID_ARGUMENT
     )
@@ -143,7 +145,7 @@ def test_wrong_datatype_is_invalid(stub: pb_grpc.GRPCInferenceServiceStub, targe
 def test_wrong_rank_is_invalid(stub: pb_grpc.GRPCInferenceServiceStub, target: Target) -> None:
     _, inputs, name = _first_input(stub, target)
     inputs[name] = inputs[name][..., np.newaxis]
-    request = codec.build_request(target.model, inputs)
+    request = messages.build_request(target.model, inputs)
     details = expect_error(
         lambda: stub.ModelInfer(request, timeout=TIMEOUT), grpc.StatusCode.INVALID_ARGUMENT
     )
@@ -154,7 +156,7 @@ def test_raw_length_mismatch_is_invalid(
     stub: pb_grpc.GRPCInferenceServiceStub, target: Target
 ) -> None:
     _, inputs, name = _first_input(stub, target)
-    request = codec.build_request(target.model, inputs)
+    request = messages.build_request(target.model, inputs)
     index = [t.name for t in request.inputs].index(name)
     request.raw_input_contents[index] = request.raw_input_contents[index] + b"\x00"
     details = expect_error(

@@ -14,9 +14,9 @@ import pytest
 from bench.inprocess import InProcess
 from models.digits import load_split
 from protos.errors import InvalidInput
+from samples.digits import CATEGORIES, blank_images, suite
+from samples.images import encode
 from tests.e2e.conftest import Mesh
-from tests.images import encode
-from tests.inputs.digits import CATEGORIES, blank_images, suite
 from tests.report import report
 
 PER_CATEGORY = 100

@@ -12,9 +12,9 @@ import pytest
 from rapidocr_onnxruntime import RapidOCR
 
 from bench.inprocess import InProcess
+from samples.images import cer, encode
+from samples.text import CATEGORIES, Sample, suite
 from tests.e2e.conftest import Mesh
-from tests.images import cer, encode
-from tests.inputs.text import CATEGORIES, Sample, suite
 from tests.report import report
 
 PER_CATEGORY = 8

@@ -19,8 +19,8 @@ from schemathesis.core.transport import Response
 from schemathesis.schemas import APIOperation, BaseSchema
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
+from samples.images import encode, render_digit, text_samples
 from tests.conftest import Mesh
-from tests.images import encode, render_digit, text_samples
 
 
 def _images() -> list[bytes]:

@@ -9,7 +9,7 @@ import time
 
 import httpx
 
-from tests.images import encode, render_digit
+from samples.images import encode, render_digit
 from tests.procs import ROOT
 
 # Ports 30002..31113: below the ephemeral range (32768+), where a client connection may

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from samples.images import encode, render_digit
 from tests.conftest import Mesh
 from tests.faults.load import run
-from tests.images import encode, render_digit
 from tests.procs import metric_of
 from tests.report import report
 

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import yaml
 
+from samples.images import text_samples
 from tests.conftest import Mesh
 from tests.faults.load import run
 from tests.faults.test_faults import BODY
-from tests.images import text_samples
 from tests.procs import Service, metric, start_service
 from tests.report import report
 

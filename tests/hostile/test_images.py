@@ -6,10 +6,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from samples import hostile
 from tests.conftest import Mesh
 from tests.e2e.test_digits import held_out, png
 from tests.hostile.probe import Watch
-from tests.inputs import hostile
 from tests.report import report
 
 CASES = {

@@ -12,10 +12,10 @@ import httpx
 import numpy as np
 
 from protos import pb, pb_grpc
+from samples import text
+from samples.images import cer
 from tests.conftest import Mesh
 from tests.hostile.probe import Watch
-from tests.images import cer
-from tests.inputs import text
 from tests.procs import metric_of
 from tests.report import report
 

@@ -12,7 +12,7 @@ import grpc
 import numpy as np
 import pytest
 
-from protos import codec, pb, pb_grpc
+from protos import messages, pb, pb_grpc
 from protos.channels import channel_options
 from tests.hostile.probe import memory_mb
 from tests.procs import Service, start_service
@@ -57,7 +57,7 @@ def test_a_stream_written_without_reading_holds_a_bounded_number_of_bytes(
     rows, length = 8, 500_000  # the `ragged` model: x [8, 500000, 2] FP32 = 32 MB
     x = np.ones((rows, length, 2), np.float32)
     lengths = np.full(rows, length, np.int32)
-    big = codec.build_request("ragged", {"x": x, "lengths": lengths})
+    big = messages.build_request("ragged", {"x": x, "lengths": lengths})
     sent = []
 
     def requests() -> Iterator[pb.ModelInferRequest]:
@@ -73,13 +73,13 @@ def test_a_stream_written_without_reading_holds_a_bounded_number_of_bytes(
         while time.monotonic() < deadline:
             time.sleep(0.5)
         peak = memory_mb(service.proc.pid)[1] - before
-        small = codec.build_request("linear", {"x": np.ones((1, 4), np.float32)})
+        small = messages.build_request("linear", {"x": np.ones((1, 4), np.float32)})
         answer = stub.ModelInfer(small, timeout=10)
         stream.cancel()
     report(
         f"\nhostile: 40 x 32 MB on one stream, answers unread: {len(sent)} taken from the "
         f"client in 8 s, service peak memory +{peak:.0f} MiB"
     )
-    assert codec.response_outputs(answer)["y"].shape == (1, 3)
+    assert messages.response_outputs(answer)["y"].shape == (1, 3)
     assert len(sent) < 20
     assert peak < 1024

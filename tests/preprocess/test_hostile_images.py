@@ -6,7 +6,7 @@ import pytest
 
 from preprocess.images import ImageLimits, decode
 from protos.errors import InvalidInput
-from tests.inputs import hostile
+from samples import hostile
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from preprocess import recipes as recipe_file
 from preprocess.recipes import Recipe
 from preprocess.settings import DEFAULT_RECIPES
 from protos.errors import InvalidInput
-from tests.inputs.digits import Look, blank_images, draw, encode
+from samples.digits import Look, blank_images, draw, encode
 
 
 @pytest.fixture(scope="module")

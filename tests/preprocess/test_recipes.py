@@ -11,14 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from preprocess import config as cfg
 from preprocess import images
 from preprocess import recipes as recipe_file
-from preprocess.ocr import ctc_greedy, latin_punctuation
+from preprocess.ocr_lines import ctc_greedy, latin_punctuation
 from preprocess.recipes import Recipe
 from preprocess.settings import DEFAULT_RECIPES
 from protos import media
 from protos.errors import InvalidInput
-from tests.images import encode, render_lines
+from samples.images import encode, render_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -84,6 +85,37 @@ def test_no_text_gives_no_crops(recipes: dict[str, Recipe]) -> None:
     assert out["crops"].shape[0] == 0 and out["boxes"].shape == (0, 4, 2)
 
 
+def rotate_only(recipes: dict[str, Recipe]) -> Recipe:
+    """The rotation half of `ocr_rotate_rec_input`, keeping the crops to look at."""
+    tensors = {
+        "crops": {"datatype": "UINT8", "shape": [-1, -1, -1, 3]},
+        "crop_sizes": {"datatype": "INT32", "shape": [-1, 2]},
+        "boxes": {"datatype": "FP32", "shape": [-1, 4, 2]},
+    }
+    declared = [{"name": n, **t} for n, t in tensors.items()]
+    config = cfg.RecipeConfig.model_validate(
+        {
+            "inputs": [*declared, {"name": "probs", "datatype": "FP32", "shape": [-1, 2]}],
+            "outputs": declared,
+            "steps": [
+                {"unpad": {"input": "crops", "sizes": "crop_sizes"}},
+                {
+                    "rotate_by_class": {
+                        "probs": "probs",
+                        "index": 1,
+                        "threshold": 0.9,
+                        "boxes": "boxes",
+                    }
+                },
+                {"stack_padded": {"output": "crops", "sizes_output": "crop_sizes"}},
+            ],
+        }
+    )
+    production = recipes["ocr_rotate_rec_input"].config.steps[1]
+    assert config.steps[1] == production, "the same rotation as the OCR pipeline's"
+    return Recipe("rotate", config, recipes["digits"].limits)
+
+
 def test_rotate_turns_only_confident_upside_down_crops(recipes: dict[str, Recipe]) -> None:
     crop = np.zeros((10, 30, 3), np.uint8)
     crop[:, :5] = 255  # a bright band on the left
@@ -91,7 +123,7 @@ def test_rotate_turns_only_confident_upside_down_crops(recipes: dict[str, Recipe
     sizes = np.array([[10, 30]] * 3, np.int32)
     probs = np.array([[0.99, 0.01], [0.05, 0.95], [0.2, 0.8]], np.float32)
     boxes = np.arange(24, dtype=np.float32).reshape(3, 4, 2)
-    out = recipes["ocr_rotate"].run(
+    out = rotate_only(recipes).run(
         {"crops": crops, "crop_sizes": sizes, "probs": probs, "boxes": boxes}
     )
     turned = out["crops"]
@@ -106,7 +138,7 @@ def test_an_upside_down_page_reads_backwards(recipes: dict[str, Recipe]) -> None
     sizes = np.array([[10, 30]] * 3, np.int32)
     probs = np.array([[0.01, 0.99], [0.02, 0.98], [0.9, 0.1]], np.float32)
     boxes = np.arange(24, dtype=np.float32).reshape(3, 4, 2)
-    out = recipes["ocr_rotate"].run(
+    out = rotate_only(recipes).run(
         {"crops": crops, "crop_sizes": sizes, "probs": probs, "boxes": boxes}
     )
     np.testing.assert_array_equal(out["boxes"], boxes[::-1])

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from proxy import definitions, endpoints
+from proxy import endpoints, plan
 from proxy.errors import DefinitionError
 
 ENV = {"A_URL": "127.0.0.1:1", "B_URL": "127.0.0.1:2/model_b/3"}
@@ -16,7 +16,7 @@ ENV = {"A_URL": "127.0.0.1:1", "B_URL": "127.0.0.1:2/model_b/3"}
 def load(tmp_path: Path, pipelines: dict, env: dict | None = None):
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump({"pipelines": pipelines}))
-    return definitions.load(path, ENV if env is None else env)
+    return plan.load(path, ENV if env is None else env)
 
 
 def step(name: str, source: str, endpoint: str = "A_URL", model: str | None = "m") -> dict:
@@ -35,7 +35,7 @@ def test_the_shipped_pipelines_load() -> None:
             "PREDICTOR_OCR_REC_URL",
         )
     }
-    plans = definitions.load(Path("proxy/pipelines.yaml"), env)
+    plans = plan.load(Path("proxy/pipelines.yaml"), env)
     assert set(plans) == {"digits", "digits-partial", "ocr"}
     assert plans["digits"].targets["ensemble/a"].model == "digits_a"
 

@@ -6,13 +6,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from protos import codec, pb, wire
+from protos import codec, messages, pb, wire
 from protos.errors import InvalidInput
 
 
 def inputs_of(request: pb.ModelInferRequest, **kwargs) -> dict[str, np.ndarray]:
     """What a server decodes from `request`, received as bytes."""
-    return codec.request_inputs(wire.parse_infer_request(request.SerializeToString()), **kwargs)
+    return messages.request_inputs(wire.parse_infer_request(request.SerializeToString()), **kwargs)
 
 
 def to_raw(array: np.ndarray) -> tuple[str, bytes]:
@@ -21,7 +21,7 @@ def to_raw(array: np.ndarray) -> tuple[str, bytes]:
 
 
 def built_response(model: str, version: str, outputs: dict) -> pb.ModelInferResponse:
-    return pb.ModelInferResponse.FromString(codec.build_response_bytes(model, version, outputs))
+    return pb.ModelInferResponse.FromString(messages.build_response_bytes(model, version, outputs))
 
 
 NUMERIC = [k for k in codec.DATATYPE_TO_DTYPE if k != "BYTES"]
@@ -97,7 +97,7 @@ def test_unknown_datatype() -> None:
 
 def test_request_round_trip_and_typed_contents() -> None:
     x = np.arange(6, dtype=np.int32).reshape(2, 3)
-    req = codec.build_request("m", {"x": x, "s": np.array([b"a"], dtype=object)}, request_id="7")
+    req = messages.build_request("m", {"x": x, "s": np.array([b"a"], dtype=object)}, request_id="7")
     got = inputs_of(req)
     np.testing.assert_array_equal(got["x"], x)
     assert req.id == "7" and list(got["s"]) == [b"a"]
@@ -110,14 +110,14 @@ def test_request_round_trip_and_typed_contents() -> None:
 
 
 def test_request_consistency_errors() -> None:
-    req = codec.build_request("m", {"a": np.zeros(1, np.float32), "b": np.zeros(1, np.float32)})
+    req = messages.build_request("m", {"a": np.zeros(1, np.float32), "b": np.zeros(1, np.float32)})
     del req.raw_input_contents[1]
     with pytest.raises(
         InvalidInput, match="2 inputs outside shared memory but 1 raw_input_contents"
     ):
         inputs_of(req)
 
-    dup = codec.build_request("m", {"a": np.zeros(1, np.float32)})
+    dup = messages.build_request("m", {"a": np.zeros(1, np.float32)})
     dup.inputs.add(name="a", datatype="FP32", shape=[1])
     dup.raw_input_contents.append(b"\x00" * 4)
     with pytest.raises(InvalidInput, match="appears twice"):
@@ -145,12 +145,12 @@ def test_response_outputs_reads_raw() -> None:
     probs = np.array([[0.25, 0.75]], dtype=np.float32)
     resp = built_response("m", "1", {"p": probs})
     assert resp.raw_output_contents and not resp.outputs[0].HasField("contents")
-    np.testing.assert_array_equal(codec.response_outputs(resp)["p"], probs)
+    np.testing.assert_array_equal(messages.response_outputs(resp)["p"], probs)
 
 
 @pytest.mark.parametrize("shape", [(0,), (0, 4, 2), (3, 0), ()])
 def test_empty_and_scalar_tensors_round_trip(shape: tuple[int, ...]) -> None:
     arr = np.zeros(shape, dtype=np.float32)
-    data = codec.build_response_bytes("m", "1", {"t": arr})
-    back = codec.response_outputs(pb.ModelInferResponse.FromString(data))["t"]
+    data = messages.build_response_bytes("m", "1", {"t": arr})
+    back = messages.response_outputs(pb.ModelInferResponse.FromString(data))["t"]
     assert back.shape == shape

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from grpc import aio
 
-from protos import codec, pb_grpc
+from protos import messages, pb_grpc
 from protos.errors import InvalidInput
 from tests.proxy.scripted import ScriptedModel, serve
 
@@ -33,9 +33,9 @@ async def test_unary_and_streamed_errors_map_alike() -> None:
             }
             for model, (code, text) in expected.items():
                 with pytest.raises(aio.AioRpcError) as info:
-                    await stub.ModelInfer(codec.build_request(model, x), timeout=5)
+                    await stub.ModelInfer(messages.build_request(model, x), timeout=5)
                 assert (info.value.code(), info.value.details()) == (code, text)
-            requests = [codec.build_request(m, x, request_id=m) for m in expected]
+            requests = [messages.build_request(m, x, request_id=m) for m in expected]
             answers = [a async for a in stub.ModelStreamInfer(iter(requests), timeout=5)]
             got = {a.infer_response.id: a.error_message for a in answers}
             assert got == {model: text for model, (_, text) in expected.items()}

@@ -8,19 +8,19 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from protos import codec, pb, wire
-from protos.codec import SharedRef
+from protos import messages, pb, wire
 from protos.errors import AlreadyExists, InvalidInput, NotFound, Unsupported
+from protos.messages import SharedRef
 from v2server.shm import SHM_DIR, SharedMemory
 
 
 def inputs_of(request: pb.ModelInferRequest, **kwargs) -> dict[str, np.ndarray]:
     """What a server decodes from `request`, received as bytes."""
-    return codec.request_inputs(wire.parse_infer_request(request.SerializeToString()), **kwargs)
+    return messages.request_inputs(wire.parse_infer_request(request.SerializeToString()), **kwargs)
 
 
 def built_response(model: str, version: str, outputs: dict) -> pb.ModelInferResponse:
-    return pb.ModelInferResponse.FromString(codec.build_response_bytes(model, version, outputs))
+    return pb.ModelInferResponse.FromString(messages.build_response_bytes(model, version, outputs))
 
 
 @pytest.fixture
@@ -86,15 +86,15 @@ def test_codec_reads_shared_inputs_beside_raw_ones(key: str) -> None:
     shm = SharedMemory()
     (SHM_DIR / key[1:]).write_bytes(np.arange(4, dtype=np.float32).tobytes())
     shm.register("r", key, 0, 16)
-    request = codec.build_request("m", {"b": np.array([7], np.int32)})
+    request = messages.build_request("m", {"b": np.array([7], np.int32)})
     shared = request.inputs.add(name="a", datatype="FP32", shape=[2, 2])
-    shared.parameters[codec.SHM_REGION].string_param = "r"
-    shared.parameters[codec.SHM_BYTE_SIZE].int64_param = 16
+    shared.parameters[messages.SHM_REGION].string_param = "r"
+    shared.parameters[messages.SHM_BYTE_SIZE].int64_param = 16
     got = inputs_of(request, shared=shm.read)
     assert got["a"].tolist() == [[0, 1], [2, 3]] and got["b"].tolist() == [7]
     with pytest.raises(InvalidInput, match="has no shared memory"):
         inputs_of(request)
-    shared.parameters[codec.SHM_BYTE_SIZE].int64_param = 12
+    shared.parameters[messages.SHM_BYTE_SIZE].int64_param = 12
     with pytest.raises(InvalidInput, match="'a'"):
         inputs_of(request, shared=shm.read)
 
@@ -104,24 +104,24 @@ def test_shared_outputs_keep_one_raw_entry_per_output() -> None:
     shared memory output needs its (empty) entry, or perf_analyzer crashes."""
     y = np.arange(6, dtype=np.float32).reshape(2, 3)
     shared = {"y": (y, SharedRef("out", 24, 0))}
-    body = codec.build_response_bytes("m", "1", {"label": np.array([2, 0])}, "id", shared)
+    body = messages.build_response_bytes("m", "1", {"label": np.array([2, 0])}, "id", shared)
     response = pb.ModelInferResponse.FromString(body)
     assert [o.name for o in response.outputs] == ["label", "y"]
     assert [len(r) for r in response.raw_output_contents] == [16, 0]
-    assert response.outputs[1].parameters[codec.SHM_REGION].string_param == "out"
-    assert set(codec.response_outputs(response)) == {"label"}
+    assert response.outputs[1].parameters[messages.SHM_REGION].string_param == "out"
+    assert set(messages.response_outputs(response)) == {"label"}
     # A server that lists the shared output first, or omits its entry when it is last.
     response.outputs[0].CopyFrom(response.outputs[1])
     response.outputs[1].name, response.outputs[1].datatype = "label", "INT64"
     response.outputs[1].ClearField("parameters")
     response.outputs[1].shape[:] = [2]
     response.raw_output_contents[:] = [b"", np.array([2, 0]).tobytes()]
-    assert codec.response_outputs(response)["label"].tolist() == [2, 0]
+    assert messages.response_outputs(response)["label"].tolist() == [2, 0]
     omitted = built_response("m", "1", {"label": np.array([2, 0])})
     omitted.outputs.add(name="y", datatype="FP32", shape=[2, 3]).parameters[
-        codec.SHM_REGION
+        messages.SHM_REGION
     ].string_param = "out"
-    assert codec.response_outputs(omitted)["label"].tolist() == [2, 0]
+    assert messages.response_outputs(omitted)["label"].tolist() == [2, 0]
 
 
 def test_turned_off_refuses_registration(key: str) -> None:

@@ -4,11 +4,11 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protos import codec, pb, wire
+from protos import codec, messages, pb, wire
 
 
 def sample_request() -> pb.ModelInferRequest:
-    return codec.build_request(
+    return messages.build_request(
         "m",
         {"a": np.arange(300, dtype=np.float32), "b": np.array([b"x", b"yz"], dtype=object)},
         model_version="2",
@@ -26,7 +26,7 @@ def test_parsed_request_equals_protobuf_parse() -> None:
     head.CopyFrom(request)
     del head.raw_input_contents[:]
     assert parsed.message == head
-    a, b = codec.request_inputs(parsed).values()
+    a, b = messages.request_inputs(parsed).values()
     np.testing.assert_array_equal(a, np.arange(300, dtype=np.float32))
     assert list(b) == [b"x", b"yz"]
 
@@ -42,14 +42,14 @@ def test_response_bytes_parse_like_protobufs_own_message() -> None:
         "p": np.random.default_rng(0).random((2, 5), dtype=np.float32),
         "label": np.array([3, 1], dtype=np.int64),
     }
-    data = codec.build_response_bytes("m", "1", outputs, "id-9")
+    data = messages.build_response_bytes("m", "1", outputs, "id-9")
     expected = pb.ModelInferResponse(model_name="m", model_version="1", id="id-9")
     for name, arr in outputs.items():
         expected.outputs.add(name=name, datatype=codec.datatype_of(arr), shape=arr.shape)
         expected.raw_output_contents.append(arr.tobytes())
     assert pb.ModelInferResponse.FromString(data) == expected
     parsed = wire.parse_infer_response(data)
-    got = codec.response_outputs(parsed)
+    got = messages.response_outputs(parsed)
     for name, arr in outputs.items():
         np.testing.assert_array_equal(got[name], arr)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import cv2
 import numpy as np
 
-from tests.inputs.pixels import Colour, contrasting, encode
+from samples.pixels import Colour, contrasting, encode
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import cv2
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from tests.inputs.pixels import Colour, contrasting, encode
+from samples.pixels import Colour, contrasting, encode
 
 _FONT_FILES = (
     "DejaVuSans.ttf",
