@@ -8,6 +8,16 @@ METHOD_PREFIX = f"/{SERVICE_NAME}/"
 """Prefix of its method paths: METHOD_PREFIX + "ModelInfer"."""
 
 
+STREAM_STATUS_PARAMETER = "status_code"
+"""On a ModelStreamInfer answer with an error_message: the error's gRPC status code (int64);
+the v2 stream response has no status of its own. Clients that do not know it ignore it."""
+STREAM_CANCEL_PARAMETER = "cancel"
+"""A stream message with this parameter (bool true) and a request's id cancels that request
+if it is still running (it is then not answered)."""
+STREAM_CANCEL_EXTENSION = "stream_cancellation"
+"""Listed in ServerMetadata's extensions by servers that understand STREAM_CANCEL_PARAMETER."""
+
+
 def channel_options(max_message_mb: int = 64) -> list[tuple[str, int]]:
     """Options for channels talking to v2 services: their message size limit."""
     max_bytes = max_message_mb * 1024 * 1024

@@ -201,9 +201,13 @@ def build_request_bytes(
     model_version: str = "",
     request_id: str = "",
     outputs: Sequence[str] = (),
+    timeout_us: int = 0,
 ) -> bytes:
-    """The serialized ModelInferRequest; tensors already little-endian are not re-encoded."""
+    """The serialized ModelInferRequest; tensors already little-endian are not re-encoded.
+    `timeout_us` > 0: Triton's `timeout` parameter (the request's own deadline)."""
     head = pb.ModelInferRequest(model_name=model_name, model_version=model_version, id=request_id)
     for name in outputs:
         head.outputs.add(name=name)
+    if timeout_us > 0:
+        head.parameters["timeout"].int64_param = timeout_us
     return _with_raw_tensors(head, head.inputs, wire.RAW_INPUT_FIELD, inputs)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import uvicorn
 
 from protos import logs
 from protos.tls import TLSConfigError
+from proxy import workers
 from proxy.app import create_app
 from proxy.errors import DefinitionError
 from proxy.protocol import GuardedHttpToolsProtocol
@@ -18,6 +20,8 @@ from proxy.settings import ProxySettings
 def main() -> int:
     settings = ProxySettings()
     logs.configure(settings.log_level)
+    if settings.workers > 1:
+        return workers.supervise(settings)
     try:
         app = create_app(settings)
     except (DefinitionError, TLSConfigError) as exc:
@@ -28,7 +32,7 @@ def main() -> int:
         max_headers=settings.max_headers,
         head_timeout_s=settings.head_timeout_s,
     )
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -39,6 +43,13 @@ def main() -> int:
         access_log=False,
         timeout_graceful_shutdown=10,
     )
+    # A worker of several binds the shared port itself (SO_REUSEPORT); uvicorn serves it.
+    sockets = (
+        [workers.listening_socket(settings.host, settings.port, shared=True)]
+        if workers.SUPERVISED in os.environ
+        else None
+    )
+    uvicorn.Server(config).run(sockets=sockets)
     return 0
 
 

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from typing import Any
 
 from fastapi import Request, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from protos import media
 from proxy import metrics
@@ -157,4 +157,4 @@ class HealthEndpoints:
 
     async def metrics(self) -> Response:
         """GET /metrics: the proxy's own Prometheus metrics."""
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

@@ -28,7 +28,7 @@ HEADROOM = 0.9
 Call = Callable[[Mapping[str, np.ndarray]], Awaitable[dict[str, np.ndarray]]]
 
 
-def _nbytes(array: np.ndarray) -> int:
+def nbytes(array: np.ndarray) -> int:
     if array.dtype == object:
         return sum(len(v) + 4 if isinstance(v, bytes | str) else 8 for v in array.reshape(-1))
     return array.nbytes
@@ -38,7 +38,7 @@ def plan(
     inputs: Mapping[str, np.ndarray], max_batch: int, max_message: int, step: str
 ) -> list[slice] | None:
     """Row ranges to send, or None when one call will do."""
-    size = sum(_nbytes(a) for a in inputs.values())
+    size = sum(nbytes(a) for a in inputs.values())
     rows = {a.shape[0] for a in inputs.values() if a.ndim}
     limit = int(max_message * HEADROOM)
     if size <= limit and (max_batch == 0 or not rows or max(rows) <= max_batch):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -12,9 +12,13 @@ import numpy as np
 from grpc import aio
 
 from protos import messages, pb, wire
-from protos.channels import METHOD_PREFIX, channel_options
+from protos.channels import METHOD_PREFIX, STREAM_CANCEL_EXTENSION, channel_options
 from proxy.endpoints import Target
 from proxy.errors import StepError
+from proxy.streams import CallFailed, StreamPool
+
+Infer = Callable[..., Awaitable[dict[str, np.ndarray]]]
+"""Channels.infer's shape: (target, inputs, *, outputs, timeout, request_id)."""
 
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
 """Statuses a retry may fix: the endpoint is (re)starting or shutting down."""
@@ -24,9 +28,18 @@ class Channels:
     """The proxy's channels, created on first use and kept for its lifetime."""
 
     def __init__(
-        self, max_message_mb: int = 64, credentials: grpc.ChannelCredentials | None = None
+        self,
+        max_message_mb: int = 64,
+        credentials: grpc.ChannelCredentials | None = None,
+        *,
+        streams: int = 0,
     ) -> None:
         self._channels: dict[str, aio.Channel] = {}
+        self.streams = streams
+        """Streams per address (proxy/streams.py); 0: unary calls only."""
+        self._pools: dict[str, StreamPool] = {}
+        self._unary_only: set[str] = set()
+        """Addresses whose server has no ModelStreamInfer."""
         self._credentials = credentials
         self.max_message = max_message_mb * 1024 * 1024
         self._batch_sizes: dict[tuple[str, str, str], int] = {}
@@ -50,8 +63,25 @@ class Channels:
         return channel
 
     async def close(self) -> None:
+        await asyncio.gather(*(p.close() for p in self._pools.values()))
+        self._pools.clear()
         await asyncio.gather(*(c.close() for c in self._channels.values()))
         self._channels.clear()
+
+    def _pool(self, address: str) -> StreamPool:
+        pool = self._pools.get(address)
+        if pool is None:
+            pool = self._pools[address] = StreamPool(self.get(address), self.streams)
+            task = asyncio.ensure_future(self._learn_cancellation(address, pool))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return pool
+
+    async def _learn_cancellation(self, address: str, pool: StreamPool) -> None:
+        """Whether the service cancels a streamed request on our word (its metadata says)."""
+        meta = await self.unary(
+            address, "ServerMetadata", pb.ServerMetadataRequest(), pb.ServerMetadataResponse, 5.0
+        )
+        pool.cancels = STREAM_CANCEL_EXTENSION in meta.extensions
 
     async def infer(
         self,
@@ -62,7 +92,15 @@ class Channels:
         timeout: float,
         request_id: str,
     ) -> dict[str, np.ndarray]:
-        """One ModelInfer; raises grpc.aio.AioRpcError. Tensors stay as received bytes."""
+        """One inference, on a stream or a unary call; raises CallFailed. Tensors stay as
+        received bytes."""
+        if self.streams and target.address not in self._unary_only:
+            try:
+                return await self._streamed(target, inputs, outputs, timeout, request_id)
+            except CallFailed as exc:
+                if not (exc.stream and exc.code() == grpc.StatusCode.UNIMPLEMENTED):
+                    raise
+                self._unary_only.add(target.address)  # e.g. a server without streams
         call = self.get(target.address).unary_unary(
             METHOD_PREFIX + "ModelInfer",
             request_serializer=wire.serialize_infer_request,
@@ -75,7 +113,39 @@ class Channels:
             request_id=request_id,
             outputs=outputs,
         )
-        response = await call(request, timeout=timeout, metadata=(("x-request-id", request_id),))
+        try:
+            response = await call(
+                request, timeout=timeout, metadata=(("x-request-id", request_id),)
+            )
+        except aio.AioRpcError as exc:
+            raise CallFailed(exc.code(), exc.details() or exc.code().name) from None
+        return messages.response_outputs(response)
+
+    async def _streamed(
+        self,
+        target: Target,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Sequence[str],
+        timeout: float,
+        request_id: str,
+    ) -> dict[str, np.ndarray]:
+        pool = self._pool(target.address)
+        key = pool.key(request_id)
+        request = messages.build_request_bytes(
+            target.model,
+            inputs,
+            model_version=target.version,
+            request_id=key,
+            outputs=outputs,
+            timeout_us=max(1, int(timeout * 1e6)),
+        )
+        if len(request) > self.max_message:
+            # Refused here: over the limit, gRPC would fail the whole stream, not one call.
+            raise CallFailed(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"Sent message larger than max ({len(request)} vs. {self.max_message})",
+            )
+        response = await pool.pick().infer(key, request, timeout)
         return messages.response_outputs(response)
 
     async def batch_size(self, address: str, model: str, version: str, timeout: float) -> int:
@@ -151,8 +221,11 @@ async def infer_with_retries(
     inputs: Mapping[str, np.ndarray],
     deadline: float,
     request_id: str,
+    via: Infer | None = None,
 ) -> dict[str, np.ndarray]:
-    """ModelInfer within the request's deadline, retrying UNAVAILABLE with jittered backoff."""
+    """ModelInfer within the request's deadline, retrying UNAVAILABLE with jittered backoff;
+    `via` sends each attempt (default: channels.infer; a merging lane, proxy/merging.py)."""
+    send = channels.infer if via is None else via
     loop = asyncio.get_running_loop()
     step, address = call.label, call.target.address
     attempt = 0
@@ -164,10 +237,10 @@ async def infer_with_retries(
             )
         timeout = remaining if call.per_call_s is None else min(call.per_call_s, remaining)
         try:
-            return await channels.infer(
+            return await send(
                 call.target, inputs, outputs=call.outputs, timeout=timeout, request_id=request_id
             )
-        except aio.AioRpcError as exc:
+        except CallFailed as exc:
             code = exc.code()
             if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in (
                 exc.details() or ""

@@ -19,7 +19,7 @@ import numpy as np
 
 from proxy import chunks, metrics
 from proxy.admission import Ledger
-from proxy.client import Call, Channels, infer_with_retries
+from proxy.client import Call, Channels, Infer, infer_with_retries
 from proxy.combine import combine
 from proxy.definitions import (
     CallingStep,
@@ -32,6 +32,7 @@ from proxy.definitions import (
 )
 from proxy.endpoints import Target
 from proxy.errors import StepError
+from proxy.merging import Merger, Tensors
 from proxy.plan import Plan
 from proxy.results import render
 
@@ -88,8 +89,9 @@ class Run:
 
 
 class Executor:
-    def __init__(self, channels: Channels) -> None:
+    def __init__(self, channels: Channels, merge: bool = False) -> None:
         self.channels = channels
+        self.merger = Merger(channels.infer, channels.max_message) if merge else None
 
     async def run(
         self, plan: Plan, body: bytes, request_id: str, deadline: float, ledger: Ledger
@@ -121,21 +123,28 @@ class Executor:
         start = time.perf_counter()
         status, error = "ok", None
 
-        async def call(inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        async def call(inputs: Mapping[str, np.ndarray], via: Infer | None = None) -> Tensors:
             return await infer_with_retries(
-                self.channels, spec, inputs, run.deadline, run.request_id
+                self.channels, spec, inputs, run.deadline, run.request_id, via
             )
 
         try:
-            if (
+            one_call = (
                 max(a.shape[0] if a.ndim else 1 for a in feeds.values()) <= 1
                 and sum(_nbytes(a) for a in feeds.values())
                 <= chunks.HEADROOM * self.channels.max_message
-            ):
+            )
+            if one_call and self.merger is None:
                 return await call(feeds)  # one row that fits: the common case, no lookup
             max_batch = await self.channels.batch_size(
                 target.address, target.model, target.version, max(0.05, run.remaining())
             )
+            if one_call and self.merger is not None and max_batch > 0:
+                return await call(
+                    feeds, self.merger.lane(label, target, step.outputs, feeds, max_batch).infer
+                )
+            if one_call:
+                return await call(feeds)
             rows = chunks.plan(feeds, max_batch, self.channels.max_message, label)
             return (
                 await call(feeds)

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+import os
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
 
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -18,7 +27,30 @@ STEP_LATENCY = Histogram(
     ["pipeline", "step", "status"],
     buckets=_BUCKETS,
 )
-IN_FLIGHT = Gauge("proxy_in_flight_requests", "Pipeline requests being served")
+# livesum: with several workers (PROXY_WORKERS) the sum over the live ones.
+IN_FLIGHT = Gauge(
+    "proxy_in_flight_requests", "Pipeline requests being served", multiprocess_mode="livesum"
+)
 BYTES_IN_FLIGHT = Gauge(
-    "proxy_bytes_in_flight", "Bytes held by uploads and the tensors of requests in flight"
+    "proxy_bytes_in_flight",
+    "Bytes held by uploads and the tensors of requests in flight",
+    multiprocess_mode="livesum",
+)
+
+
+def exposition() -> bytes:
+    """The text /metrics answers: this process's metrics, or every worker's when the
+    proxy runs several (prometheus-client's multiprocess directory)."""
+    if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        return generate_latest()
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    return generate_latest(registry)
+
+
+MERGED_MEMBERS = Histogram(
+    "proxy_merged_call_members",
+    "Requests' calls carried by each call to a batching model (1: sent alone)",
+    ["step"],
+    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128),
 )

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from proxy.uploads import UploadLimits
@@ -16,6 +18,8 @@ class ProxySettings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = 8080
+    workers: int = Field(default=1, ge=1, le=64)
+    """Proxy processes sharing the port (proxy/workers.py); 1: this process serves."""
     pipelines: Path = DEFAULT_PIPELINES
     """The pipeline definition file."""
     max_body_mb: float = 20.0
@@ -49,6 +53,15 @@ class ProxySettings(BaseSettings):
     open_paths: str = "/healthz,/readyz,/metrics"
     """Paths served without the API key."""
     max_message_mb: int = 64
+    transport: Literal["stream", "unary"] = "stream"
+    """How calls reach the services: multiplexed on long-lived ModelStreamInfer streams
+    (a service without them, UNIMPLEMENTED, is called unary from then on), or one unary
+    ModelInfer call each."""
+    streams_per_endpoint: int = Field(default=2, ge=1, le=64)
+    """Streams kept open to each service address."""
+    merge: bool = True
+    """Caller-side batching: calls of requests in flight together to the same step of a
+    batching model (max_batch_size > 0) merged into one call (proxy/merging.py)."""
     tls_ca: Path | None = None
     """PEM CA that signed the services' certificates: calls them over TLS. Unset: plaintext."""
     tls_cert: Path | None = None

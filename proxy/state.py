@@ -30,16 +30,19 @@ class ProxyState:
         env = os.environ if environ is None else environ
         plans = plan.load(settings.pipelines, env)
         credentials = channel_credentials(settings.tls_ca, settings.tls_cert, settings.tls_key)
-        channels = Channels(settings.max_message_mb, credentials)
+        channels = Channels(
+            settings.max_message_mb,
+            credentials,
+            streams=settings.streams_per_endpoint if settings.transport == "stream" else 0,
+        )
         admission = Admission(
             settings.max_in_flight,
             int(settings.max_inflight_mb * 2**20),
             int(settings.max_request_mb * 2**20),
             {name: _limits(plan.pipeline) for name, plan in plans.items()},
         )
-        return cls(
-            settings, plans, channels, Executor(channels), admission, settings.upload_limits()
-        )
+        executor = Executor(channels, merge=settings.merge)
+        return cls(settings, plans, channels, executor, admission, settings.upload_limits())
 
     def models(self) -> dict[str, str]:
         """Model name -> address of the first endpoint any pipeline uses for it."""

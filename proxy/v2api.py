@@ -18,6 +18,7 @@ from proxy.errors import http_status
 from proxy.problems import Problem, json_response
 from proxy.results import to_json
 from proxy.state import ProxyState
+from proxy.streams import CallFailed
 from proxy.uploads import read_body
 
 
@@ -98,7 +99,7 @@ class V2Endpoints:
                     request_id=request.state.request_id,
                 ),
             )
-        except aio.AioRpcError as exc:
+        except CallFailed as exc:
             raise _downstream(exc, model) from None
         return json_response(
             {
@@ -118,7 +119,7 @@ class V2Endpoints:
         )
 
 
-def _downstream(exc: aio.AioRpcError, model: str) -> Problem:
+def _downstream(exc: aio.AioRpcError | CallFailed, model: str) -> Problem:
     return Problem(
         http_status(exc.code()), f"model '{model}': {exc.details()}", code=exc.code().name
     )

@@ -10,7 +10,7 @@ import numpy as np
 
 from protos import codec, messages, pb, wire
 from protos.codec import TensorLimits
-from protos.errors import InvalidInput, NotFound, Unavailable
+from protos.errors import DeadlineExceeded, InvalidInput, NotFound, Unavailable
 from v2server import triton
 from v2server.model import Served, TensorSpec
 from v2server.registry import Registry
@@ -108,7 +108,13 @@ class DataPlane:
         model = self.registry.resolve(message.model_name, message.model_version)
         remaining = triton.with_request_timeout(message, remaining)
         try:
-            answer = await self._infer(model, inputs, message, remaining)
+            # Work past the caller's deadline is for nobody: a streamed request has no
+            # call for gRPC to cancel, so the deadline is kept here for every request.
+            async with asyncio.timeout(remaining):
+                answer = await self._infer(model, inputs, message, remaining)
+        except TimeoutError:
+            model.statistics.request(False, time.perf_counter_ns() - arrived)
+            raise DeadlineExceeded(f"model '{model.name}': deadline passed") from None
         except BaseException:
             model.statistics.request(False, time.perf_counter_ns() - arrived)
             raise

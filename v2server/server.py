@@ -52,6 +52,7 @@ class V2Server:
             in_flight=self._in_flight,
             stream_window_bytes=int(settings.stream_window_mb * 2**20),
             max_inflight_bytes=int(settings.max_inflight_mb * 2**20),
+            max_message_bytes=settings.max_message_mb * 2**20,
         )
         self.health: health.aio.HealthServicer | None = None
         self._server: aio.Server | None = None
@@ -123,6 +124,7 @@ class V2Server:
         """
         grace = self.settings.grace_s if grace is None else grace
         self.plane.draining = True
+        self.servicer.drain_streams()
         if self.health is not None:
             await self.health.enter_graceful_shutdown()
         if self._server is not None:

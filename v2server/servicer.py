@@ -10,6 +10,7 @@ import grpc
 from grpc import aio
 
 from protos import pb, pb_grpc, wire
+from protos.channels import STREAM_CANCEL_PARAMETER, STREAM_STATUS_PARAMETER
 from protos.errors import Overloaded
 from v2server.bytewindow import ByteWindow
 from v2server.dataplane import DataPlane
@@ -31,12 +32,20 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         in_flight: InFlight | None = None,
         stream_window_bytes: int = 64 << 20,
         max_inflight_bytes: int = 1 << 30,
+        max_message_bytes: int = 64 << 20,
     ) -> None:
         self.plane = plane
+        self._max_message = max_message_bytes
+        self._streams: set[asyncio.Queue] = set()
+        """The answer queues of open streams (told when the server drains)."""
         self._in_flight = in_flight or InFlight()
         self._stream_window_bytes = stream_window_bytes
         self._held = ByteWindow(max_inflight_bytes)
         """Bytes of inference requests this service holds (unary and streamed)."""
+
+    def drain_streams(self) -> None:
+        for answers in self._streams:
+            answers.put_nowait(_DRAIN)
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Context):
         return pb.ServerLiveResponse(live=True)
@@ -101,8 +110,20 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         """Every request of the stream runs as soon as it arrives and is answered when
         done; a failed one is answered with its error_message and the stream goes on."""
         stream_id = request_id_of(context)
-        answers: asyncio.Queue[tuple[bytes, int] | None] = asyncio.Queue()
+        # (answer, bytes held); no answer for a request its sender cancelled.
+        answers: asyncio.Queue[tuple[bytes | None, int] | None] = asyncio.Queue()
         running: set[asyncio.Task[None]] = set()
+        by_id: dict[str, asyncio.Task[None]] = {}
+        """The latest running request of each id (for cancellation)."""
+
+        def done(task: asyncio.Task[None]) -> None:
+            running.discard(task)
+            key = task.get_name()
+            if by_id.get(key) is task:
+                del by_id[key]
+            if self.plane.draining:
+                answers.put_nowait(_DRAIN)  # wakes the writer to see whether it may end
+
         window = asyncio.Semaphore(STREAM_WINDOW)
         stream_bytes = ByteWindow(self._stream_window_bytes)
 
@@ -111,48 +132,87 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             with CallScope(self._in_flight, "ModelStreamInfer", request, request_id) as call:
                 try:
                     body = await self.plane.infer(request, context.time_remaining())
+                    if len(body) > self._max_message:
+                        # gRPC would fail the whole stream: only this request fails.
+                        raise Overloaded(
+                            f"Sent message larger than max ({len(body)} vs. {self._max_message})"
+                        )
                     answers.put_nowait((wire.stream_response(body), request.size))
+                except asyncio.CancelledError:
+                    call.code = grpc.StatusCode.CANCELLED
+                    answers.put_nowait((None, request.size))
+                    raise
                 except Exception as exc:
                     call.code, text = error_status(exc, "ModelStreamInfer")
-                    answers.put_nowait((_stream_error(request.message, text), request.size))
+                    error = _stream_error(request.message, text, call.code)
+                    answers.put_nowait((error, request.size))
 
         async def read() -> None:
             try:
                 async for request in requests:
+                    if _is_cancel(request):
+                        if (task := by_id.get(request.id)) is not None:
+                            task.cancel()
+                        continue
                     # Not read on until there is room, in messages and in bytes: a sender
                     # that does not read its answers is held back by flow control.
                     await window.acquire()
                     await stream_bytes.wait_take(request.size)
                     await self._held.wait_take(request.size)
-                    task = asyncio.create_task(one(request))
+                    task = asyncio.create_task(one(request), name=request.id)
                     running.add(task)
-                    task.add_done_callback(running.discard)
+                    by_id[request.id] = task
+                    task.add_done_callback(done)
                 while running:
                     await asyncio.wait(set(running))
             finally:
                 answers.put_nowait(None)
 
         reader = asyncio.create_task(read())
+        self._streams.add(answers)
+        draining = self.plane.draining
         try:
-            while (item := await answers.get()) is not None:
+            while True:
+                if draining and not running and answers.empty():
+                    return  # ends the call: the caller opens a new stream elsewhere
+                item = await answers.get()
+                if item is None:
+                    break
+                if item is _DRAIN:
+                    draining = True
+                    continue
                 answer, size = item
-                yield answer
+                if answer is not None:
+                    yield answer
                 window.release()
                 await stream_bytes.give(size)
                 await self._held.give(size)
             await reader  # the caller's half-close or a broken stream surfaces here
         finally:
+            self._streams.discard(answers)
             reader.cancel()
             for task in list(running):
                 task.cancel()
             await self._held.give(stream_bytes.used)  # what unsent answers still held
 
 
-def _stream_error(request: pb.ModelInferRequest, text: str) -> bytes:
+_DRAIN = (None, -1)
+"""Put in every open stream's answer queue when the server drains: each stream ends once
+its running requests are answered, so that a graceful stop does not wait for idle streams
+until its grace runs out."""
+
+
+def _stream_error(request: pb.ModelInferRequest, text: str, code: grpc.StatusCode) -> bytes:
     about = pb.ModelInferResponse(
         model_name=request.model_name, model_version=request.model_version, id=request.id
     )
+    about.parameters[STREAM_STATUS_PARAMETER].int64_param = code.value[0]
     return pb.ModelStreamInferResponse(error_message=text, infer_response=about).SerializeToString()
+
+
+def _is_cancel(request: wire.ParsedInferRequest) -> bool:
+    param = request.message.parameters.get(STREAM_CANCEL_PARAMETER)
+    return param is not None and param.bool_param
 
 
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]

@@ -6,12 +6,20 @@ from __future__ import annotations
 import numpy as np
 
 from protos import pb
+from protos.channels import STREAM_CANCEL_EXTENSION
 from protos.errors import InvalidInput
 from v2server.model import Served
 from v2server.statistics import Compute, Duration
 
-EXTENSIONS = ["classification", "model_configuration", "statistics", "system_shared_memory"]
-"""Triton protocol extensions this server implements (ServerMetadata lists them)."""
+EXTENSIONS = [
+    "classification",
+    "model_configuration",
+    "statistics",
+    "system_shared_memory",
+    STREAM_CANCEL_EXTENSION,
+]
+"""Protocol extensions this server implements (ServerMetadata lists them): Triton's, and
+`stream_cancellation` (v2server/servicer.py: a streamed request cancelled by its id)."""
 
 _DATA_TYPES = {
     "BOOL": pb.TYPE_BOOL,

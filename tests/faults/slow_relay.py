@@ -1,9 +1,11 @@
 """A slow step for the fault suite: a real gRPC process in front of a v2 service that holds
-every ModelInfer for `--delay-ms` before forwarding it (other RPCs pass at once).
+every ModelInfer, and every request of a ModelStreamInfer, for `--delay-ms` before forwarding
+it (other RPCs pass at once).
 
 `python -m tests.faults.slow_relay --upstream HOST:PORT --delay-ms 400 --port 0
---port-file F`. Forwarded calls keep the caller's remaining deadline; a call whose caller
-has gone while it waited is never forwarded. On SIGTERM it prints
+--port-file F`. Forwarded calls keep the caller's remaining deadline (on a stream: the
+request's `timeout` parameter); a call whose caller has gone while it waited (on a stream:
+cancelled by a `cancel` message, or out of time) is never forwarded. On SIGTERM it prints
 `relay: received N, forwarded F, abandoned A` for the test to read.
 """
 
@@ -18,7 +20,13 @@ from pathlib import Path
 
 import grpc
 
-from protos.channels import channel_options
+from protos import pb
+from protos.channels import (
+    METHOD_PREFIX,
+    STREAM_CANCEL_PARAMETER,
+    STREAM_STATUS_PARAMETER,
+    channel_options,
+)
 
 COUNTS: Counter[str] = Counter()
 
@@ -30,6 +38,12 @@ class Relay(grpc.GenericRpcHandler):
 
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
         method = details.method
+        if method.endswith("/ModelStreamInfer"):
+            return grpc.stream_stream_rpc_method_handler(
+                self.stream,
+                request_deserializer=pb.ModelInferRequest.FromString,
+                response_serializer=pb.ModelStreamInferResponse.SerializeToString,
+            )
         upstream = self.channel.unary_unary(method)  # bytes in, bytes out
         slow = method.endswith("/ModelInfer")
 
@@ -49,6 +63,65 @@ class Relay(grpc.GenericRpcHandler):
                 raise  # abort raises; this keeps type checkers honest
 
         return grpc.unary_unary_rpc_method_handler(handle)
+
+    async def stream(self, requests, context: grpc.aio.ServicerContext):
+        """Each request held, then forwarded as a unary ModelInfer; answers in completion
+        order, errors with their status code beside the message (as our services do)."""
+        forward = self.channel.unary_unary(
+            METHOD_PREFIX + "ModelInfer",
+            request_serializer=pb.ModelInferRequest.SerializeToString,
+            response_deserializer=pb.ModelInferResponse.FromString,
+        )
+        answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        running: dict[str, asyncio.Task[None]] = {}
+
+        async def one(request: pb.ModelInferRequest) -> None:
+            timeout = request.parameters["timeout"].int64_param / 1e6 or None
+            COUNTS["received"] += 1
+            try:
+                async with asyncio.timeout(timeout):
+                    await asyncio.sleep(self.delay_s)
+                    COUNTS["forwarded"] += 1
+                    reply = await forward(request, timeout=timeout)
+                answers.put_nowait(pb.ModelStreamInferResponse(infer_response=reply))
+            except asyncio.CancelledError:
+                COUNTS["abandoned"] += 1
+                raise
+            except TimeoutError:
+                COUNTS["abandoned"] += 1
+                answers.put_nowait(_error(request, grpc.StatusCode.DEADLINE_EXCEEDED, "late"))
+            except grpc.aio.AioRpcError as e:
+                answers.put_nowait(_error(request, e.code(), e.details() or ""))
+            finally:
+                running.pop(request.id, None)
+
+        async def read() -> None:
+            async for request in requests:
+                if request.parameters[STREAM_CANCEL_PARAMETER].bool_param:
+                    if (task := running.get(request.id)) is not None:
+                        task.cancel()
+                    continue
+                running[request.id] = asyncio.create_task(one(request))
+            while running:
+                await asyncio.wait(set(running.values()))
+            answers.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (answer := await answers.get()) is not None:
+                yield answer
+        finally:
+            reader.cancel()
+            for task in list(running.values()):
+                task.cancel()
+
+
+def _error(
+    request: pb.ModelInferRequest, code: grpc.StatusCode, text: str
+) -> pb.ModelStreamInferResponse:
+    about = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
+    about.parameters[STREAM_STATUS_PARAMETER].int64_param = code.value[0]
+    return pb.ModelStreamInferResponse(error_message=text, infer_response=about)
 
 
 async def main(args: argparse.Namespace) -> None:

@@ -11,15 +11,23 @@ from proxy.app import create_app
 from proxy.settings import ProxySettings
 
 
+@pytest.fixture(params=["stream", "unary"])
+def transport(request: pytest.FixtureRequest) -> str:
+    """Every proxy test runs on both paths: streams with merged calls, and the old path
+    (unary calls, no merging)."""
+    return request.param
+
+
 @pytest.fixture
-def make_client(tmp_path: Path) -> Callable[..., AsyncIterator[httpx.AsyncClient]]:
+def make_client(tmp_path: Path, transport: str) -> Callable[..., AsyncIterator[httpx.AsyncClient]]:
     """An in-process proxy (ASGITransport) for a pipelines dict and an environment."""
 
     def factory(pipelines: dict, env: dict[str, str], **settings):
         path = tmp_path / "pipelines.yaml"
         path.write_text(yaml.safe_dump({"pipelines": pipelines}))
+        settings.setdefault("transport", transport)
+        settings.setdefault("merge", transport == "stream")  # "unary": the old path
         app = create_app(ProxySettings(pipelines=path, **settings), env)
-        transport = httpx.ASGITransport(app=app)
-        return httpx.AsyncClient(transport=transport, base_url="http://proxy")
+        return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy")
 
     return factory

@@ -58,7 +58,7 @@ class ScriptedModel:
 async def serve(*models: ScriptedModel, **settings: Any) -> V2Server:
     server = V2Server(
         Registry.of(*models),
-        ServerSettings(port=0, grace_s=0.5, linger_s=0, **settings),
+        ServerSettings(**{"port": 0, "grace_s": 0.5, "linger_s": 0, **settings}),
         server_name="scripted",
         server_version="0",
     )

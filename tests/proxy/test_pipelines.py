@@ -218,10 +218,17 @@ async def test_slow_branch_respects_the_deadline(servers, make_client, aggregati
 
 
 async def test_failed_branch_cancels_its_siblings(servers, make_client) -> None:
+    slow = affine("slow", 1, 0, delay_s=5.0)
+
     async def broken(inputs, deadline):
+        # Fails once its sibling is running (on a busy machine the sibling's first call may
+        # otherwise still be connecting when this fails, and is never made).
+        for _ in range(100):
+            if slow.calls:
+                break
+            await asyncio.sleep(0.01)
         raise InvalidInput("broken on purpose")
 
-    slow = affine("slow", 1, 0, delay_s=5.0)
     env = {
         "PARSE_URL": await servers(parse_model()),
         "FAST_URL": await servers(ScriptedModel("fast", broken)),

@@ -1,0 +1,268 @@
+"""Caller-side batching: one step's calls to a batching model, made by requests in flight
+together, merged along the batch axis into one call and the answer split by rows.
+
+A call costs both ends of a hop the same whether it carries one row or forty, so under load
+the proxy sends fewer, fuller calls. The rule is the service batcher's: never wait for
+company. A lane (one step, one model, one signature of inputs) keeps at most `slots`
+calls in flight; a call that finds a free slot leaves at once, alone; the others queue,
+and when a slot frees every queued member leaves together (up to the model's
+max_batch_size rows and the message limit).
+
+Each member keeps what it had alone: its own deadline (a member whose time runs out is
+answered DEADLINE_EXCEEDED while the merged call goes on for the others; the merged call
+gets the latest member's), its own cancellation (a member that leaves is taken out of the
+queue; a merged call nobody waits for is cancelled), and its own errors: members are
+merged only when their inputs agree in names, types and trailing dimensions, and if a
+merged call still fails with INVALID_ARGUMENT, each member is sent again alone, so a bad
+member fails by itself. Any other failure reaches every member, whose retries
+(proxy/client.py) then go through the lane again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+
+from proxy import metrics
+from proxy.chunks import HEADROOM, nbytes
+from proxy.client import Infer
+from proxy.endpoints import Target
+from proxy.streams import CallFailed
+
+Tensors = dict[str, np.ndarray]
+
+SLOTS = 2
+"""Merged calls one lane keeps in flight (measured in bench/README.md)."""
+
+
+@dataclass(eq=False)
+class _Member:
+    inputs: Mapping[str, np.ndarray]
+    rows: int
+    size: int
+    deadline: float
+    request_id: str
+    answer: asyncio.Future[Tensors]
+    call: _Merged | None = None
+
+
+@dataclass(eq=False)
+class _Merged:
+    members: list[_Member]
+    task: asyncio.Task[None] | None = None
+
+
+@dataclass(eq=False)
+class Lane:
+    """One step's calls to one model with one signature of inputs."""
+
+    label: str
+    target: Target
+    outputs: tuple[str, ...]
+    max_rows: int
+    max_bytes: int
+    send: Infer
+    slots: int = SLOTS
+    queue: list[_Member] = field(default_factory=list)
+    in_flight: int = 0
+    solo: bool = False
+    """Set when the model's answers cannot be split by rows: members go alone."""
+
+    async def infer(
+        self,
+        target: Target,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        outputs: Sequence[str],
+        timeout: float,
+        request_id: str,
+    ) -> Tensors:
+        """Channels.infer's contract, merged with the lane's other calls when it is busy."""
+        if (self.in_flight < self.slots and not self.queue) or self.solo:
+            self.in_flight += 1
+            metrics.MERGED_MEMBERS.labels(self.label).observe(1)
+            try:
+                return await self.send(
+                    target, inputs, outputs=outputs, timeout=timeout, request_id=request_id
+                )
+            finally:
+                self.in_flight -= 1
+                self._flush()
+        loop = asyncio.get_running_loop()
+        rows = _rows(inputs)
+        member = _Member(
+            inputs, rows, _size(inputs), loop.time() + timeout, request_id, loop.create_future()
+        )
+        self.queue.append(member)
+        self._flush()
+        try:
+            async with asyncio.timeout(timeout):
+                return await asyncio.shield(member.answer)
+        except TimeoutError:
+            raise CallFailed(
+                grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded (in a merged call)"
+            ) from None
+        finally:
+            self._leave(member)
+
+    def _leave(self, member: _Member) -> None:
+        if not member.answer.done():
+            member.answer.cancel()
+        if member.call is None:
+            if member in self.queue:
+                self.queue.remove(member)
+        elif member.call.task is not None and all(m.answer.done() for m in member.call.members):
+            member.call.task.cancel()  # nobody waits for it any more
+
+    def _flush(self) -> None:
+        while self.in_flight < self.slots and self.queue:
+            taken: list[_Member] = []
+            rows = size = 0
+            while self.queue:
+                member = self.queue[0]
+                if taken and (
+                    rows + member.rows > self.max_rows or size + member.size > self.max_bytes
+                ):
+                    break
+                self.queue.pop(0)
+                if member.answer.done():
+                    continue
+                taken.append(member)
+                rows += member.rows
+                size += member.size
+            if not taken:
+                continue
+            merged = _Merged(taken)
+            for member in taken:
+                member.call = merged
+            self.in_flight += 1
+            merged.task = asyncio.create_task(self._send_merged(merged))
+
+    async def _send_merged(self, merged: _Merged) -> None:
+        try:
+            await self._run(merged.members)
+        except asyncio.CancelledError:
+            for member in merged.members:
+                _fail(member, CallFailed(grpc.StatusCode.CANCELLED, "merged call cancelled"))
+            raise
+        except Exception as exc:  # a bug here must not leave members waiting
+            for member in merged.members:
+                _fail(member, CallFailed(grpc.StatusCode.INTERNAL, f"merged call: {exc!r}"))
+        finally:
+            self.in_flight -= 1
+            self._flush()
+
+    async def _run(self, members: list[_Member]) -> None:
+        metrics.MERGED_MEMBERS.labels(self.label).observe(len(members))
+        try:
+            answer = await self._call(members)
+        except CallFailed as exc:
+            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT and len(members) > 1:
+                await self._alone(members)  # one bad member must not fail the others
+            else:
+                for member in members:
+                    _fail(member, exc)
+            return
+        parts = _split(answer, [m.rows for m in members])
+        if parts is None:
+            self.solo = True  # answers without a row per request: never merge this lane
+            await self._alone(members)
+            return
+        for member, part in zip(members, parts, strict=True):
+            if not member.answer.done():
+                member.answer.set_result(part)
+
+    async def _call(self, members: list[_Member]) -> Tensors:
+        loop = asyncio.get_running_loop()
+        timeout = max(m.deadline for m in members) - loop.time()
+        if timeout <= 0:
+            raise CallFailed(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        if len(members) == 1:
+            inputs = members[0].inputs
+        else:
+            inputs = {
+                name: np.concatenate([m.inputs[name] for m in members])
+                for name in members[0].inputs
+            }
+        extra = f"+{len(members) - 1}" if len(members) > 1 else ""
+        return await self.send(
+            self.target,
+            inputs,
+            outputs=self.outputs,
+            timeout=timeout,
+            request_id=members[0].request_id + extra,
+        )
+
+    async def _alone(self, members: list[_Member]) -> None:
+        async def one(member: _Member) -> None:
+            try:
+                answer = await self._call([member])
+            except CallFailed as exc:
+                _fail(member, exc)
+            else:
+                if not member.answer.done():
+                    member.answer.set_result(answer)
+
+        await asyncio.gather(*(one(m) for m in members if not m.answer.done()))
+
+
+class Merger:
+    """The proxy's lanes, created on first use."""
+
+    def __init__(self, send: Infer, max_message: int, slots: int = SLOTS) -> None:
+        self._send = send
+        self._max_bytes = int(max_message * HEADROOM)
+        self._slots = slots
+        self._lanes: dict[tuple, Lane] = {}
+
+    def lane(
+        self,
+        label: str,
+        target: Target,
+        outputs: Sequence[str],
+        inputs: Mapping[str, np.ndarray],
+        max_batch: int,
+    ) -> Lane:
+        """The lane of this step's call with these inputs to a model taking `max_batch` rows."""
+        key = (label, target, tuple(outputs), _signature(inputs))
+        lane = self._lanes.get(key)
+        if lane is None:
+            lane = self._lanes[key] = Lane(
+                label, target, tuple(outputs), max_batch, self._max_bytes, self._send, self._slots
+            )
+        return lane
+
+
+def _signature(inputs: Mapping[str, np.ndarray]) -> tuple:
+    """What members must share to be merged: names, types and every dimension but the first."""
+    return tuple(sorted((name, a.dtype.str, a.shape[1:]) for name, a in inputs.items()))
+
+
+def _rows(inputs: Mapping[str, np.ndarray]) -> int:
+    return max((a.shape[0] for a in inputs.values() if a.ndim), default=1)
+
+
+def _size(inputs: Mapping[str, np.ndarray]) -> int:
+    return sum(nbytes(a) for a in inputs.values())
+
+
+def _split(answer: Tensors, rows: list[int]) -> list[Tensors] | None:
+    """Each member's rows of every output; None when an output has no row per input row."""
+    total = sum(rows)
+    if any(a.ndim == 0 or a.shape[0] != total for a in answer.values()):
+        return None
+    bounds = np.cumsum([0, *rows])
+    return [
+        {name: a[start:stop] for name, a in answer.items()}
+        for start, stop in itertools.pairwise(bounds)
+    ]
+
+
+def _fail(member: _Member, exc: CallFailed) -> None:
+    if not member.answer.done():
+        member.answer.set_exception(exc)

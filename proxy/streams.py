@@ -1,0 +1,212 @@
+"""Long-lived ModelStreamInfer streams from the proxy to a service, requests multiplexed
+by id: a unary call costs grpc.aio a call set-up and tear-down on both ends of every hop,
+a message on an open stream does not.
+
+Each request carries its own deadline (Triton's `timeout` parameter, which the service
+honours); each answer its own status (our services put the code beside `error_message`,
+v2server/servicer.py; another server's error counts as UNKNOWN). A stream that breaks fails
+only the requests in flight on it, with the stream's status (UNAVAILABLE when the service
+died), and the next request opens a new one. A request whose caller leaves is cancelled
+on the service too when the service says it can (`stream_cancellation` in ServerMetadata).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass
+
+import grpc
+from google.protobuf.message import DecodeError
+from grpc import aio
+
+from protos import pb, wire
+from protos.channels import METHOD_PREFIX, STREAM_CANCEL_PARAMETER, STREAM_STATUS_PARAMETER
+from protos.errors import InvalidInput
+
+
+class CallFailed(Exception):
+    """A call's failure with its gRPC status, on either transport (code() and details()
+    like grpc.aio.AioRpcError, which the unary path raises)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, *, stream: bool = False) -> None:
+        super().__init__(details)
+        self._code = code
+        self._details = details
+        self.stream = stream
+        """The stream itself failed (not one request on it)."""
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+@dataclass(frozen=True)
+class StreamAnswer:
+    id: str
+    response: wire.ParsedInferResponse | None
+    failure: CallFailed | None = None
+
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def parse_stream_response(data: bytes) -> StreamAnswer:
+    """gRPC deserializer for ModelStreamInferResponse; the answer's tensors stay in the
+    received buffer. Never raises (a bad message fails its request, not the stream)."""
+    try:
+        head, inner = wire.split_field(data, wire.STREAM_RESPONSE_FIELD)
+        error = pb.ModelStreamInferResponse.FromString(head).error_message
+        parsed = wire.parse_infer_response(inner[0] if inner else b"")
+    except (InvalidInput, DecodeError) as exc:
+        failure = CallFailed(grpc.StatusCode.INTERNAL, f"malformed stream answer: {exc}")
+        return StreamAnswer("", None, failure)
+    if not error:
+        return StreamAnswer(parsed.message.id, parsed)
+    param = parsed.message.parameters.get(STREAM_STATUS_PARAMETER)
+    code = _CODES.get(param.int64_param if param is not None else -1, grpc.StatusCode.UNKNOWN)
+    return StreamAnswer(parsed.message.id, None, CallFailed(code, error))
+
+
+def _as_is(data: bytes) -> bytes:
+    return data
+
+
+class MuxStream:
+    """One open ModelStreamInfer call; answers matched to their requests by id."""
+
+    def __init__(self, channel: aio.Channel, pool: StreamPool) -> None:
+        method = channel.stream_stream(
+            METHOD_PREFIX + "ModelStreamInfer",
+            request_serializer=_as_is,
+            response_deserializer=parse_stream_response,
+        )
+        self._call = method()
+        self._pool = pool
+        self._pending: dict[str, asyncio.Future[wire.ParsedInferResponse]] = {}
+        self._writing = asyncio.Lock()
+        """grpc.aio takes one write at a time on a call."""
+        self.closed = False
+        self._reader = asyncio.create_task(self._read())
+
+    @property
+    def load(self) -> int:
+        return len(self._pending)
+
+    async def infer(self, key: str, request: bytes, timeout: float) -> wire.ParsedInferResponse:
+        """Send one request (its id is `key`) and wait for its answer, `timeout` seconds at
+        most, writing included (a full window holds the write back)."""
+        future: asyncio.Future[wire.ParsedInferResponse] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self._pending[key] = future
+        sent = False
+        try:
+            async with asyncio.timeout(timeout):
+                await self._write(request)
+                sent = True
+                return await future
+        except TimeoutError:
+            self._cancel_soon(key, sent)
+            raise CallFailed(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
+        except asyncio.CancelledError:
+            self._cancel_soon(key, sent)
+            raise
+        finally:
+            self._pending.pop(key, None)
+            if future.done() and not future.cancelled():
+                future.exception()  # seen: a broken stream may fail it after its caller left
+            else:
+                future.cancel()
+
+    async def _write(self, request: bytes) -> None:
+        if self.closed:
+            raise CallFailed(grpc.StatusCode.UNAVAILABLE, "stream closed", stream=True)
+        try:
+            async with self._writing:
+                await self._call.write(request)
+        except aio.AioRpcError as exc:
+            raise _broken(exc) from None
+        except (asyncio.InvalidStateError, aio.UsageError) as exc:
+            raise CallFailed(
+                grpc.StatusCode.UNAVAILABLE, f"stream closed ({exc})", stream=True
+            ) from None
+
+    def _cancel_soon(self, key: str, sent: bool) -> None:
+        """Tell the service that nobody waits for `key` any more (when it listens)."""
+        if not (sent and self._pool.cancels) or self.closed:
+            return
+        message = pb.ModelInferRequest(id=key)
+        message.parameters[STREAM_CANCEL_PARAMETER].bool_param = True
+        task = asyncio.ensure_future(self._write(message.SerializeToString()))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # best effort
+
+    async def _read(self) -> None:
+        failure = CallFailed(grpc.StatusCode.UNAVAILABLE, "stream ended", stream=True)
+        try:
+            while True:
+                answer = await self._call.read()
+                if answer is aio.EOF:
+                    break
+                future = self._pending.pop(answer.id, None)
+                if future is None or future.done():
+                    continue  # its caller left
+                if answer.failure is not None:
+                    future.set_exception(answer.failure)
+                else:
+                    future.set_result(answer.response)  # type: ignore[arg-type]
+        except aio.AioRpcError as exc:
+            failure = _broken(exc)
+        finally:
+            self.closed = True
+            for future in self._pending.values():
+                if not future.done():
+                    future.set_exception(failure)
+            self._pending.clear()
+
+    async def close(self) -> None:
+        self.closed = True
+        self._call.cancel()
+        self._reader.cancel()
+        await asyncio.gather(self._reader, return_exceptions=True)
+
+
+def _broken(exc: aio.AioRpcError) -> CallFailed:
+    """A stream's own failure, for the requests on it. A stream the service ended while a
+    request was being written fails the write with INTERNAL ("Internal error from Core"):
+    like a dead service, that is UNAVAILABLE, retried elsewhere or later."""
+    code = exc.code()
+    details = exc.details() or code.name
+    if code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED):
+        return CallFailed(grpc.StatusCode.UNAVAILABLE, f"stream broken ({details})", stream=True)
+    return CallFailed(code, details, stream=True)
+
+
+class StreamPool:
+    """Up to `size` streams to one address; each request goes to the least busy one."""
+
+    def __init__(self, channel: aio.Channel, size: int) -> None:
+        self._channel = channel
+        self._size = size
+        self.cancels = False
+        """The service cancels a request on our word (set once its metadata says so)."""
+        self._streams: list[MuxStream] = []
+        self._ids = itertools.count()
+
+    def key(self, request_id: str) -> str:
+        """A request id unique on this pool's streams, that still names the request."""
+        return f"{request_id}.{next(self._ids)}"
+
+    def pick(self) -> MuxStream:
+        self._streams = [s for s in self._streams if not s.closed]
+        if len(self._streams) < self._size:
+            stream = MuxStream(self._channel, self)
+            self._streams.append(stream)
+            return stream
+        return min(self._streams, key=lambda s: s.load)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(s.close() for s in self._streams))
+        self._streams.clear()

@@ -1,0 +1,125 @@
+"""PROXY_WORKERS: several proxy processes on one port, one view of their metrics, a dead
+worker replaced, a graceful stop of all."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.e2e.conftest import Mesh
+from tests.e2e.test_digits import held_out, png
+from tests.procs import ROOT, metric_of
+
+PORT = 27090
+URL = f"http://127.0.0.1:{PORT}"
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return sorted(found)
+
+
+def _established_on_port(pid: int, port: int) -> int:
+    """Connections accepted on `port` that process `pid` holds (from /proc, no psutil)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    count = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local_port = int(fields[1].split(":")[1], 16)
+        if local_port == port and fields[3] == "01" and fields[9] in inodes:
+            count += 1
+    return count
+
+
+def _wait_ready(proc: subprocess.Popen, workers: int) -> None:
+    deadline = time.monotonic() + 90
+    while True:
+        assert proc.poll() is None, "the supervisor exited"
+        assert time.monotonic() < deadline, "workers not ready"
+        try:
+            ready = httpx.get(URL + "/readyz", timeout=2).status_code == 200
+        except httpx.TransportError:
+            ready = False
+        if ready and len(_children(proc.pid)) == workers:
+            return
+        time.sleep(0.2)
+
+
+def _digits(n: int) -> list[int]:
+    images, _ = held_out()
+    statuses = []
+    for i in range(n):
+        # A connection each: the kernel picks a worker per connection.
+        r = httpx.post(
+            f"{URL}/v1/pipelines/digits/infer",
+            content=png(images[i % len(images)]),
+            headers={"Content-Type": "image/png"},
+            timeout=30,
+        )
+        statuses.append(r.status_code)
+    return statuses
+
+
+def test_workers_share_the_port_metrics_and_a_graceful_stop(mesh: Mesh) -> None:
+    env = {
+        **os.environ,
+        **mesh.local.services["proxy"].env,
+        "PROXY_PORT": str(PORT),
+        "PROXY_WORKERS": "2",
+    }
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    supervisor = subprocess.Popen(
+        [sys.executable, "-m", "proxy"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_ready(supervisor, 2)
+        workers = _children(supervisor.pid)
+
+        # Connections are spread over both workers (16 of them all on one: 1 in 32,768).
+        held = [socket.create_connection(("127.0.0.1", PORT)) for _ in range(16)]
+        time.sleep(0.5)
+        spread = [_established_on_port(pid, PORT) for pid in workers]
+        for sock in held:
+            sock.close()
+        assert sum(spread) == 16 and min(spread) > 0, spread
+
+        # Every worker's /metrics counts every worker's requests.
+        assert _digits(30) == [200] * 30
+        counts = {metric_of(URL, "proxy_requests_total", pipeline="digits", status="200")}
+        for _ in range(9):
+            counts.add(metric_of(URL, "proxy_requests_total", pipeline="digits", status="200"))
+        assert counts == {30.0}, counts
+
+        # A worker that dies is replaced; requests go on.
+        os.kill(workers[0], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while set(_children(supervisor.pid)) & {workers[0]} or len(_children(supervisor.pid)) < 2:
+            assert time.monotonic() < deadline, "the dead worker was not replaced"
+            time.sleep(0.2)
+        _wait_ready(supervisor, 2)
+        assert _digits(10) == [200] * 10
+    finally:
+        supervisor.send_signal(signal.SIGTERM)
+        code = supervisor.wait(60)
+    assert code == 0
+    assert not any(Path(f"/proc/{pid}").exists() for pid in workers[1:])

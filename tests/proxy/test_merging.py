@@ -1,0 +1,141 @@
+"""Caller-side batching (proxy/merging.py) against real gRPC servers: requests in flight
+together reach a batching model in fewer calls, each still gets its own rows, its own error
+and its own deadline; a model that does not batch is never sent merged calls."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from protos.errors import InvalidInput
+from proxy import metrics
+from tests.proxy.scripted import ScriptedModel, serve
+from tests.proxy.test_pipelines import body, call, parse_model, pipeline, post
+from v2server.model import Scheduling
+
+MERGED = pytest.mark.parametrize("transport", ["stream", "unary"])
+PIPES = {"p": pipeline([call("a", "plus1", "parse")], {"y": "a.y"})}
+
+
+def plus1(max_batch: int, delay_s: float = 0.05, bad: float | None = None) -> ScriptedModel:
+    """y = x + 1, after `delay_s`; rows of each call recorded; a row equal to `bad` makes the
+    whole call INVALID_ARGUMENT (as a model refuses a batch with one bad row)."""
+    rows: list[int] = []
+
+    async def fn(inputs, deadline):
+        x = inputs["x"]
+        rows.append(x.shape[0])
+        await asyncio.sleep(delay_s)
+        if bad is not None and (x == bad).any():
+            raise InvalidInput(f"x may not be {bad}")
+        return {"y": (x + 1).astype(np.float32)}
+
+    model = ScriptedModel("plus1", fn, scheduling=Scheduling(max_batch_size=max_batch))
+    model.rows = rows  # type: ignore[attr-defined]
+    return model
+
+
+async def _run(make_client, model: ScriptedModel, requests: list[tuple[bytes, dict]]):
+    parse, models = await serve(parse_model()), await serve(model)
+    env = {"PARSE_URL": f"127.0.0.1:{parse.port}", "MODELS_URL": f"127.0.0.1:{models.port}"}
+    try:
+        async with make_client(PIPES, env, merge=True) as client:
+            await post(client, "p", body(0.0))  # learns the model's max_batch_size
+            model.rows.clear()  # type: ignore[attr-defined]
+            return await asyncio.gather(*(post(client, "p", b, **h) for b, h in requests))
+    finally:
+        await parse.stop(0)
+        await models.stop(0)
+
+
+def _members() -> tuple[float, float]:
+    """(merged calls, members in them) of the step, from the proxy's histogram."""
+    samples = {
+        s.name: s.value
+        for s in metrics.MERGED_MEMBERS.collect()[0].samples
+        if s.labels.get("step") == "a"
+    }
+    return samples.get("proxy_merged_call_members_count", 0.0), samples.get(
+        "proxy_merged_call_members_sum", 0.0
+    )
+
+
+@MERGED
+async def test_requests_in_flight_together_share_calls(make_client) -> None:
+    model = plus1(max_batch=64)
+    calls_before, members_before = _members()
+    answers = await _run(make_client, model, [(body(float(i)), {}) for i in range(24)])
+    assert [a.status_code for a in answers] == [200] * 24
+    assert [a.json()["result"]["y"] for a in answers] == [[[i + 1.0]] for i in range(24)]
+    assert sum(model.rows) == 24  # type: ignore[attr-defined]
+    assert len(model.rows) < 12  # type: ignore[attr-defined]
+    assert max(model.rows) > 1  # type: ignore[attr-defined]
+    calls, members = _members()
+    # The warm-up request's call counts too.
+    assert members - members_before == 24 + 1
+    assert calls - calls_before == len(model.rows) + 1  # type: ignore[attr-defined]
+
+
+@MERGED
+async def test_merged_calls_respect_the_models_batch_size(make_client) -> None:
+    model = plus1(max_batch=3)
+    answers = await _run(make_client, model, [(body(float(i)), {}) for i in range(16)])
+    assert [a.json()["result"]["y"] for a in answers] == [[[i + 1.0]] for i in range(16)]
+    assert max(model.rows) == 3  # type: ignore[attr-defined]
+
+
+@MERGED
+async def test_one_bad_member_fails_alone(make_client) -> None:
+    model = plus1(max_batch=64, bad=13.0)
+    answers = await _run(make_client, model, [(body(float(i)), {}) for i in range(20)])
+    statuses = [a.status_code for a in answers]
+    assert statuses[13] == 400
+    assert "x may not be 13" in answers[13].json()["error"]
+    assert statuses[:13] + statuses[14:] == [200] * 19
+    good = [a.json()["result"]["y"] for i, a in enumerate(answers) if i != 13]
+    assert good == [[[i + 1.0]] for i in range(20) if i != 13]
+    # 13 was merged with others, refused, and its members sent again alone.
+    assert max(model.rows) > 1  # type: ignore[attr-defined]
+    assert model.rows.count(1) >= 2  # type: ignore[attr-defined]
+
+
+@MERGED
+async def test_a_deadline_expiring_inside_a_merged_call(make_client) -> None:
+    """Short-budget members queue behind busy slots and are merged with long-budget ones;
+    the model takes longer than the short budget: those answer 504 at their deadline, the
+    others get their rows."""
+    model = plus1(max_batch=64, delay_s=0.4)
+    requests = [
+        (body(float(i)), {"X-Request-Timeout-Ms": "250" if i % 2 else "5000"}) for i in range(12)
+    ]
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    answers = await _run(make_client, model, requests)
+    assert loop.time() - start < 3.0
+    for i, answer in enumerate(answers):
+        if i % 2:
+            assert answer.status_code == 504, answer.text
+        else:
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["result"]["y"] == [[i + 1.0]]
+    assert max(model.rows) > 2  # type: ignore[attr-defined]
+
+
+@MERGED
+async def test_different_shapes_are_never_merged(make_client) -> None:
+    model = plus1(max_batch=64)
+    requests = [(body(*[float(i)] * (1 + i % 3)), {}) for i in range(18)]
+    answers = await _run(make_client, model, requests)
+    assert [a.json()["result"]["y"] for a in answers] == [
+        [[i + 1.0] * (1 + i % 3)] for i in range(18)
+    ]
+
+
+@MERGED
+async def test_a_model_that_does_not_batch_gets_one_call_per_request(make_client) -> None:
+    model = plus1(max_batch=0)
+    answers = await _run(make_client, model, [(body(float(i)), {}) for i in range(12)])
+    assert [a.status_code for a in answers] == [200] * 12
+    assert model.rows == [1] * 12  # type: ignore[attr-defined]

@@ -1,0 +1,166 @@
+"""The stream transport (proxy/streams.py) against real gRPC servers: streams are what is
+used, a server without them is called unary, a dying server fails only what was in flight
+(each request answered once) and a new stream is opened when it is back."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import numpy as np
+import pytest
+from grpc import aio
+
+from protos import messages, pb, wire
+from protos.channels import SERVICE_NAME
+from protos.errors import InvalidInput
+from proxy.streams import StreamPool
+from tests.proxy.scripted import ScriptedModel, affine, serve
+from tests.proxy.test_pipelines import body, call, parse_model, pipeline, post
+from v2server import metrics
+from v2server.dataplane import DataPlane
+from v2server.registry import Registry
+from v2server.servicer import InferenceServicer
+
+STREAMS = pytest.mark.parametrize("transport", ["stream"])
+PIPES = {"p": pipeline([call("a", "plus1", "parse")], {"y": "a.y[0]"})}
+
+
+def answered(method: str, model: str) -> float:
+    return metrics.REQUESTS.labels(method, model, "OK")._value.get()
+
+
+@STREAMS
+async def test_calls_travel_on_streams(make_client) -> None:
+    parse, models = await serve(parse_model()), await serve(affine("plus1", 1, 1))
+    env = {"PARSE_URL": f"127.0.0.1:{parse.port}", "MODELS_URL": f"127.0.0.1:{models.port}"}
+    streamed, unary = answered("ModelStreamInfer", "plus1"), answered("ModelInfer", "plus1")
+    try:
+        async with make_client(PIPES, env) as client:
+            answers = await asyncio.gather(*(post(client, "p", body(i)) for i in range(20)))
+    finally:
+        await parse.stop(0)
+        await models.stop(0)
+    assert [a.json()["result"] for a in answers] == [{"y": [i + 1.0]} for i in range(20)]
+    assert answered("ModelStreamInfer", "plus1") - streamed == 20
+    assert answered("ModelInfer", "plus1") == unary
+
+
+class UnaryOnly:
+    """A v2 server without ModelStreamInfer (as some servers are): UNIMPLEMENTED."""
+
+    def __init__(self, model: ScriptedModel) -> None:
+        self.plane = DataPlane(Registry.of(model), server_name="unary-only", server_version="0")
+        self.servicer = InferenceServicer(self.plane)
+        self.infer_calls = 0
+
+    async def _infer(self, request: wire.ParsedInferRequest, context: aio.ServicerContext):
+        self.infer_calls += 1
+        return await self.servicer.ModelInfer(request, context)
+
+    async def start(self) -> int:
+        handlers = {
+            "ModelInfer": grpc.unary_unary_rpc_method_handler(
+                self._infer,
+                request_deserializer=wire.parse_infer_request,
+                response_serializer=wire.serialize_response,
+            ),
+            "ServerMetadata": grpc.unary_unary_rpc_method_handler(
+                self.servicer.ServerMetadata,
+                request_deserializer=pb.ServerMetadataRequest.FromString,
+                response_serializer=pb.ServerMetadataResponse.SerializeToString,
+            ),
+        }
+        self.server = aio.server()
+        self.server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)
+        )
+        port = self.server.add_insecure_port("127.0.0.1:0")
+        await self.plane.registry.start()
+        await self.server.start()
+        return port
+
+
+@STREAMS
+async def test_a_server_without_streams_is_called_unary(make_client) -> None:
+    parse = await serve(parse_model())
+    unary = UnaryOnly(affine("plus1", 1, 1))
+    port = await unary.start()
+    env = {"PARSE_URL": f"127.0.0.1:{parse.port}", "MODELS_URL": f"127.0.0.1:{port}"}
+    try:
+        async with make_client(PIPES, env) as client:
+            first = await post(client, "p", body(1))
+            rest = await asyncio.gather(*(post(client, "p", body(i)) for i in range(5)))
+    finally:
+        await parse.stop(0)
+        await unary.server.stop(0)
+    assert first.status_code == 200 and first.json()["result"] == {"y": [2.0]}
+    assert [r.json()["result"] for r in rest] == [{"y": [i + 1.0]} for i in range(5)]
+    assert unary.infer_calls == 6, "each request once, unary, after one refused stream"
+
+
+@STREAMS
+async def test_a_dying_server_fails_only_what_was_in_flight_then_a_new_stream_works(
+    make_client,
+) -> None:
+    parse = await serve(parse_model())
+    slow = affine("plus1", 1, 1, delay_s=0.5)
+    models = await serve(slow)
+    port = models.port
+    env = {"PARSE_URL": f"127.0.0.1:{parse.port}", "MODELS_URL": f"127.0.0.1:{port}"}
+    try:
+        async with make_client(PIPES, env) as client:
+            warm = await post(client, "p", body(0))
+            in_flight = [asyncio.ensure_future(post(client, "p", body(i))) for i in range(6)]
+            await asyncio.sleep(0.2)
+            await models.stop(0)  # the stream breaks under six requests
+            broken = await asyncio.gather(*in_flight)
+            models = await serve(affine("plus1", 1, 1), port=port)
+            back = await post(client, "p", body(7))
+    finally:
+        await parse.stop(0)
+        await models.stop(0)
+    assert warm.status_code == 200
+    assert [r.status_code for r in broken] == [503] * 6, [r.text for r in broken]
+    assert all(r.json()["step"] == "a" for r in broken)
+    assert back.status_code == 200 and back.json()["result"] == {"y": [8.0]}
+
+
+@STREAMS
+async def test_a_streamed_error_keeps_its_status(make_client) -> None:
+    """Our services put the status beside the stream's error_message: a bad input is 400
+    on a stream as on a unary call (not the 502 an unknown error would get)."""
+
+    async def picky(inputs, deadline):
+        raise InvalidInput("x must be positive")
+
+    parse, models = await serve(parse_model()), await serve(ScriptedModel("plus1", picky))
+    env = {"PARSE_URL": f"127.0.0.1:{parse.port}", "MODELS_URL": f"127.0.0.1:{models.port}"}
+    try:
+        async with make_client(PIPES, env) as client:
+            r = await post(client, "p", body(-1))
+    finally:
+        await parse.stop(0)
+        await models.stop(0)
+    assert r.status_code == 400 and r.json()["code"] == "INVALID_ARGUMENT"
+    assert "x must be positive" in r.json()["error"]
+
+
+async def test_a_draining_server_ends_its_idle_streams_itself() -> None:
+    """A graceful stop ends each open stream once its requests are answered (status OK),
+    instead of waiting for the caller until the grace runs out and cancelling it."""
+    models = await serve(affine("plus1", 1, 1), grace_s=30)
+    channel = aio.insecure_channel(f"127.0.0.1:{models.port}")
+    pool = StreamPool(channel, 1)
+    stream = pool.pick()
+    key = pool.key("r")
+    request = messages.build_request_bytes(
+        "plus1", {"x": np.ones((1, 2), np.float32)}, request_id=key
+    )
+    answer = await stream.infer(key, request, 5)
+    stopping = asyncio.ensure_future(models.stop())
+    status = await stream._call.code()
+    await stopping
+    await channel.close()
+    assert messages.response_outputs(answer)["y"].tolist() == [[2.0, 2.0]]
+    assert status == grpc.StatusCode.OK and stream.closed
