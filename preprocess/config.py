@@ -22,6 +22,9 @@ class RecipeConfig(Strict):
     outputs: list[TensorConfig] = Field(min_length=1)
     steps: list[dict[str, dict[str, Any]]] = Field(min_length=1)
     """Each step is `{operation: {parameter: value}}`."""
+    max_batch_size: int = Field(default=0, ge=0)
+    """> 0: the recipe treats each row of its inputs (each image) on its own, so callers may
+    send several requests' rows as one call (ModelConfig reports it; the proxy merges)."""
 
     @field_validator("inputs", "outputs")
     @classmethod

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +48,7 @@ class Recipe:
         self.limits = limits
         self.inputs = _specs(config.inputs)
         self.outputs = _specs(config.outputs)
-        self.scheduling = scheduling or Scheduling()
+        self.scheduling = replace(scheduling or Scheduling(), max_batch_size=config.max_batch_size)
         self._steps = [next(iter(step.items())) for step in config.steps]
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -51,7 +51,10 @@ def test_digits_over_grpc_equals_in_process(stub: pb_grpc.GRPCInferenceServiceSt
 def test_recipe_config_and_statistics(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
     """Triton's ModelConfig / ModelStatistics work on recipes too (the same server core)."""
     config = stub.ModelConfig(pb.ModelConfigRequest(name="digits"), timeout=TIMEOUT).config
-    assert (config.platform, config.max_batch_size) == ("opencv_recipe", 0)
+    # digits takes one image a row (recipes.yaml says so), so callers may merge requests.
+    assert (config.platform, config.max_batch_size) == ("opencv_recipe", 64)
+    ocr = stub.ModelConfig(pb.ModelConfigRequest(name="ocr_crops"), timeout=TIMEOUT).config
+    assert ocr.max_batch_size == 0
     assert [(i.name, i.data_type) for i in config.input] == [("image", pb.TYPE_STRING)]
 
     def counts() -> tuple[int, int]:

@@ -86,6 +86,17 @@ def _merged_calls(url: str) -> tuple[float, float]:
     )
 
 
+def _late(url: str) -> float:
+    """Requests whose slow step ended out of time, as the proxy's step histogram counts."""
+    return metric_of(
+        url,
+        "proxy_step_duration_seconds_count",
+        pipeline="chain",
+        step="logreg",
+        status="deadline_exceeded",
+    )
+
+
 def _relay_counts(relay: Service) -> dict[str, int]:
     assert relay.stop() == 0
     found = re.search(r"relay: received (\d+), forwarded (\d+), abandoned (\d+)", relay.log())
@@ -121,6 +132,7 @@ def test_slow_middle_step_under_load(mesh: Mesh, tmp_path: Path) -> None:
             ]
             later = {m: _infer_count(mesh, f"digits-{m}", f"digits_{m}") for m in ("mlp", "forest")}
             merged = _merged_calls(url)
+            late = _late(url)
             tally = asyncio.run(
                 run(
                     url,
@@ -134,6 +146,7 @@ def test_slow_middle_step_under_load(mesh: Mesh, tmp_path: Path) -> None:
             )
             after = {m: _infer_count(mesh, f"digits-{m}", f"digits_{m}") for m in ("mlp", "forest")}
             calls, members = (a - b for a, b in zip(_merged_calls(url), merged, strict=True))
+            timed_out = _late(url) - late
     finally:
         counts = _relay_counts(relay)
     report(
@@ -144,11 +157,13 @@ def test_slow_middle_step_under_load(mesh: Mesh, tmp_path: Path) -> None:
     assert tally.by_status == {504: 1000}
     assert max(tally.latencies) < BUDGET_MS / 1000 + 0.5, "an answer outlived its budget"
     assert after == later, "a step after the slow one was called"
-    # Every request reached the slow step (alone or in a call merged with others, as the
-    # proxy's histogram counts them) and none went past it.
-    assert members == 1000
-    assert counts["forwarded"] == 1 and counts["received"] == calls + 1
-    assert counts["abandoned"] == calls
+    # Every request reached the slow step and ran out of time there (sent alone or in a
+    # call merged with others, or still queued for one), and none went past it.
+    assert timed_out == 1000
+    assert counts["received"] - 1 <= calls and members <= 1000
+    # (A call whose members all ran out of time while it was being written may never arrive.)
+    assert counts["forwarded"] == 1 and 0 < counts["received"] - 1 <= calls
+    assert counts["abandoned"] == counts["received"] - 1
 
 
 @pytest.fixture(scope="module")
