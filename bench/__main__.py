@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import sys
 
-from bench import mesh, predictor
+from bench import mesh, pipelines, predictor
 
 BENCHMARKS = {
     "predictor": predictor.main,
     "proxy": mesh.proxy_main,
-    "pipelines": mesh.pipelines_main,
+    "pipelines": pipelines.main,
     "preprocess": mesh.preprocess_main,
 }
 

@@ -7,8 +7,11 @@ import asyncio
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
@@ -27,21 +30,41 @@ def _later(delay: float, action) -> threading.Timer:
     return timer
 
 
-def _ready_status(mesh: Mesh) -> int:
-    with mesh.client() as client:
-        return client.get("/readyz").status_code
+OLD_PATH = {"PROXY_TRANSPORT": "unary", "PROXY_MERGE": "false"}
+"""The proxy's calls before streams and merged calls (the mesh's own proxy uses both)."""
 
 
-@pytest.mark.parametrize("pipeline", ["digits", "digits-partial"])
-def test_killed_predictor(mesh: Mesh, pipeline: str) -> None:
+def _ready_status(url: str) -> int:
+    return httpx.get(f"{url}/readyz", timeout=60).status_code
+
+
+@contextmanager
+def _proxy_on(mesh: Mesh, path: str) -> Iterator[str]:
+    """The mesh's proxy ("new"), or a second one on the old path over the same services."""
+    if path == "new":
+        yield mesh.url
+    else:
+        with mesh.extra_proxy(27380, **OLD_PATH) as url:
+            yield url
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "path"), [("digits", "new"), ("digits-partial", "new"), ("digits", "old")]
+)
+def test_killed_predictor(mesh: Mesh, pipeline: str, path: str) -> None:
     """SIGKILL one branch mid-load, restart it two seconds later."""
+    with _proxy_on(mesh, path) as url:
+        _killed_predictor(mesh, url, pipeline, path)
+
+
+def _killed_predictor(mesh: Mesh, url: str, pipeline: str, path: str) -> None:
     proc = mesh.local.procs["digits-mlp"]
     observed: dict[str, int] = {}
 
     def kill() -> None:
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
-        observed["ready_during"] = _ready_status(mesh)
+        observed["ready_during"] = _ready_status(url)
 
     def restart() -> None:
         mesh.local.start("digits-mlp")
@@ -50,7 +73,7 @@ def test_killed_predictor(mesh: Mesh, pipeline: str) -> None:
     try:
         tally = asyncio.run(
             run(
-                mesh.url,
+                url,
                 f"/v1/pipelines/{pipeline}/infer",
                 BODY,
                 requests=1500,
@@ -62,7 +85,7 @@ def test_killed_predictor(mesh: Mesh, pipeline: str) -> None:
         for t in timers:
             t.join()
         mesh.local.wait_healthy("digits-mlp", 60)
-    report(tally.summary(f"killed predictor, {pipeline}"))
+    report(tally.summary(f"killed predictor, {pipeline}" + (", old path" if path == "old" else "")))
     assert tally.lost == 0 and tally.hung == 0
     assert tally.sent == sum(tally.by_status.values())
     allowed = {200, 503} if pipeline == "digits" else {200}
@@ -73,7 +96,7 @@ def test_killed_predictor(mesh: Mesh, pipeline: str) -> None:
     # Healed without restarting the proxy: the last answers are 200 again.
     assert [s for _, s in tally.timeline[-20:]] == [200] * 20
     deadline = time.monotonic() + 10
-    while _ready_status(mesh) != 200:
+    while _ready_status(url) != 200:
         assert time.monotonic() < deadline, "/readyz did not recover"
         time.sleep(0.2)
 
