@@ -106,13 +106,7 @@ class Channels:
             request_serializer=wire.serialize_infer_request,
             response_deserializer=wire.parse_infer_response,
         )
-        request = messages.build_request_bytes(
-            target.model,
-            inputs,
-            model_version=target.version,
-            request_id=request_id,
-            outputs=outputs,
-        )
+        request = _request(target, inputs, outputs, request_id)
         try:
             response = await call(
                 request, timeout=timeout, metadata=(("x-request-id", request_id),)
@@ -131,14 +125,9 @@ class Channels:
     ) -> dict[str, np.ndarray]:
         pool = self._pool(target.address)
         key = pool.key(request_id)
-        request = messages.build_request_bytes(
-            target.model,
-            inputs,
-            model_version=target.version,
-            request_id=key,
-            outputs=outputs,
-            timeout_us=max(1, int(timeout * 1e6)),
-        )
+        # The deadline travels with the request (Triton's timeout parameter): the stream's own
+        # has none.
+        request = _request(target, inputs, outputs, key, timeout_us=max(1, int(timeout * 1e6)))
         if len(request) > self.max_message:
             # Refused here: over the limit, gRPC would fail the whole stream, not one call.
             raise CallFailed(
@@ -200,6 +189,23 @@ class Channels:
             response_deserializer=response_type.FromString,
         )
         return await call(request, timeout=timeout)
+
+
+def _request(
+    target: Target,
+    inputs: Mapping[str, np.ndarray],
+    outputs: Sequence[str],
+    request_id: str,
+    timeout_us: int = 0,
+) -> bytes:
+    return messages.build_request_bytes(
+        target.model,
+        inputs,
+        model_version=target.version,
+        request_id=request_id,
+        outputs=outputs,
+        timeout_us=timeout_us,
+    )
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -88,8 +88,14 @@ class Lane:
         request_id: str,
     ) -> Tensors:
         """Channels.infer's contract, merged with the lane's other calls when it is busy."""
+
+        def send() -> Awaitable[Tensors]:
+            return self.send(
+                target, inputs, outputs=outputs, timeout=timeout, request_id=request_id
+            )
+
         if self.solo:
-            return await self._direct(target, inputs, outputs, timeout, request_id)
+            return await self._direct(send())
         loop = asyncio.get_running_loop()
         rows = _rows(inputs)
         member = _Member(
@@ -110,7 +116,7 @@ class Lane:
                 self.gathering = False
             if self.queue == [member] and self.in_flight < self.slots:
                 self.queue.clear()  # nobody joined: sent from this task, no merged-call task
-                return await self._direct(target, inputs, outputs, timeout, request_id)
+                return await self._direct(send())
         self._flush()
         try:
             async with asyncio.timeout(timeout):
@@ -122,20 +128,12 @@ class Lane:
         finally:
             self._leave(member)
 
-    async def _direct(
-        self,
-        target: Target,
-        inputs: Mapping[str, np.ndarray],
-        outputs: Sequence[str],
-        timeout: float,
-        request_id: str,
-    ) -> Tensors:
+    async def _direct(self, call: Awaitable[Tensors]) -> Tensors:
+        """A call sent alone, from its caller's task."""
         self.in_flight += 1
         metrics.MERGED_MEMBERS.labels(self.label).observe(1)
         try:
-            return await self.send(
-                target, inputs, outputs=outputs, timeout=timeout, request_id=request_id
-            )
+            return await call
         finally:
             self.in_flight -= 1
             self._flush()
