@@ -43,6 +43,10 @@ SLOTS = 1
 per call at c=8-32 and one 1.5-3.3 (before the gathering turn), for 1.0-1.4x throughput."""
 
 
+MAX_LANES = 1024
+"""Lanes kept before the idle ones are dropped."""
+
+
 @dataclass(eq=False)
 class _Member:
     inputs: Mapping[str, np.ndarray]
@@ -262,6 +266,10 @@ class Merger:
         key = (label, target, tuple(outputs), _signature(inputs))
         lane = self._lanes.get(key)
         if lane is None:
+            if len(self._lanes) >= MAX_LANES:
+                # Signatures vary with the inputs' sizes (e.g. a text line's width): idle
+                # lanes go, so that their number stays bounded whatever the callers send.
+                self._lanes = {k: v for k, v in self._lanes.items() if v.in_flight or v.queue}
             lane = self._lanes[key] = Lane(
                 label, target, tuple(outputs), max_batch, self._max_bytes, self._send, self._slots
             )

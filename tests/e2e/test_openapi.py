@@ -7,6 +7,8 @@ truncated and mutated ones, and random bytes.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 import schemathesis
@@ -59,9 +61,20 @@ def no_internal_error(ctx: CheckContext, response: Response, case: Case) -> bool
     return None
 
 
+@pytest.fixture(scope="module", params=["streams, merged calls", "old path"])
+def proxy_url(request: pytest.FixtureRequest, mesh: Mesh) -> Iterator[str]:
+    """The mesh's proxy, and a second one over the same services calling them the old way
+    (unary calls, no merging): the same document must hold on both."""
+    if request.param == "old path":
+        with mesh.extra_proxy(27480, PROXY_TRANSPORT="unary", PROXY_MERGE="false") as url:
+            yield url
+    else:
+        yield mesh.url
+
+
 @pytest.fixture(scope="module")
-def api(mesh: Mesh) -> BaseSchema:
-    return schemathesis.openapi.from_url(f"{mesh.url}/openapi.json")
+def api(proxy_url: str) -> BaseSchema:
+    return schemathesis.openapi.from_url(f"{proxy_url}/openapi.json")
 
 
 def _operations(api: BaseSchema) -> list[APIOperation]:

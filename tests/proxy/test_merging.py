@@ -139,3 +139,24 @@ async def test_a_model_that_does_not_batch_gets_one_call_per_request(make_client
     answers = await _run(make_client, model, [(body(float(i)), {}) for i in range(12)])
     assert [a.status_code for a in answers] == [200] * 12
     assert model.rows == [1] * 12  # type: ignore[attr-defined]
+
+
+async def test_idle_lanes_are_dropped_when_there_are_many(monkeypatch) -> None:
+    """A lane per input signature: callers sending ever new sizes must not grow them without
+    bound."""
+    from proxy import merging
+    from proxy.endpoints import Target
+
+    monkeypatch.setattr(merging, "MAX_LANES", 8)
+
+    async def echo(target, inputs, *, outputs, timeout, request_id):
+        return {"y": inputs["x"]}
+
+    merger = merging.Merger(echo, 1 << 20)
+    target = Target("M_URL", "127.0.0.1:1", "m")
+    for width in range(1, 40):
+        x = np.zeros((1, width), np.float32)
+        lane = merger.lane("a", target, ["y"], {"x": x}, 64)
+        answer = await lane.infer(target, {"x": x}, outputs=["y"], timeout=1.0, request_id="r")
+        assert answer["y"].shape == (1, width)
+    assert len(merger._lanes) <= 8
