@@ -42,13 +42,16 @@ async def run(
     *,
     requests: int,
     concurrency: int,
+    min_duration_s: float = 0.0,
     timeout_ms: float,
     margin_s: float = 1.0,
     on_progress: Callable[[int], None] | None = None,
     headers: dict[str, str] | None = None,
 ) -> Tally:
     """Closed loop over keep-alive connections (a lean client: httpx's own CPU cost would
-    starve the mesh on two cores and show up as latency)."""
+    starve the mesh on two cores and show up as latency): at least `requests` requests, and
+    for at least `min_duration_s` (a fault injected at a given second must find the load
+    still running, however fast the mesh answers)."""
     tally = Tally()
     start = time.monotonic()
     next_index = 0
@@ -60,7 +63,7 @@ async def run(
         nonlocal next_index
         conn = await Connection.open(url)
         try:
-            while next_index < requests:
+            while next_index < requests or time.monotonic() - start < min_duration_s:
                 index = next_index
                 next_index += 1
                 if on_progress is not None:

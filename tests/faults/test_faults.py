@@ -79,6 +79,7 @@ def _killed_predictor(mesh: Mesh, url: str, pipeline: str, path: str) -> None:
                 requests=1500,
                 concurrency=16,
                 timeout_ms=2000,
+                min_duration_s=7.0,  # killed at 1 s, restarted at 3 s, healed before the end
             )
         )
     finally:
@@ -167,6 +168,7 @@ async def _both(mesh: Mesh):
             requests=600,
             concurrency=8,
             timeout_ms=800,
+            min_duration_s=5.0,  # stopped from 1 s to 4 s
             margin_s=0.5,
         ),
         run(
@@ -176,6 +178,7 @@ async def _both(mesh: Mesh):
             requests=600,
             concurrency=8,
             timeout_ms=800,
+            min_duration_s=5.0,  # stopped from 1 s to 4 s
             margin_s=0.5,
         ),
     )
@@ -195,6 +198,7 @@ def test_graceful_shutdown_under_load(mesh: Mesh, service: str) -> None:
                 requests=800,
                 concurrency=16,
                 timeout_ms=2000,
+                min_duration_s=3.0,  # SIGTERM at 1 s
             )
         )
     finally:
