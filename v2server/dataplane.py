@@ -51,7 +51,7 @@ class DataPlane:
     def model_ready(self, name: str, version: str = "") -> bool:
         try:
             model = self.registry.resolve(name, version)
-        except NotFound:
+        except (NotFound, Unavailable):
             return False
         return model.ready and not self.draining
 

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
 
-from protos.errors import NotFound
+from protos.errors import NotFound, Unavailable
 from v2server.model import Served
 
 log = logging.getLogger("v2server")
@@ -32,6 +32,7 @@ class Registry:
         self._models: dict[str, dict[str, Served]] = {}
         self._newest: dict[str, Served] = {}
         self._ready = False
+        self._loaded = False
 
     @classmethod
     def of(cls, *models: Served, noun: str = "model") -> Registry:
@@ -43,6 +44,7 @@ class Registry:
         for model in await asyncio.to_thread(lambda: list(self._load())):
             models.setdefault(model.name, {})[model.version] = model
         self._models = models
+        self._loaded = True
         self._newest = {name: self.resolve(name, self.versions(name)[-1]) for name in models}
         await asyncio.gather(*(m.start() for m in self.loaded()))
         self._ready = True
@@ -88,6 +90,10 @@ class Registry:
             ) from None
 
     def _lookup(self, name: str) -> dict[str, Served]:
+        if not self._loaded:
+            # The port opens before the models load (health answers NOT_SERVING meanwhile):
+            # a caller that gets here early must retry, not be told the model does not exist.
+            raise Unavailable(f"the server is still loading its {self.noun}s")
         try:
             return self._models[name]
         except KeyError:

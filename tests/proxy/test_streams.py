@@ -5,22 +5,25 @@ used, a server without them is called unary, a dying server fails only what was 
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import grpc
 import numpy as np
 import pytest
 from grpc import aio
 
-from protos import messages, pb, wire
+from protos import messages, pb, pb_grpc, wire
 from protos.channels import SERVICE_NAME
 from protos.errors import InvalidInput
-from proxy.streams import StreamPool
+from proxy.streams import CallFailed, StreamPool
 from tests.proxy.scripted import ScriptedModel, affine, serve
 from tests.proxy.test_pipelines import body, call, parse_model, pipeline, post
 from v2server import metrics
 from v2server.dataplane import DataPlane
 from v2server.registry import Registry
+from v2server.server import V2Server
 from v2server.servicer import InferenceServicer
+from v2server.settings import ServerSettings
 
 STREAMS = pytest.mark.parametrize("transport", ["stream"])
 PIPES = {"p": pipeline([call("a", "plus1", "parse")], {"y": "a.y[0]"})}
@@ -164,3 +167,51 @@ async def test_a_draining_server_ends_its_idle_streams_itself() -> None:
     await channel.close()
     assert messages.response_outputs(answer)["y"].tolist() == [[2.0, 2.0]]
     assert status == grpc.StatusCode.OK and stream.closed
+
+
+async def test_a_server_still_loading_its_models_says_unavailable_not_unknown() -> None:
+    """The port opens before the models load (so health can say NOT_SERVING): a call that
+    arrives meanwhile is UNAVAILABLE, which callers retry, not NOT_FOUND, which they
+    pass on as 404 (a restarted predictor answered one request 404 under load)."""
+    loading, release = threading.Event(), threading.Event()
+
+    def load():
+        loading.set()
+        release.wait(10)
+        return [affine("plus1", 1, 1)]
+
+    server = V2Server(
+        Registry(load),
+        ServerSettings(port=0, grace_s=0, linger_s=0),
+        server_name="s",
+        server_version="0",
+    )
+    starting = asyncio.ensure_future(server.start())
+    assert await asyncio.to_thread(loading.wait, 10)
+    channel = aio.insecure_channel(f"127.0.0.1:{server.port}")
+    stub = pb_grpc.GRPCInferenceServiceStub(channel)
+    request = messages.build_request("plus1", {"x": np.ones((1, 2), np.float32)})
+    try:
+        with pytest.raises(aio.AioRpcError) as unary:
+            await stub.ModelInfer(request, timeout=5)
+        pool = StreamPool(channel, 1)
+        key = pool.key("r")
+        raw = messages.build_request_bytes(
+            "plus1", {"x": np.ones((1, 2), np.float32)}, request_id=key
+        )
+        with pytest.raises(CallFailed) as streamed:
+            await pool.pick().infer(key, raw, 5)
+        ready_early = await stub.ModelReady(pb.ModelReadyRequest(name="plus1"), timeout=5)
+        release.set()
+        await starting
+        answer = await stub.ModelInfer(request, timeout=5)
+    finally:
+        release.set()
+        await channel.close()
+        await server.stop(0)
+    assert unary.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "still loading" in unary.value.details()
+    assert streamed.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "still loading" in streamed.value.details()
+    assert not ready_early.ready
+    assert messages.response_outputs(answer)["y"].tolist() == [[2.0, 2.0]]
