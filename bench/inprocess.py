@@ -50,7 +50,7 @@ class InProcess:
         ]
 
     def digits(self, image: bytes) -> dict:
-        feats = self.recipes["digits"].run({"image": _bytes(image)})["input"]
+        feats = self.recipes["digits_input"].run({"image": _bytes(image)})["input"]
         probs = {n: self._run(n, feats)[1][0] for n in DIGITS_MODELS}
         mean = np.mean(np.stack(list(probs.values())), axis=0)
         return {"label": int(mean.argmax()), "probabilities": mean.tolist()}

@@ -142,6 +142,7 @@ def proxy_main(argv: list[str]) -> int:
         env = {
             "ECHO_URL": address,
             "PROXY_PORT": "18481",
+            "PROXY_GRPC_PORT": "off",
             "PROXY_PIPELINES": str(pipes),
             "PROXY_LOG_LEVEL": "WARNING",
         }

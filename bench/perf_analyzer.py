@@ -8,9 +8,11 @@ nvidia-cuda-runtime-cu12 wheel (a dev dependency) provides; it runs on the CPU.
 
 from __future__ import annotations
 
+import base64
 import csv
 import ctypes.util
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -19,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from bench.loadgen import Stats
+from protos.codec import encode_bytes_elements
 
 BINARY = Path(sys.prefix) / "bin" / "perf_analyzer"
 
@@ -64,13 +67,20 @@ def measure(
     shared_memory: bool = False,
     streaming: bool = False,
     output_bytes: int = 1 << 16,
+    input_data: dict[str, list[bytes]] | None = None,
     env: dict[str, str] | None = None,
 ) -> Stats:
     """Closed-loop load at `concurrency` for about `seconds` (three windows);
-    raises RuntimeError with perf_analyzer's output if it fails."""
+    `input_data`: BYTES inputs to send (in turn) instead of random data (a pipeline takes
+    images). Raises RuntimeError with perf_analyzer's output if it fails."""
     window_ms = max(500, int(seconds * 1000 / 3))
     with tempfile.TemporaryDirectory(prefix="perf-analyzer-") as tmp:
         report = Path(tmp) / "report.csv"
+        extra: list[str] = []
+        if input_data is not None:
+            data = Path(tmp) / "inputs.json"
+            data.write_text(json.dumps(_input_json(input_data)))
+            extra = ["--input-data", str(data)]
         args = [
             str(BINARY),
             *("-m", model, "-u", address, "-i", "grpc"),
@@ -81,6 +91,7 @@ def measure(
             # benchmarks' interleaved rounds are for.
             *("--stability-percentage", "1000", "--max-trials", "3"),
             *("-f", str(report)),
+            *extra,
         ]
         if streaming:  # every worker's requests on one ModelStreamInfer stream
             args.append("--streaming")
@@ -103,3 +114,18 @@ def measure(
         p50_ms=float(row["p50 latency"]) / 1000,
         p99_ms=float(row["p99 latency"]) / 1000,
     )
+
+
+def _input_json(inputs: dict[str, list[bytes]]) -> dict[str, list[dict[str, object]]]:
+    """perf_analyzer's --input-data: one entry per request, each BYTES [1] tensor as
+    {"b64": ...} of its raw contents (which, for BYTES, carry each element's length)."""
+    count = min(len(v) for v in inputs.values())
+    return {
+        "data": [
+            {
+                name: {"b64": base64.b64encode(encode_bytes_elements([v[i]])).decode()}
+                for name, v in inputs.items()
+            }
+            for i in range(count)
+        ]
+    }

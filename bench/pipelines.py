@@ -43,7 +43,7 @@ def old_path_proxy(env: dict[str, str]) -> Iterator[str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "proxy"],
         cwd=ROOT,
-        env={**os.environ, **env, "PROXY_PORT": str(port), **OLD_PATH},
+        env={**os.environ, **env, "PROXY_PORT": str(port), "PROXY_GRPC_PORT": "off", **OLD_PATH},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

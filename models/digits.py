@@ -49,7 +49,8 @@ def fingerprint() -> str:
     recipes = config.parse(DEFAULT_RECIPES)
     digest = hashlib.sha256(
         json.dumps(
-            [recipes.limits.model_dump(), recipes.recipes["digits"].model_dump()], sort_keys=True
+            [recipes.limits.model_dump(), recipes.recipes["digits_input"].model_dump()],
+            sort_keys=True,
         ).encode()
     )
     for name in SOURCES:
@@ -92,7 +93,7 @@ def recipe_features(blobs: list[bytes]) -> list[np.ndarray | None]:
     # Only the digits recipe: the others name files of models that may not be built yet.
     recipes = config.parse(DEFAULT_RECIPES)
     limits = ImageLimits(recipes.limits.max_encoded_bytes, recipes.limits.max_pixels)
-    recipe = Recipe("digits", recipes.recipes["digits"], limits)
+    recipe = Recipe("digits_input", recipes.recipes["digits_input"], limits)
     out: list[np.ndarray | None] = []
     for blob in blobs:
         one = np.empty(1, dtype=object)

@@ -104,12 +104,14 @@ def checked_shape(
         raise InvalidInput(f"input '{tensor}': rank {len(dims)} exceeds {limits.max_rank}")
     if any(d < 0 for d in dims):
         raise InvalidInput(f"input '{tensor}': negative dimension in shape {list(dims)}")
-    # Even with a zero elsewhere (no elements), no dimension may be larger than a tensor
-    # may be: numpy refuses such shapes, and nothing real has them.
-    if any(d > limits.max_elements for d in dims):
-        big = max(dims)
+    # Even with a zero elsewhere (no elements), the other dimensions together may not be
+    # larger than a tensor may be: numpy refuses such shapes (a [0, 2e4, 1e7, 1e7] one was
+    # an INTERNAL error), and nothing real has them.
+    spanned = math.prod(d for d in dims if d)
+    if 0 in dims and spanned > limits.max_elements:
         raise InvalidInput(
-            f"input '{tensor}': dimension {big} is over the limit of {limits.max_elements}"
+            f"input '{tensor}': shape {list(dims)} spans {spanned} elements without its zero "
+            f"dimensions, over the limit of {limits.max_elements}"
         )
     count = math.prod(dims)
     if count > limits.max_elements:

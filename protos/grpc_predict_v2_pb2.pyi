@@ -315,33 +315,100 @@ class SystemSharedMemoryUnregisterResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class ModelTensorReshape(_message.Message):
+    __slots__ = ("shape",)
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, shape: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class ModelInput(_message.Message):
-    __slots__ = ("name", "data_type", "dims", "optional")
+    __slots__ = ("name", "data_type", "format", "dims", "reshape", "optional")
+    class Format(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        FORMAT_NONE: _ClassVar[ModelInput.Format]
+        FORMAT_NHWC: _ClassVar[ModelInput.Format]
+        FORMAT_NCHW: _ClassVar[ModelInput.Format]
+    FORMAT_NONE: ModelInput.Format
+    FORMAT_NHWC: ModelInput.Format
+    FORMAT_NCHW: ModelInput.Format
     NAME_FIELD_NUMBER: _ClassVar[int]
     DATA_TYPE_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
     DIMS_FIELD_NUMBER: _ClassVar[int]
+    RESHAPE_FIELD_NUMBER: _ClassVar[int]
     OPTIONAL_FIELD_NUMBER: _ClassVar[int]
     name: str
     data_type: DataType
+    format: ModelInput.Format
     dims: _containers.RepeatedScalarFieldContainer[int]
+    reshape: ModelTensorReshape
     optional: bool
-    def __init__(self, name: _Optional[str] = ..., data_type: _Optional[_Union[DataType, str]] = ..., dims: _Optional[_Iterable[int]] = ..., optional: _Optional[bool] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., data_type: _Optional[_Union[DataType, str]] = ..., format: _Optional[_Union[ModelInput.Format, str]] = ..., dims: _Optional[_Iterable[int]] = ..., reshape: _Optional[_Union[ModelTensorReshape, _Mapping]] = ..., optional: _Optional[bool] = ...) -> None: ...
 
 class ModelOutput(_message.Message):
-    __slots__ = ("name", "data_type", "dims")
+    __slots__ = ("name", "data_type", "dims", "label_filename", "reshape")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DATA_TYPE_FIELD_NUMBER: _ClassVar[int]
     DIMS_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FILENAME_FIELD_NUMBER: _ClassVar[int]
+    RESHAPE_FIELD_NUMBER: _ClassVar[int]
     name: str
     data_type: DataType
     dims: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, name: _Optional[str] = ..., data_type: _Optional[_Union[DataType, str]] = ..., dims: _Optional[_Iterable[int]] = ...) -> None: ...
+    label_filename: str
+    reshape: ModelTensorReshape
+    def __init__(self, name: _Optional[str] = ..., data_type: _Optional[_Union[DataType, str]] = ..., dims: _Optional[_Iterable[int]] = ..., label_filename: _Optional[str] = ..., reshape: _Optional[_Union[ModelTensorReshape, _Mapping]] = ...) -> None: ...
+
+class ModelVersionPolicy(_message.Message):
+    __slots__ = ("latest", "all", "specific")
+    class Latest(_message.Message):
+        __slots__ = ("num_versions",)
+        NUM_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+        num_versions: int
+        def __init__(self, num_versions: _Optional[int] = ...) -> None: ...
+    class All(_message.Message):
+        __slots__ = ()
+        def __init__(self) -> None: ...
+    class Specific(_message.Message):
+        __slots__ = ("versions",)
+        VERSIONS_FIELD_NUMBER: _ClassVar[int]
+        versions: _containers.RepeatedScalarFieldContainer[int]
+        def __init__(self, versions: _Optional[_Iterable[int]] = ...) -> None: ...
+    LATEST_FIELD_NUMBER: _ClassVar[int]
+    ALL_FIELD_NUMBER: _ClassVar[int]
+    SPECIFIC_FIELD_NUMBER: _ClassVar[int]
+    latest: ModelVersionPolicy.Latest
+    all: ModelVersionPolicy.All
+    specific: ModelVersionPolicy.Specific
+    def __init__(self, latest: _Optional[_Union[ModelVersionPolicy.Latest, _Mapping]] = ..., all: _Optional[_Union[ModelVersionPolicy.All, _Mapping]] = ..., specific: _Optional[_Union[ModelVersionPolicy.Specific, _Mapping]] = ...) -> None: ...
+
+class ModelQueuePolicy(_message.Message):
+    __slots__ = ("timeout_action", "default_timeout_microseconds", "allow_timeout_override", "max_queue_size")
+    class TimeoutAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        REJECT: _ClassVar[ModelQueuePolicy.TimeoutAction]
+        DELAY: _ClassVar[ModelQueuePolicy.TimeoutAction]
+    REJECT: ModelQueuePolicy.TimeoutAction
+    DELAY: ModelQueuePolicy.TimeoutAction
+    TIMEOUT_ACTION_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_TIMEOUT_MICROSECONDS_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_TIMEOUT_OVERRIDE_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUEUE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    timeout_action: ModelQueuePolicy.TimeoutAction
+    default_timeout_microseconds: int
+    allow_timeout_override: bool
+    max_queue_size: int
+    def __init__(self, timeout_action: _Optional[_Union[ModelQueuePolicy.TimeoutAction, str]] = ..., default_timeout_microseconds: _Optional[int] = ..., allow_timeout_override: _Optional[bool] = ..., max_queue_size: _Optional[int] = ...) -> None: ...
 
 class ModelDynamicBatching(_message.Message):
-    __slots__ = ("max_queue_delay_microseconds",)
+    __slots__ = ("preferred_batch_size", "max_queue_delay_microseconds", "default_queue_policy")
+    PREFERRED_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_QUEUE_DELAY_MICROSECONDS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_QUEUE_POLICY_FIELD_NUMBER: _ClassVar[int]
+    preferred_batch_size: _containers.RepeatedScalarFieldContainer[int]
     max_queue_delay_microseconds: int
-    def __init__(self, max_queue_delay_microseconds: _Optional[int] = ...) -> None: ...
+    default_queue_policy: ModelQueuePolicy
+    def __init__(self, preferred_batch_size: _Optional[_Iterable[int]] = ..., max_queue_delay_microseconds: _Optional[int] = ..., default_queue_policy: _Optional[_Union[ModelQueuePolicy, _Mapping]] = ...) -> None: ...
 
 class ModelInstanceGroup(_message.Message):
     __slots__ = ("name", "kind", "count")
@@ -363,25 +430,57 @@ class ModelInstanceGroup(_message.Message):
     count: int
     def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[ModelInstanceGroup.Kind, str]] = ..., count: _Optional[int] = ...) -> None: ...
 
+class ModelWarmup(_message.Message):
+    __slots__ = ("name", "batch_size", "inputs")
+    class Input(_message.Message):
+        __slots__ = ("data_type", "dims", "zero_data", "random_data")
+        DATA_TYPE_FIELD_NUMBER: _ClassVar[int]
+        DIMS_FIELD_NUMBER: _ClassVar[int]
+        ZERO_DATA_FIELD_NUMBER: _ClassVar[int]
+        RANDOM_DATA_FIELD_NUMBER: _ClassVar[int]
+        data_type: DataType
+        dims: _containers.RepeatedScalarFieldContainer[int]
+        zero_data: bool
+        random_data: bool
+        def __init__(self, data_type: _Optional[_Union[DataType, str]] = ..., dims: _Optional[_Iterable[int]] = ..., zero_data: _Optional[bool] = ..., random_data: _Optional[bool] = ...) -> None: ...
+    class InputsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: ModelWarmup.Input
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[ModelWarmup.Input, _Mapping]] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    batch_size: int
+    inputs: _containers.MessageMap[str, ModelWarmup.Input]
+    def __init__(self, name: _Optional[str] = ..., batch_size: _Optional[int] = ..., inputs: _Optional[_Mapping[str, ModelWarmup.Input]] = ...) -> None: ...
+
 class ModelConfig(_message.Message):
-    __slots__ = ("name", "platform", "backend", "max_batch_size", "input", "output", "dynamic_batching", "instance_group")
+    __slots__ = ("name", "platform", "backend", "version_policy", "max_batch_size", "input", "output", "dynamic_batching", "instance_group", "model_warmup")
     NAME_FIELD_NUMBER: _ClassVar[int]
     PLATFORM_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
+    VERSION_POLICY_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     INPUT_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
     DYNAMIC_BATCHING_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_GROUP_FIELD_NUMBER: _ClassVar[int]
+    MODEL_WARMUP_FIELD_NUMBER: _ClassVar[int]
     name: str
     platform: str
     backend: str
+    version_policy: ModelVersionPolicy
     max_batch_size: int
     input: _containers.RepeatedCompositeFieldContainer[ModelInput]
     output: _containers.RepeatedCompositeFieldContainer[ModelOutput]
     dynamic_batching: ModelDynamicBatching
     instance_group: _containers.RepeatedCompositeFieldContainer[ModelInstanceGroup]
-    def __init__(self, name: _Optional[str] = ..., platform: _Optional[str] = ..., backend: _Optional[str] = ..., max_batch_size: _Optional[int] = ..., input: _Optional[_Iterable[_Union[ModelInput, _Mapping]]] = ..., output: _Optional[_Iterable[_Union[ModelOutput, _Mapping]]] = ..., dynamic_batching: _Optional[_Union[ModelDynamicBatching, _Mapping]] = ..., instance_group: _Optional[_Iterable[_Union[ModelInstanceGroup, _Mapping]]] = ...) -> None: ...
+    model_warmup: _containers.RepeatedCompositeFieldContainer[ModelWarmup]
+    def __init__(self, name: _Optional[str] = ..., platform: _Optional[str] = ..., backend: _Optional[str] = ..., version_policy: _Optional[_Union[ModelVersionPolicy, _Mapping]] = ..., max_batch_size: _Optional[int] = ..., input: _Optional[_Iterable[_Union[ModelInput, _Mapping]]] = ..., output: _Optional[_Iterable[_Union[ModelOutput, _Mapping]]] = ..., dynamic_batching: _Optional[_Union[ModelDynamicBatching, _Mapping]] = ..., instance_group: _Optional[_Iterable[_Union[ModelInstanceGroup, _Mapping]]] = ..., model_warmup: _Optional[_Iterable[_Union[ModelWarmup, _Mapping]]] = ...) -> None: ...
 
 class ModelConfigRequest(_message.Message):
     __slots__ = ("name", "version")

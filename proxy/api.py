@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from dataclasses import asdict
 from typing import Any
@@ -11,15 +10,13 @@ from typing import Any
 from fastapi import Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from protos import media
 from proxy import metrics
-from proxy.disconnect import ClientGone, until_disconnect
+from proxy.disconnect import until_disconnect
 from proxy.errors import StepError
 from proxy.problems import Problem, json_response
+from proxy.runner import PipelineRunner, recorded, step_problem
 from proxy.state import ProxyState
 from proxy.uploads import read_image
-
-log = logging.getLogger("proxy")
 
 
 def budget_s(request: Request, default_ms: float, cap_ms: float) -> float:
@@ -41,53 +38,31 @@ def budget_s(request: Request, default_ms: float, cap_ms: float) -> float:
 class PipelineEndpoints:
     def __init__(self, state: ProxyState) -> None:
         self.state = state
+        self.runner = PipelineRunner(state)
 
     async def infer(self, request: Request, name: str) -> Response:
         """POST /v1/pipelines/{name}/infer: an image through a pipeline."""
         state = self.state
-        plan = state.plans.get(name)
-        if plan is None:
-            known = ", ".join(sorted(state.plans))
-            raise Problem(404, f"unknown pipeline '{name}' (known: {known})")
+        plan = self.runner.plan(name)
         request_id = request.state.request_id
         started = time.perf_counter()
         ledger = state.admission.ledger()
-        status = "500"
         try:
-            # The budget starts now: it covers the upload too.
-            deadline = asyncio.get_running_loop().time() + budget_s(
-                request, plan.pipeline.timeout_ms, state.settings.max_timeout_ms
-            )
-            state.admission.check_room()
-            body = await read_image(request, state.uploads, deadline, ledger)
-            _check_format(body, plan.pipeline.accept, name)
-            width, height = media.declared_size(body) or (0, 0)
-            async with state.admission.admit(name, width * height):
+            with recorded(name):
+                # The budget starts now: it covers the upload too.
+                deadline = asyncio.get_running_loop().time() + budget_s(
+                    request, plan.pipeline.timeout_ms, state.settings.max_timeout_ms
+                )
+                state.admission.check_room()
+                body = await read_image(request, state.uploads, deadline, ledger)
                 run = await until_disconnect(
-                    request, state.executor.run(plan, body, request_id, deadline, ledger)
+                    request, self.runner.run(plan, body, request_id, deadline, ledger)
                 )
                 result = state.executor.result(run)
-            status = "200"
         except StepError as exc:
-            status = str(exc.http_status)
-            log.info(
-                "step failed",
-                extra={"fields": {"pipeline": name, "step": exc.step, "code": exc.code.name}},
-            )
-            raise Problem(
-                exc.http_status, str(exc), step=exc.step, code=exc.code.name, pipeline=name
-            ) from None
-        except Problem as exc:
-            status = str(exc.status)
-            raise
-        except ClientGone:
-            status = "499"  # nginx's "client closed request": recorded, never sent
-            log.info("client went away", extra={"fields": {"pipeline": name}})
-            raise
+            raise step_problem(exc, name) from None
         finally:
             ledger.close()
-            metrics.REQUESTS.labels(name, status).inc()
-            metrics.LATENCY.labels(name).observe(time.perf_counter() - started)
         return json_response(
             {
                 "id": request_id,
@@ -111,15 +86,6 @@ class PipelineEndpoints:
                 }
                 for name, plan in self.state.plans.items()
             }
-        )
-
-
-def _check_format(body: bytes, accepted: list[str] | None, pipeline: str) -> None:
-    if accepted is not None and media.sniff(body) not in accepted:
-        raise Problem(
-            415,
-            f"the upload is {media.describe(body)}; pipeline '{pipeline}' takes "
-            + ", ".join(media.ACCEPTED[k] for k in accepted),
         )
 
 

@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from protos.version import VERSION
 from proxy import routes, schemas
 from proxy.api import HealthEndpoints, PipelineEndpoints
+from proxy.grpc_door import grpc_door
 from proxy.middleware import RequestContext
 from proxy.problems import Problem, error_response
 from proxy.settings import ProxySettings
@@ -31,10 +32,15 @@ def create_app(
     settings = settings or ProxySettings()
     state = ProxyState.build(settings, environ)
     pipelines, health, v2 = PipelineEndpoints(state), HealthEndpoints(state), V2Endpoints(state)
+    door = None if settings.grpc_port is None else grpc_door(state, settings.grpc_port)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if door is not None:
+            await door.start()
         yield
+        if door is not None:
+            await door.stop()
         await state.channels.close()
 
     app = FastAPI(title=TITLE, version=VERSION, lifespan=lifespan, description=DESCRIPTION)
@@ -52,7 +58,7 @@ def create_app(
     for kind in (Problem, StarletteHTTPException):
         app.add_exception_handler(kind, on_error)
 
-    enums = {"name": sorted(state.plans), "model": sorted(state.models())}
+    enums = {"name": sorted(state.plans), "model": sorted([*state.plans, *state.models()])}
     documented = routes.pipeline_route(pipelines)
     doc_only = APIRoute(
         documented.path, documented.endpoint, methods=[documented.method], **documented.docs

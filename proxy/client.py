@@ -78,10 +78,12 @@ class Channels:
 
     async def _learn_cancellation(self, address: str, pool: StreamPool) -> None:
         """Whether the service cancels a streamed request on our word (its metadata says)."""
-        meta = await self.unary(
-            address, "ServerMetadata", pb.ServerMetadataRequest(), pb.ServerMetadataResponse, 5.0
-        )
-        pool.cancels = STREAM_CANCEL_EXTENSION in meta.extensions
+        try:
+            request, answer = pb.ServerMetadataRequest(), pb.ServerMetadataResponse
+            meta = await self.unary(address, "ServerMetadata", request, answer, 5.0)
+            pool.cancels = STREAM_CANCEL_EXTENSION in meta.extensions
+        finally:
+            pool.learned.set()
 
     async def infer(
         self,

@@ -146,6 +146,20 @@ def handle(handler: object, step: Step, *args: Any) -> Any:
     return getattr(handler, f"_{step.kind}")(step, *args)
 
 
+class OutputTensor(Strict):
+    """One output of the pipeline as a v2 model (the proxy's gRPC and /v2 REST door)."""
+
+    tensor: str
+    """Reference to the tensor: `<step>.<tensor>`."""
+    datatype: Literal[
+        "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+        "FP16", "FP32", "FP64", "BYTES",
+    ]  # fmt: skip
+    shape: list[int] = Field(min_length=1)
+    """Full shape, -1 for a dimension that varies; a tensor a switch skipped is answered
+    empty (its -1 dimensions 0)."""
+
+
 class Pipeline(Strict):
     description: str = ""
     input: str = Field(default="image", pattern=_NAME)
@@ -166,6 +180,10 @@ class Pipeline(Strict):
     cannot keep a crowd of large pages within the budget."""
     steps: list[Entry] = Field(min_length=1)
     result: dict[str, Any]
+    """The /v1 answer's `result`, shaped from the tensors (proxy/results.py)."""
+    outputs: dict[str, OutputTensor] | None = None
+    """The pipeline's outputs as a v2 model. Unset: one BYTES output `result` holding the
+    /v1 `result` as JSON."""
 
 
 class PipelineFile(Strict):

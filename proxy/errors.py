@@ -30,6 +30,29 @@ def http_status(code: grpc.StatusCode) -> int:
     return GRPC_TO_HTTP.get(code, 502)
 
 
+HTTP_TO_GRPC: dict[int, grpc.StatusCode] = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
+    # gRPC's own word for a message over the size limit.
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    415: grpc.StatusCode.INVALID_ARGUMENT,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    499: grpc.StatusCode.CANCELLED,
+    501: grpc.StatusCode.UNIMPLEMENTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+"""The proxy's answers on its gRPC door: the status its REST door would give, as gRPC
+says it (anything else is INTERNAL)."""
+
+
+def grpc_code(http: int) -> grpc.StatusCode:
+    return HTTP_TO_GRPC.get(http, grpc.StatusCode.INTERNAL)
+
+
 class StepError(Exception):
     """A pipeline step failed; carries the step, the gRPC status and a safe message."""
 

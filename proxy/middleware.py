@@ -21,6 +21,18 @@ Send = Callable[[Message], Awaitable[None]]
 _PLAIN_ID = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
 
 
+def plain_id(given: bytes) -> str:
+    """The caller's request id if it is short and plain (it travels in gRPC metadata and
+    logs), else a new one."""
+    return given.decode() if _PLAIN_ID.fullmatch(given) else uuid.uuid4().hex
+
+
+def key_matches(expected: bytes, x_api_key: bytes, authorization: bytes) -> bool:
+    """`X-API-Key: <key>` or `Authorization: Bearer <key>` (HTTP headers or gRPC metadata)."""
+    key = authorization[7:] if authorization[:7].lower() == b"bearer " else x_api_key
+    return hmac.compare_digest(key, expected)
+
+
 class RequestContext:
     """Give every request an id (a short, plain X-Request-Id is kept; anything else is
     replaced, since ids travel in gRPC metadata and logs), echo it in the answer, check
@@ -39,16 +51,12 @@ class RequestContext:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
-        given = headers.get(b"x-request-id", b"")
-        request_id = given.decode() if _PLAIN_ID.fullmatch(given) else uuid.uuid4().hex
+        request_id = plain_id(headers.get(b"x-request-id", b""))
         scope.setdefault("state", {})["request_id"] = request_id
         id_header = (b"x-request-id", request_id.encode())
         if self.api_key is not None and scope["path"] not in self.open_paths:
-            key = headers.get(b"x-api-key", b"")
-            auth = headers.get(b"authorization", b"")
-            if auth[:7].lower() == b"bearer ":
-                key = auth[7:]
-            if not hmac.compare_digest(key, self.api_key):
+            given = headers.get(b"x-api-key", b""), headers.get(b"authorization", b"")
+            if not key_matches(self.api_key, *given):
                 refusal = problem_response(Problem(401, "missing or wrong API key"), request_id)
                 await refusal(scope, receive, send)
                 return

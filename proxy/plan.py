@@ -68,7 +68,15 @@ class Plan:
         self.keep_after: dict[int, frozenset[str]] = {}
         """id(step) -> producers ("request" or a step name) whose tensors a later step or
         the result still reads: everything else is dropped once the step is done."""
-        self._liveness(pipeline.steps, frozenset(_producers(pipeline.result)))
+        for name, output in (pipeline.outputs or {}).items():
+            where = f"pipeline '{self.name}', output '{name}'"
+            if output.tensor.partition(".")[0] == "request":
+                raise DefinitionError(f"{where}: outputs name a step's tensor, not the request")
+            _check_ref(output.tensor, self._known, set(), where)
+        read_later = _producers(pipeline.result) | {
+            _producers(o.tensor).pop() for o in (pipeline.outputs or {}).values()
+        }
+        self._liveness(pipeline.steps, frozenset(read_later))
 
     def branches(self, step: ParallelStep) -> dict[str, Target]:
         prefix = f"{step.name}/"

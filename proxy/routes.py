@@ -34,8 +34,22 @@ def table(pipelines: PipelineEndpoints, health: HealthEndpoints, v2: V2Endpoints
     v2_infer = {
         "tags": ["v2"],
         "response_model": schemas.InferenceResponse,
-        "responses": schemas.errors(400, 401, 404, 408, 413, 429, 501, 502, 503, 504),
+        "responses": {
+            # The binary tensor extension: the JSON header, then the outputs' raw bytes.
+            200: {"content": {"application/octet-stream": {}}},
+            **schemas.errors(400, 401, 404, 408, 413, 429, 501, 502, 503, 504),
+        },
         "openapi_extra": schemas.json_body(schemas.InferenceRequest),
+    }
+    v2_model = {
+        "tags": ["v2"],
+        "response_model": schemas.ModelMetadata,
+        "responses": schemas.errors(401, 404, 429, 501, 502, 503, 504),
+    }
+    v2_ready = {
+        "tags": ["v2"],
+        "response_model": schemas.ModelReadiness,
+        "responses": {503: {"model": schemas.ModelReadiness}, **schemas.errors(401, 404)},
     }
     return [
         Route(
@@ -100,23 +114,19 @@ def table(pipelines: PipelineEndpoints, health: HealthEndpoints, v2: V2Endpoints
         ),
         Route(
             "GET",
-            "/v2/models/{model}",
-            v2.metadata,
+            "/v2",
+            v2.server_metadata,
             {
                 "tags": ["v2"],
-                "response_model": schemas.ModelMetadata,
-                "responses": schemas.errors(401, 404, 429, 501, 502, 503, 504),
+                "response_model": schemas.ServerMetadata,
+                "responses": schemas.errors(401),
             },
         ),
+        Route("GET", "/v2/models/{model}", v2.metadata, v2_model),
+        Route("GET", "/v2/models/{model}/versions/{version}", v2.metadata_version, v2_model),
+        Route("GET", "/v2/models/{model}/ready", v2.model_ready, v2_ready),
         Route(
-            "GET",
-            "/v2/models/{model}/ready",
-            v2.model_ready,
-            {
-                "tags": ["v2"],
-                "response_model": schemas.ModelReadiness,
-                "responses": {503: {"model": schemas.ModelReadiness}, **schemas.errors(401, 404)},
-            },
+            "GET", "/v2/models/{model}/versions/{version}/ready", v2.model_ready_version, v2_ready
         ),
         Route("POST", "/v2/models/{model}/infer", v2.infer, v2_infer),
         Route("POST", "/v2/models/{model}/versions/{version}/infer", v2.infer_version, v2_infer),

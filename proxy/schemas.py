@@ -91,6 +91,12 @@ class ServerReady(BaseModel):
     ready: bool
 
 
+class ServerMetadata(BaseModel):
+    name: str
+    version: str
+    extensions: list[str]
+
+
 class ModelReadiness(BaseModel):
     name: str
     ready: bool
@@ -101,7 +107,11 @@ class RequestInput(BaseModel):
     name: str
     shape: list[int] = Field(description="non-negative dimensions")
     datatype: str = Field(description="a v2 datatype: BOOL, UINT8..UINT64, INT8..INT64, FP32, ...")
-    data: list[Any] = Field(description="row-major values, flat or nested")
+    data: list[Any] | None = Field(
+        default=None,
+        description="row-major values, flat or nested; absent when the tensor travels in "
+        "binary (parameters.binary_data_size, Inference-Header-Content-Length)",
+    )
     parameters: dict[str, Any] | None = None
 
 
@@ -121,7 +131,8 @@ class ResponseOutput(BaseModel):
     name: str
     datatype: str
     shape: list[int]
-    data: list[Any]
+    data: list[Any] | None = None
+    parameters: dict[str, Any] | None = None
 
 
 class InferenceResponse(BaseModel):

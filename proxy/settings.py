@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from proxy.uploads import UploadLimits
@@ -18,6 +18,11 @@ class ProxySettings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = 8080
+    grpc_port: int | None = 8081
+    """The v2 gRPC door: every pipeline a v2 model (proxy/grpc_door.py). `off` (or empty):
+    no gRPC door; 0 picks a free port."""
+    grpc_grace_s: float = 10.0
+    """On shutdown, how long the gRPC door's calls in flight may take to finish."""
     workers: int = Field(default=1, ge=1, le=64)
     """Proxy processes sharing the port (proxy/workers.py); 1: this process serves."""
     pipelines: Path = DEFAULT_PIPELINES
@@ -68,6 +73,11 @@ class ProxySettings(BaseSettings):
     """PEM client certificate for services that require one (mutual TLS); needs tls_key."""
     tls_key: Path | None = None
     log_level: str = "INFO"
+
+    @field_validator("grpc_port", mode="before")
+    @classmethod
+    def _off(cls, value: object) -> object:
+        return None if isinstance(value, str) and value.strip().lower() in ("", "off") else value
 
     def upload_limits(self) -> UploadLimits:
         return UploadLimits(int(self.max_body_mb * 2**20), self.min_upload_kbps * 1024)

@@ -136,12 +136,18 @@ class MuxStream:
 
     def _cancel_soon(self, key: str, sent: bool) -> None:
         """Tell the service that nobody waits for `key` any more (when it listens)."""
-        if not (sent and self._pool.cancels) or self.closed:
-            return
-        message = pb.ModelInferRequest(id=key)
-        message.parameters[STREAM_CANCEL_PARAMETER].bool_param = True
-        task = asyncio.ensure_future(self._write(message.SerializeToString()))
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # best effort
+        if sent and not self.closed:
+            task = asyncio.ensure_future(self._cancel(key))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # best effort
+
+    async def _cancel(self, key: str) -> None:
+        # A pool's first requests may leave before its service's metadata has answered:
+        # their cancellation waits for it (it used to be dropped).
+        await asyncio.wait_for(self._pool.learned.wait(), 5.0)
+        if self._pool.cancels and not self.closed:
+            message = pb.ModelInferRequest(id=key)
+            message.parameters[STREAM_CANCEL_PARAMETER].bool_param = True
+            await self._write(message.SerializeToString())
 
     async def _read(self) -> None:
         failure = CallFailed(grpc.StatusCode.UNAVAILABLE, "stream ended", stream=True)
@@ -192,6 +198,8 @@ class StreamPool:
         self._size = size
         self.cancels = False
         """The service cancels a request on our word (set once its metadata says so)."""
+        self.learned = asyncio.Event()
+        """Set once `cancels` is known (the metadata answered, or failed to)."""
         self._streams: list[MuxStream] = []
         self._ids = itertools.count()
 

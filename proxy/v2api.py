@@ -1,5 +1,5 @@
-"""The v2 REST protocol on the proxy: each model any pipeline calls, forwarded over gRPC
-to the service that hosts it."""
+"""The v2 REST protocol on the proxy: every pipeline as a v2 model (run here), and each
+model any pipeline calls, forwarded over gRPC to the service that hosts it."""
 
 from __future__ import annotations
 
@@ -9,32 +9,59 @@ from fastapi import Request, Response
 from google.protobuf.json_format import MessageToDict
 from grpc import aio
 
-from protos import codec, pb
+from protos import pb
 from protos.errors import InvalidInput
+from protos.version import VERSION
 from proxy import v2json
+from proxy.api import budget_s
 from proxy.disconnect import until_disconnect
 from proxy.endpoints import Target
-from proxy.errors import http_status
+from proxy.errors import DefinitionError, http_status
+from proxy.grpc_door import SERVER_NAME
+from proxy.pipeline_models import PipelineFailed, PipelineModel
 from proxy.problems import Problem, json_response
-from proxy.results import to_json
+from proxy.runner import PipelineRunner
 from proxy.state import ProxyState
 from proxy.streams import CallFailed
 from proxy.uploads import read_body
+from v2server.model import TensorSpec
+from v2server.validation import check_inputs
+
+EXTENSIONS = ["binary_tensor_data", "model_configuration"]
 
 
 class V2Endpoints:
     def __init__(self, state: ProxyState) -> None:
         self.state = state
         self.hosts = state.models()
+        runner = PipelineRunner(state)
+        self.pipelines = {name: PipelineModel(plan, runner) for name, plan in state.plans.items()}
+        both = sorted(set(self.hosts) & set(self.pipelines))
+        if both:
+            raise DefinitionError(
+                f"{', '.join(both)}: a pipeline and a model it calls share the name; on /v2 "
+                "a name must mean one of them (rename the pipeline)"
+            )
         self.timeout_s = state.settings.v2_timeout_ms / 1000
         self.ready_timeout_s = state.settings.ready_timeout_ms / 1000
 
     def host(self, model: str) -> str:
         address = self.hosts.get(model)
         if address is None:
-            served = ", ".join(sorted(self.hosts))
+            served = ", ".join(sorted([*self.pipelines, *self.hosts]))
             raise Problem(404, f"unknown model '{model}' (served: {served})")
         return address
+
+    def pipeline(self, name: str, version: str) -> PipelineModel | None:
+        """The pipeline of that name (None: a model's name); 404 for a version it lacks."""
+        model = self.pipelines.get(name)
+        if model is not None and version not in ("", model.version):
+            raise Problem(404, f"pipeline '{name}' has no version '{version}' (it has 1)")
+        return model
+
+    async def server_metadata(self) -> Response:
+        """GET /v2."""
+        return json_response({"name": SERVER_NAME, "version": VERSION, "extensions": EXTENSIONS})
 
     async def ready(self) -> Response:
         """GET /v2/health/ready: every service any pipeline calls, asked at once."""
@@ -47,11 +74,29 @@ class V2Endpoints:
 
     async def metadata(self, model: str) -> Response:
         """GET /v2/models/{model}."""
+        return await self._metadata(model, "")
+
+    async def metadata_version(self, model: str, version: str) -> Response:
+        """GET /v2/models/{model}/versions/{version}."""
+        return await self._metadata(model, version)
+
+    async def _metadata(self, model: str, version: str) -> Response:
+        pipeline = self.pipeline(model, version)
+        if pipeline is not None:
+            return json_response(
+                {
+                    "name": model,
+                    "versions": [pipeline.version],
+                    "platform": pipeline.platform,
+                    "inputs": _described(pipeline.inputs),
+                    "outputs": _described(pipeline.outputs),
+                }
+            )
         try:
             meta = await self.state.channels.unary(
                 self.host(model),
                 "ModelMetadata",
-                pb.ModelMetadataRequest(name=model),
+                pb.ModelMetadataRequest(name=model, version=version),
                 pb.ModelMetadataResponse,
                 self.timeout_s,
             )
@@ -65,7 +110,18 @@ class V2Endpoints:
 
     async def model_ready(self, model: str) -> Response:
         """GET /v2/models/{model}/ready."""
-        ok, why = await self.state.channels.ready(self.host(model), model, self.ready_timeout_s)
+        return await self._model_ready(model, "")
+
+    async def model_ready_version(self, model: str, version: str) -> Response:
+        """GET /v2/models/{model}/versions/{version}/ready."""
+        return await self._model_ready(model, version)
+
+    async def _model_ready(self, model: str, version: str) -> Response:
+        pipeline = self.pipeline(model, version)
+        if pipeline is not None:
+            return json_response({"name": model, "ready": pipeline.ready})
+        address = self.host(model)
+        ok, why = await self.state.channels.ready(address, model, self.ready_timeout_s)
         body = {"name": model, "ready": ok, **({"error": why} if why else {})}
         return json_response(body, 200 if ok else 503)
 
@@ -78,45 +134,78 @@ class V2Endpoints:
         return await self._infer(request, model, version)
 
     async def _infer(self, request: Request, model: str, version: str) -> Response:
-        address = self.host(model)
+        pipeline = self.pipeline(model, version)
+        address = "" if pipeline is not None else self.host(model)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout_s
+        started = loop.time()
+        settings = self.state.settings
+        budget = (
+            budget_s(request, pipeline.plan.pipeline.timeout_ms, settings.max_timeout_ms)
+            if pipeline is not None
+            else self.timeout_s
+        )
+        deadline = started + budget
         raw = await read_body(request, self.state.uploads, deadline)
         try:
-            parsed = v2json.parse(raw, self.state.uploads.max_bytes)
+            parsed = v2json.parse(
+                raw, self.state.uploads.max_bytes, header_length=_header_length(request)
+            )
+            if parsed.timeout_s is not None:
+                deadline = min(deadline, started + parsed.timeout_s)
+            if pipeline is not None:
+                check_inputs(model, pipeline.inputs, parsed.inputs)
+                _check_outputs(model, pipeline.outputs, parsed.outputs)
         except InvalidInput as exc:
             raise Problem(400, str(exc)) from None
         # The v2 `id` is echoed as given; downstream (message id, gRPC metadata, logs) the
         # proxy's sanitised request id travels instead: metadata must be short plain ASCII.
         try:
-            outputs = await until_disconnect(
-                request,
-                self.state.channels.infer(
-                    Target("", address, model, version),
-                    parsed.inputs,
-                    outputs=parsed.outputs,
-                    timeout=max(deadline - loop.time(), 0.001),
-                    request_id=request.state.request_id,
-                ),
-            )
+            if pipeline is not None:
+                outputs = await until_disconnect(request, pipeline.infer(parsed.inputs, deadline))
+                if parsed.outputs:
+                    outputs = {name: outputs[name] for name in parsed.outputs}
+                version = pipeline.version
+            else:
+                outputs = await until_disconnect(
+                    request,
+                    self.state.channels.infer(
+                        Target("", address, model, version),
+                        parsed.inputs,
+                        outputs=parsed.outputs,
+                        timeout=max(deadline - loop.time(), 0.001),
+                        request_id=request.state.request_id,
+                    ),
+                )
+        except PipelineFailed as exc:
+            raise exc.problem from None
         except CallFailed as exc:
             raise _downstream(exc, model) from None
-        return json_response(
-            {
-                "model_name": model,
-                "model_version": version,
-                "id": parsed.id or request.state.request_id,
-                "outputs": [
-                    {
-                        "name": n,
-                        "datatype": codec.datatype_of(a),
-                        "shape": list(a.shape),
-                        "data": to_json(a.reshape(-1)),
-                    }
-                    for n, a in outputs.items()
-                ],
-            }
+        body, headers = v2json.answer(
+            model, version, parsed.id or request.state.request_id, outputs, parsed.binary_outputs
         )
+        return Response(body, headers=headers)
+
+
+def _header_length(request: Request) -> int | None:
+    raw = request.headers.get("inference-header-content-length")
+    if raw is None:
+        return None
+    if not raw.isdigit():
+        raise Problem(400, f"Inference-Header-Content-Length must be a byte count, not {raw!r}")
+    return int(raw)
+
+
+def _check_outputs(model: str, specs: tuple[TensorSpec, ...], asked: list[str]) -> None:
+    names = {s.name for s in specs}
+    for name in asked:
+        if name not in names:
+            raise InvalidInput(
+                f"model '{model}' has no output '{name}' (it has {', '.join(sorted(names))})"
+            )
+
+
+def _described(specs: tuple[TensorSpec, ...]) -> list[dict[str, object]]:
+    return [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in specs]
 
 
 def _downstream(exc: aio.AioRpcError | CallFailed, model: str) -> Problem:

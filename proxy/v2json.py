@@ -1,4 +1,10 @@
-"""v2 REST inference requests (JSON tensors) checked whole before anything is allocated.
+"""v2 REST inference requests (JSON tensors) checked whole before anything is allocated,
+and their answers.
+
+Besides JSON data, tensors may travel in Triton's binary tensor extension (the JSON header,
+`Inference-Header-Content-Length` bytes long, then each tensor's raw bytes, sized by its
+`binary_data_size` parameter: what tritonclient's HTTP client sends and asks for), and
+BYTES elements as base64 text (`"parameters": {"content_type": "base64"}`), for images.
 
 Every field is checked for its JSON type, every shape against the codec's limits, every
 element against its datatype, and the bytes a request would make against the body limit,
@@ -9,6 +15,8 @@ proxy allocate 1.5 GB of zeros).
 
 from __future__ import annotations
 
+import base64
+import binascii
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +25,7 @@ import orjson
 
 from protos import codec
 from protos.errors import InvalidInput
+from proxy.results import to_json
 
 MAX_NAME = 256
 """Longest tensor name accepted."""
@@ -29,12 +38,29 @@ class InferRequest:
     inputs: dict[str, np.ndarray]
     outputs: list[str] = field(default_factory=list)
     id: str | None = None
+    timeout_s: float | None = None
+    """Triton's `timeout` request parameter (given in microseconds)."""
+    binary_outputs: set[str] | None = field(default_factory=set)
+    """Outputs to answer in the binary extension; None: all of them."""
 
 
 def parse(
-    raw: bytes, max_bytes: int, limits: codec.TensorLimits = codec.DEFAULT_LIMITS
+    raw: bytes,
+    max_bytes: int,
+    limits: codec.TensorLimits = codec.DEFAULT_LIMITS,
+    header_length: int | None = None,
 ) -> InferRequest:
-    """The request in `raw`; InvalidInput naming the first thing wrong with it."""
+    """The request in `raw` (its first `header_length` bytes, the rest binary tensors, when
+    given); InvalidInput naming the first thing wrong with it."""
+    binary = memoryview(b"")
+    if header_length is not None:
+        if not 0 < header_length <= len(raw):
+            raise InvalidInput(
+                f"Inference-Header-Content-Length {header_length} does not fit a body of "
+                f"{len(raw)} bytes"
+            )
+        binary = memoryview(raw)[header_length:]
+        raw = raw[:header_length]
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -48,12 +74,38 @@ def parse(
         raise InvalidInput(f"{len(inputs)} inputs, more than the limit of {limits.max_inputs}")
     budget = [max_bytes]  # what the decoded tensors may add up to
     tensors: dict[str, np.ndarray] = {}
+    offset = 0
     for i, spec in enumerate(inputs):
-        name, array = _tensor(spec, f"inputs[{i}]", limits, budget)
+        name, array, offset = _tensor(spec, f"inputs[{i}]", limits, budget, binary, offset)
         if name in tensors:
             raise InvalidInput(f"inputs[{i}]: a second input named '{name}'")
         tensors[name] = array
-    return InferRequest(tensors, _outputs(body.get("outputs")), _id(body.get("id")))
+    if offset != len(binary):
+        raise InvalidInput(
+            f"{len(binary) - offset} bytes after the header belong to no input's binary_data_size"
+        )
+    parameters = _parameters(body.get("parameters"), "'parameters'")
+    outputs, binary_outputs = _outputs(body.get("outputs"))
+    if parameters.get("binary_data_output") is True:
+        binary_outputs = None
+    return InferRequest(tensors, outputs, _id(body.get("id")), _timeout(parameters), binary_outputs)
+
+
+def _parameters(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidInput(f"{where} must be an object")
+    return value
+
+
+def _timeout(parameters: dict[str, Any]) -> float | None:
+    value = parameters.get("timeout")
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise InvalidInput("parameter 'timeout' must be a positive integer (microseconds)")
+    return value / 1e6
 
 
 def _name(value: Any, where: str) -> str:
@@ -64,17 +116,21 @@ def _name(value: Any, where: str) -> str:
     return value
 
 
-def _outputs(value: Any) -> list[str]:
+def _outputs(value: Any) -> tuple[list[str], set[str]]:
+    """The names asked for, and those of them asked for in binary."""
     if value is None:
-        return []
+        return [], set()
     if not isinstance(value, list):
         raise InvalidInput("'outputs' must be a list of {\"name\": ...} objects")
-    names = []
+    names, binary = [], set()
     for i, spec in enumerate(value):
         if not isinstance(spec, dict):
             raise InvalidInput(f"outputs[{i}] must be an object with a 'name'")
-        names.append(_name(spec.get("name"), f"outputs[{i}]"))
-    return names
+        name = _name(spec.get("name"), f"outputs[{i}]")
+        names.append(name)
+        if _parameters(spec.get("parameters"), f"outputs[{i}].parameters").get("binary_data"):
+            binary.add(name)
+    return names, binary
 
 
 def _id(value: Any) -> str | None:
@@ -87,8 +143,14 @@ def _id(value: Any) -> str | None:
 
 
 def _tensor(
-    spec: Any, where: str, limits: codec.TensorLimits, budget: list[int]
-) -> tuple[str, np.ndarray]:
+    spec: Any,
+    where: str,
+    limits: codec.TensorLimits,
+    budget: list[int],
+    binary: memoryview,
+    offset: int,
+) -> tuple[str, np.ndarray, int]:
+    """One input, and where the next one's binary data starts."""
     if not isinstance(spec, dict):
         raise InvalidInput(f"{where} must be an object with name, shape, datatype and data")
     name = _name(spec.get("name"), where)
@@ -110,6 +172,15 @@ def _tensor(
             f"{where}: 'shape' must be a list of at most {limits.max_rank} non-negative integers"
         )
     dims, count = codec.checked_shape(shape, name, limits)
+    parameters = _parameters(spec.get("parameters"), f"{where}: 'parameters'")
+    size = parameters.get("binary_data_size")
+    if size is not None:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise InvalidInput(f"{where}: 'binary_data_size' must be a non-negative integer")
+        if offset + size > len(binary):
+            raise InvalidInput(f"{where}: binary_data_size {size} runs past the end of the body")
+        array = codec.from_raw(binary[offset : offset + size], datatype, dims, name, limits)
+        return name, array, offset + size
     if "data" not in spec:
         raise InvalidInput(f"{where}: 'data' is missing")
     flat = _flatten(spec["data"], count, where)
@@ -119,7 +190,13 @@ def _tensor(
     if datatype == "BYTES":
         if not all(isinstance(v, str) for v in flat):
             raise InvalidInput(f"{where}: BYTES elements must be strings")
-        elements = [v.encode() for v in flat]
+        if parameters.get("content_type") == "base64":
+            try:
+                elements = [base64.b64decode(v, validate=True) for v in flat]
+            except (binascii.Error, ValueError):
+                raise InvalidInput(f"{where}: an element is not base64") from None
+        else:
+            elements = [v.encode() for v in flat]
         size = sum(len(e) for e in elements)
     else:
         kinds = _NUMBER_KINDS[dtype.kind]
@@ -141,7 +218,7 @@ def _tensor(
             array = np.array(flat, dtype=dtype)
         except OverflowError:
             raise InvalidInput(f"{where}: a value does not fit {datatype}") from None
-    return name, array.reshape(dims)
+    return name, array.reshape(dims), offset
 
 
 def _kind_name(kind: str) -> str:
@@ -169,3 +246,38 @@ def _flatten(data: Any, most: int, where: str) -> list[Any]:
         else:
             stack.pop()
     return out
+
+
+def answer(
+    model: str,
+    version: str,
+    request_id: str,
+    outputs: dict[str, np.ndarray],
+    binary: set[str] | None,
+) -> tuple[bytes, dict[str, str]]:
+    """The v2 REST answer and its headers; the outputs in `binary` (None: all) as raw
+    bytes after the JSON header (BYTES elements length-prefixed, as on gRPC)."""
+    described, chunks = [], []
+    for name, array in outputs.items():
+        entry: dict[str, Any] = {
+            "name": name,
+            "datatype": codec.datatype_of(array),
+            "shape": list(array.shape),
+        }
+        if binary is None or name in binary:
+            raw = bytes(codec.to_raw_view(array)[1])
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            entry["data"] = to_json(array.reshape(-1))
+        described.append(entry)
+    header = orjson.dumps(
+        {"model_name": model, "model_version": version, "id": request_id, "outputs": described},
+        option=orjson.OPT_SERIALIZE_NUMPY,
+    )
+    if not chunks:
+        return header, {"Content-Type": "application/json"}
+    return header + b"".join(chunks), {
+        "Content-Type": "application/octet-stream",
+        "Inference-Header-Content-Length": str(len(header)),
+    }

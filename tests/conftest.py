@@ -78,6 +78,11 @@ class Mesh:
     def client(self, **kwargs) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=60, **kwargs)
 
+    @property
+    def grpc_address(self) -> str:
+        """The proxy's v2 gRPC door."""
+        return f"127.0.0.1:{self.local.services['proxy'].env['PROXY_GRPC_PORT']}"
+
     @contextmanager
     def extra_proxy(self, port: int, wait_for: str = "/readyz", **env: str) -> Iterator[str]:
         """A second proxy process over this mesh's services, its environment changed by
@@ -86,6 +91,7 @@ class Mesh:
             **os.environ,
             **self.local.services["proxy"].env,
             "PROXY_PORT": str(port),
+            "PROXY_GRPC_PORT": "off",  # the mesh's proxy holds it
             **env,
         }
         proxy = subprocess.Popen(

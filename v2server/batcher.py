@@ -19,7 +19,7 @@ from concurrent.futures import Executor
 import numpy as np
 
 from protos.errors import DeadlineExceeded, InvalidInput, Overloaded, Unavailable
-from v2server import metrics
+from v2server import batchmetrics
 from v2server.batchqueue import Pending, RequestQueue, fail
 from v2server.policy import AdaptivePolicy
 from v2server.statistics import ModelStatistics
@@ -64,7 +64,7 @@ class Batcher:
         """Callers running alone that wait for a slot."""
         self._executing = 0
         """Batches the workers are running."""
-        self._batch_rows = metrics.BATCH_ROWS.labels(name)
+        self._batch_rows = batchmetrics.BATCH_ROWS.labels(name)
         self.statistics = statistics if statistics is not None else ModelStatistics()
 
     def seed(self, seconds: float) -> None:

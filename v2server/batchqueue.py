@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from protos.errors import DeadlineExceeded
-from v2server import metrics
+from v2server import batchmetrics
 
 
 @dataclass(eq=False)
@@ -41,7 +41,7 @@ class RequestQueue:
         self.name = name
         self._items: collections.deque[Pending] = collections.deque()
         self._arrived = asyncio.Event()
-        self._depth = metrics.QUEUE_DEPTH.labels(name)
+        self._depth = batchmetrics.QUEUE_DEPTH.labels(name)
 
     def __len__(self) -> int:
         return len(self._items)

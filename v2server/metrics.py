@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import grpc
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Histogram, start_http_server
 
 REQUESTS = Counter(
     "v2_requests_total",
@@ -16,13 +16,6 @@ LATENCY = Histogram(
     ["method", "model"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
-BATCH_ROWS = Histogram(
-    "v2_batch_rows",
-    "Rows per model execution (after dynamic batching)",
-    ["model"],
-    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
-)
-QUEUE_DEPTH = Gauge("v2_queue_depth", "Requests waiting for a model execution", ["model"])
 
 
 def serve_metrics(host: str, port: int) -> int:

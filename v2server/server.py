@@ -8,6 +8,7 @@ import json
 import logging
 import signal
 import time
+from collections.abc import Sequence
 
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -36,7 +37,11 @@ class V2Server:
         *,
         server_name: str,
         server_version: str,
+        interceptors: Sequence[aio.ServerInterceptor] = (),
+        share_port: bool = False,
     ) -> None:
+        """`interceptors` run before the error mapping (e.g. the proxy's API key);
+        `share_port`: several processes serve the port (the proxy's workers)."""
         self.settings = settings
         self.registry = registry
         self._in_flight = InFlight()
@@ -56,7 +61,8 @@ class V2Server:
         )
         self.health: health.aio.HealthServicer | None = None
         self._server: aio.Server | None = None
-        self._interceptor = ErrorMappingInterceptor(self._in_flight)
+        self._interceptors = [*interceptors, ErrorMappingInterceptor(self._in_flight)]
+        self._share_port = share_port
         self.port = 0
         self.metrics_port: int | None = None
 
@@ -64,12 +70,13 @@ class V2Server:
         """Create the grpc.aio server; it binds itself to the running event loop."""
         max_bytes = self.settings.max_message_mb * 1024 * 1024
         server = aio.server(
-            interceptors=[self._interceptor],
+            interceptors=self._interceptors,
             options=[
                 ("grpc.max_receive_message_length", max_bytes),
                 ("grpc.max_send_message_length", max_bytes),
-                # Linux lets two servers share a port by default; a second one must fail.
-                ("grpc.so_reuseport", 0),
+                # Linux lets two servers share a port by default; a second one must fail
+                # unless sharing is meant.
+                ("grpc.so_reuseport", int(self._share_port)),
             ],
         )
         server.add_generic_rpc_handlers((rpc_handler(self.servicer),))

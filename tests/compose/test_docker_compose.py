@@ -16,6 +16,7 @@ import subprocess
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -26,6 +27,7 @@ from compose import topology, wheelhouse
 from samples.images import text_samples
 from tests.compose import engine as docker
 from tests.e2e.test_digits import held_out, png
+from tests.e2e.test_v2_door import probe
 
 pytestmark = [
     pytest.mark.slow,
@@ -37,6 +39,7 @@ pytestmark = [
 
 HOST_FILES = ("compose.yaml", "compose.host.yaml")
 BRIDGE_PUBLISH = "127.0.0.1:18080"
+BRIDGE_GRPC_PUBLISH = "127.0.0.1:18081"
 
 
 @dataclass
@@ -192,24 +195,31 @@ def test_an_env_var_swaps_a_predictor(host_mesh: Compose) -> None:
     assert listing["digits"]["targets"]["ensemble/mlp"]["model"] == "digits_logreg"
 
 
-def test_plain_file_on_the_engine_network(engine: docker.Engine, host_mesh: Compose) -> None:
+def test_plain_file_on_the_engine_network(
+    engine: docker.Engine, host_mesh: Compose, tmp_path: Path
+) -> None:
     # After the host-network tests (module fixtures end last): the file users run as it is,
     # service names resolved by the engine's DNS, the override publishing the proxy.
     host_mesh.run("down", "--timeout", "10")
     mesh = Compose(
-        engine, ("compose.yaml", "compose.override.yaml"), {"PROXY_PUBLISH": BRIDGE_PUBLISH}
+        engine,
+        ("compose.yaml", "compose.override.yaml"),
+        {"PROXY_PUBLISH": BRIDGE_PUBLISH, "PROXY_GRPC_PUBLISH": BRIDGE_GRPC_PUBLISH},
     )
     mesh.run("up", "-d", "--no-build")
     try:
         mesh.wait_healthy()
         proxy = mesh.containers()["proxy"]
         assert proxy["HostConfig"]["PortBindings"] == {
-            "8080/tcp": [{"HostIp": "127.0.0.1", "HostPort": "18080"}]
+            "8080/tcp": [{"HostIp": "127.0.0.1", "HostPort": "18080"}],
+            "8081/tcp": [{"HostIp": "127.0.0.1", "HostPort": "18081"}],
         }
         images, _ = held_out()
         result = _digits(f"http://{BRIDGE_PUBLISH}", images[0])
         assert result["label"] == InProcess().digits(png(images[0]))["label"]
+        seen = probe(BRIDGE_GRPC_PUBLISH, "digits", [png(images[0])], tmp_path)
+        assert seen["unary"][0]["label"]["data"] == [result["label"]]
         ready = httpx.get(f"http://{BRIDGE_PUBLISH}/readyz", timeout=10).json()
-        assert ready["endpoints"]["PREPROCESS_URL/digits"]["address"] == "preprocess:8002"
+        assert ready["endpoints"]["PREPROCESS_URL/digits_input"]["address"] == "preprocess:8002"
     finally:
         mesh.run("down", "--timeout", "10")

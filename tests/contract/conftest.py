@@ -29,9 +29,10 @@ def _digit_png() -> dict[str, np.ndarray]:
     return {"image": image}
 
 
-@pytest.fixture(scope="module", params=["predictor", "preprocess"])
+@pytest.fixture(scope="module", params=["predictor", "preprocess", "proxy"])
 def target(request: pytest.FixtureRequest) -> Target:
-    """Each of our v2 services, or the one server V2_TARGET names."""
+    """Each of our v2 services (the proxy's gRPC door: a pipeline as a model), or the one
+    server V2_TARGET names."""
     address = v2_target()
     if address:
         if request.param != "predictor":
@@ -39,8 +40,11 @@ def target(request: pytest.FixtureRequest) -> Target:
         return Target(address, os.environ.get("V2_MODEL", "linear"), ours=False)
     if request.param == "predictor":
         return Target(request.getfixturevalue("predictor").address, "linear", ours=True)
+    if request.param == "proxy":
+        mesh = request.getfixturevalue("mesh")
+        return Target(mesh.grpc_address, "digits", ours=True, sample=_digit_png())
     service = request.getfixturevalue("preprocess_service")
-    return Target(service.address, "digits", ours=True, sample=_digit_png())
+    return Target(service.address, "digits_input", ours=True, sample=_digit_png())
 
 
 @pytest.fixture(scope="module")

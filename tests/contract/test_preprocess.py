@@ -42,15 +42,17 @@ def test_every_recipe_is_listed_with_metadata(stub: pb_grpc.GRPCInferenceService
 def test_digits_over_grpc_equals_in_process(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
     data = load_digits()
     batch = images(*(encode(render_digit(v)) for v in data.images[:32]))
-    response = stub.ModelInfer(messages.build_request("digits", {"image": batch}), timeout=TIMEOUT)
+    response = stub.ModelInfer(
+        messages.build_request("digits_input", {"image": batch}), timeout=TIMEOUT
+    )
     remote = messages.response_outputs(response)["input"]
-    local = recipe_file.load(DEFAULT_RECIPES)["digits"].run({"image": batch})["input"]
+    local = recipe_file.load(DEFAULT_RECIPES)["digits_input"].run({"image": batch})["input"]
     np.testing.assert_array_equal(remote, local)
 
 
 def test_recipe_config_and_statistics(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
     """Triton's ModelConfig / ModelStatistics work on recipes too (the same server core)."""
-    config = stub.ModelConfig(pb.ModelConfigRequest(name="digits"), timeout=TIMEOUT).config
+    config = stub.ModelConfig(pb.ModelConfigRequest(name="digits_input"), timeout=TIMEOUT).config
     # digits takes one image a row (recipes.yaml says so), so callers may merge requests.
     assert (config.platform, config.max_batch_size) == ("opencv_recipe", 64)
     ocr = stub.ModelConfig(pb.ModelConfigRequest(name="ocr_crops"), timeout=TIMEOUT).config
@@ -58,13 +60,15 @@ def test_recipe_config_and_statistics(stub: pb_grpc.GRPCInferenceServiceStub) ->
     assert [(i.name, i.data_type) for i in config.input] == [("image", pb.TYPE_STRING)]
 
     def counts() -> tuple[int, int]:
-        reply = stub.ModelStatistics(pb.ModelStatisticsRequest(name="digits"), timeout=TIMEOUT)
+        reply = stub.ModelStatistics(
+            pb.ModelStatisticsRequest(name="digits_input"), timeout=TIMEOUT
+        )
         (stats,) = reply.model_stats
         return stats.inference_stats.success.count, stats.execution_count
 
     before = counts()
     batch = images(encode(render_digit(load_digits().images[0])))
-    stub.ModelInfer(messages.build_request("digits", {"image": batch}), timeout=TIMEOUT)
+    stub.ModelInfer(messages.build_request("digits_input", {"image": batch}), timeout=TIMEOUT)
     assert counts() == (before[0] + 1, before[1] + 1)
 
 
@@ -78,7 +82,7 @@ def test_unknown_recipe_is_not_found(stub: pb_grpc.GRPCInferenceServiceStub) -> 
 
 def test_not_an_image_is_invalid_and_named(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
     request = messages.build_request(
-        "digits", {"image": images(encode(np.zeros((8, 8), np.uint8)), b"GIF89a-nonsense")}
+        "digits_input", {"image": images(encode(np.zeros((8, 8), np.uint8)), b"GIF89a-nonsense")}
     )
     with pytest.raises(grpc.RpcError) as info:
         stub.ModelInfer(request, timeout=TIMEOUT)
@@ -93,7 +97,7 @@ def test_not_an_image_is_invalid_and_named(stub: pb_grpc.GRPCInferenceServiceStu
 def test_random_uploads_get_a_clean_answer(
     stub: pb_grpc.GRPCInferenceServiceStub, blob: bytes
 ) -> None:
-    request = messages.build_request("digits", {"image": images(blob)})
+    request = messages.build_request("digits_input", {"image": images(blob)})
     try:
         stub.ModelInfer(request, timeout=TIMEOUT)
     except grpc.RpcError as exc:

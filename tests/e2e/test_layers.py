@@ -1,5 +1,6 @@
-"""The proxy stands on the protocol library alone: it never loads the server core, and
-its /metrics lists its own metrics only (it used to list the services' v2_* too)."""
+"""The proxy stands on the protocol library, and on the server core only for its v2 gRPC
+door (pipelines as models): never on the services or on the batcher, and its /metrics
+lists what it records only (it used to list the services' batching metrics too)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ from tests.conftest import Mesh
 from tests.procs import ROOT
 
 
-def test_the_proxy_never_imports_the_server_core() -> None:
+def test_the_proxy_never_imports_the_services_or_the_batcher() -> None:
     check = (
         "import sys, proxy.app, proxy.__main__; "
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('v2server', 'predictors', 'preprocess')); print(loaded); sys.exit(bool(loaded))"
+        "('predictors', 'preprocess', 'onnxruntime', 'cv2') or m in "
+        "('v2server.batcher', 'v2server.served', 'v2server.batchmetrics')); "
+        "print(loaded); sys.exit(bool(loaded))"
     )
     done = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -31,4 +34,8 @@ def test_the_proxys_metrics_are_its_own(mesh: Mesh) -> None:
     names = {f.name for f in text_string_to_metric_families(text)}
     ours = {n for n in names if n.startswith("proxy_")}
     assert {"proxy_requests", "proxy_request_duration_seconds", "proxy_bytes_in_flight"} <= ours
-    assert not [n for n in names if n.startswith("v2_")], names
+    # The gRPC door's requests (v2_requests, v2_request_duration_seconds), nothing else.
+    assert {n.removesuffix("_created") for n in names if n.startswith("v2_")} <= {
+        "v2_requests",
+        "v2_request_duration_seconds",
+    }, names

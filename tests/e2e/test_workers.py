@@ -15,9 +15,11 @@ import httpx
 
 from tests.e2e.conftest import Mesh
 from tests.e2e.test_digits import held_out, png
+from tests.e2e.test_v2_door import probe
 from tests.procs import ROOT, metric_of
 
 PORT = 27090
+GRPC_PORT = 27091
 URL = f"http://127.0.0.1:{PORT}"
 
 
@@ -39,7 +41,13 @@ def _established_on_port(pid: int, port: int) -> int:
         if target.startswith("socket:["):
             inodes.add(target[8:-1])
     count = 0
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+    # gRPC listens on an IPv4-mapped IPv6 socket: its connections are in tcp6.
+    lines = [
+        line
+        for table in ("/proc/net/tcp", "/proc/net/tcp6")
+        for line in Path(table).read_text().splitlines()[1:]
+    ]
+    for line in lines:
         fields = line.split()
         local_port = int(fields[1].split(":")[1], 16)
         if local_port == port and fields[3] == "01" and fields[9] in inodes:
@@ -76,11 +84,12 @@ def _digits(n: int) -> list[int]:
     return statuses
 
 
-def test_workers_share_the_port_metrics_and_a_graceful_stop(mesh: Mesh) -> None:
+def test_workers_share_the_port_metrics_and_a_graceful_stop(mesh: Mesh, tmp_path: Path) -> None:
     env = {
         **os.environ,
         **mesh.local.services["proxy"].env,
         "PROXY_PORT": str(PORT),
+        "PROXY_GRPC_PORT": str(GRPC_PORT),
         "PROXY_WORKERS": "2",
     }
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
@@ -103,12 +112,32 @@ def test_workers_share_the_port_metrics_and_a_graceful_stop(mesh: Mesh) -> None:
             sock.close()
         assert sum(spread) == 16 and min(spread) > 0, spread
 
+        # Both workers serve the gRPC door on its one port too.
+        grpc_held = [socket.create_connection(("127.0.0.1", GRPC_PORT)) for _ in range(16)]
+        time.sleep(0.5)
+        grpc_spread = [_established_on_port(pid, GRPC_PORT) for pid in workers]
+        for sock in grpc_held:
+            sock.close()
+        assert sum(grpc_spread) == 16 and min(grpc_spread) > 0, grpc_spread
+
         # Every worker's /metrics counts every worker's requests.
         assert _digits(30) == [200] * 30
         counts = {metric_of(URL, "proxy_requests_total", pipeline="digits", status="200")}
         for _ in range(9):
             counts.add(metric_of(URL, "proxy_requests_total", pipeline="digits", status="200"))
         assert counts == {30.0}, counts
+
+        # ... and the gRPC door's answers are /v1's.
+        images, _ = held_out()
+        blobs = [png(images[i]) for i in range(4)]
+        seen = probe(f"127.0.0.1:{GRPC_PORT}", "digits", blobs, tmp_path)
+        labels = [
+            httpx.post(
+                f"{URL}/v1/pipelines/digits/infer", content=b, headers={"Content-Type": "image/png"}
+            ).json()["result"]["label"]
+            for b in blobs
+        ]
+        assert [u["label"]["data"][0] for u in seen["unary"]] == labels
 
         # A worker that dies is replaced; requests go on.
         os.kill(workers[0], signal.SIGKILL)

@@ -37,7 +37,7 @@ CHAIN = {
                     "call": {
                         "name": "preprocess",
                         "endpoint": "PREPROCESS_URL",
-                        "model": "digits",
+                        "model": "digits_input",
                         "inputs": {"image": "request.image"},
                     }
                 },

@@ -1,4 +1,4 @@
-"""The `digits` recipe frames the ink the way the data set was made, wherever it sits."""
+"""The `digits_input` recipe frames the ink the way the data set was made, wherever it sits."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from samples.digits import Look, blank_images, draw, encode
 
 @pytest.fixture(scope="module")
 def digits() -> Recipe:
-    return recipe_file.load(DEFAULT_RECIPES)["digits"]
+    return recipe_file.load(DEFAULT_RECIPES)["digits_input"]
 
 
 @pytest.fixture(scope="module")

@@ -113,7 +113,7 @@ def rotate_only(recipes: dict[str, Recipe]) -> Recipe:
     )
     production = recipes["ocr_rotate_rec_input"].config.steps[1]
     assert config.steps[1] == production, "the same rotation as the OCR pipeline's"
-    return Recipe("rotate", config, recipes["digits"].limits)
+    return Recipe("rotate", config, recipes["digits_input"].limits)
 
 
 def test_rotate_turns_only_confident_upside_down_crops(recipes: dict[str, Recipe]) -> None:
@@ -221,7 +221,7 @@ def test_a_long_line_is_classified_through_windows(recipes: dict[str, Recipe]) -
 )
 def test_bad_images_are_named(recipes: dict[str, Recipe], blob: bytes, message: str) -> None:
     with pytest.raises(InvalidInput, match=message) as info:
-        recipes["digits"].run({"image": as_bytes(blob)})
+        recipes["digits_input"].run({"image": as_bytes(blob)})
     assert "input 'image' element 0" in str(info.value)
 
 

@@ -9,6 +9,7 @@ import yaml
 
 from proxy.app import create_app
 from proxy.settings import ProxySettings
+from tests.proxy.scripted import ScriptedModel, serve
 
 
 @pytest.fixture(params=["stream", "unary"])
@@ -31,3 +32,17 @@ def make_client(tmp_path: Path, transport: str) -> Callable[..., AsyncIterator[h
         return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy")
 
     return factory
+
+
+@pytest.fixture
+async def servers():
+    started = []
+
+    async def start(*models: ScriptedModel):
+        server = await serve(*models)
+        started.append(server)
+        return f"127.0.0.1:{server.port}"
+
+    yield start
+    for server in started:
+        await server.stop(0)

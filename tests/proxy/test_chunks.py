@@ -9,7 +9,7 @@ import pytest
 from proxy import chunks
 from proxy.errors import StepError
 from tests.proxy.scripted import ScriptedModel
-from tests.proxy.test_pipelines import post, servers  # noqa: F401  (fixture)
+from tests.proxy.test_pipelines import post
 from v2server.model import Scheduling, TensorSpec
 
 
@@ -74,7 +74,7 @@ PIPES = {
 }
 
 
-async def test_rows_beyond_the_batch_size_go_in_chunks(servers, make_client) -> None:  # noqa: F811
+async def test_rows_beyond_the_batch_size_go_in_chunks(servers, make_client) -> None:
     model = batching(4)
     env = {"ROWS_URL": await servers(source()), "DOUBLE_URL": await servers(model)}
     async with make_client(PIPES, env) as client:
@@ -86,7 +86,7 @@ async def test_rows_beyond_the_batch_size_go_in_chunks(servers, make_client) -> 
     assert np.array(r.json()["result"]["width"]).shape == (10, 2)
 
 
-async def test_a_call_over_the_message_limit_is_split(servers, make_client) -> None:  # noqa: F811
+async def test_a_call_over_the_message_limit_is_split(servers, make_client) -> None:
     model = batching(100_000)
     env = {"ROWS_URL": await servers(source()), "DOUBLE_URL": await servers(model)}
     async with make_client(PIPES, env, max_message_mb=1) as client:
@@ -96,7 +96,7 @@ async def test_a_call_over_the_message_limit_is_split(servers, make_client) -> N
     assert len(model.seen) == 2 and sum(model.seen) == 60_000
 
 
-async def test_what_cannot_be_split_is_413(servers, make_client) -> None:  # noqa: F811
+async def test_what_cannot_be_split_is_413(servers, make_client) -> None:
     model = batching(0)  # does not batch: rows may not be split
     env = {"ROWS_URL": await servers(source()), "DOUBLE_URL": await servers(model)}
     async with make_client(PIPES, env, max_message_mb=1) as client:
@@ -106,7 +106,7 @@ async def test_what_cannot_be_split_is_413(servers, make_client) -> None:  # noq
     assert model.seen == []
 
 
-async def test_an_answer_over_the_message_limit_is_413_not_429(servers, make_client) -> None:  # noqa: F811
+async def test_an_answer_over_the_message_limit_is_413_not_429(servers, make_client) -> None:
     env = {"ROWS_URL": await servers(source()), "DOUBLE_URL": await servers(batching(0))}
     pipes = {"p": {**PIPES["p"], "steps": PIPES["p"]["steps"][:1], "result": {"x": "rows.x"}}}
     async with make_client(pipes, env, max_message_mb=1) as client:

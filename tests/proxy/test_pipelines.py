@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from protos.errors import InvalidInput, Unavailable
-from tests.proxy.scripted import ScriptedModel, affine, serve
+from tests.proxy.scripted import ScriptedModel, affine
 from v2server.model import TensorSpec
 
 
@@ -64,20 +64,6 @@ async def post(client, name: str, data: bytes, **headers):
         content=data,
         headers={"Content-Type": "application/octet-stream", **headers},
     )
-
-
-@pytest.fixture
-async def servers():
-    started = []
-
-    async def start(*models: ScriptedModel):
-        server = await serve(*models)
-        started.append(server)
-        return f"127.0.0.1:{server.port}"
-
-    yield start
-    for server in started:
-        await server.stop(0)
 
 
 async def test_serial_chain(servers, make_client) -> None:

@@ -81,7 +81,13 @@ def test_wrong_raw_length_names_tensor_and_sizes() -> None:
 
 @pytest.mark.parametrize(
     ("shape", "message"),
-    [([-1, 3], "negative"), ([1 << 20, 1 << 20], "more than the limit"), ([1] * 9, "rank 9")],
+    [
+        ([-1, 3], "negative"),
+        ([1 << 20, 1 << 20], "more than the limit"),
+        ([1] * 9, "rank 9"),
+        # No elements, but dimensions numpy cannot hold (found by the hypothesis suite).
+        ([0, 22285, 10171138, 10172965], "without its zero dimensions"),
+    ],
 )
 def test_hostile_shapes_fail_before_allocating(shape: list[int], message: str) -> None:
     with pytest.raises(InvalidInput, match=message):

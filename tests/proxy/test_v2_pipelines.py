@@ -1,0 +1,148 @@
+"""Pipelines as v2 models on the proxy's REST door: JSON (base64 BYTES) and Triton's
+binary tensor extension, both ways; the rest of the v2 REST surface."""
+
+from __future__ import annotations
+
+import base64
+import struct
+
+import numpy as np
+import orjson
+import pytest
+
+from proxy.errors import DefinitionError
+from tests.proxy.test_grpc_door import PIPES, chain_models
+from tests.proxy.test_pipelines import body, call, parse_model, pipeline
+
+
+@pytest.fixture
+async def client(servers, make_client):
+    env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": await servers(*chain_models())}
+    async with make_client(PIPES, env) as c:
+        yield c
+
+
+def base64_request(raw: bytes, **extra) -> dict:
+    return {
+        "inputs": [
+            {
+                "name": "raw",
+                "datatype": "BYTES",
+                "shape": [1],
+                "data": [base64.b64encode(raw).decode()],
+                "parameters": {"content_type": "base64"},
+            }
+        ],
+        **extra,
+    }
+
+
+def split_binary(answer) -> tuple[dict, bytes]:
+    size = int(answer.headers["inference-header-content-length"])
+    return orjson.loads(answer.content[:size]), answer.content[size:]
+
+
+async def test_a_pipeline_answers_v2_json(client) -> None:
+    r = await client.post("/v2/models/chain/infer", json=base64_request(body(1, 2), id="mine"))
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    outputs = {o["name"]: o for o in answer["outputs"]}
+    assert answer["model_name"] == "chain" and answer["id"] == "mine"
+    assert outputs["y"] == {"name": "y", "datatype": "FP32", "shape": [1, 2], "data": [4.0, 6.0]}
+    assert outputs["first"]["data"] == [2.0, 3.0]
+
+
+async def test_the_binary_tensor_extension_both_ways(client) -> None:
+    """What tritonclient's HTTP client sends: a JSON header, then the image's BYTES element
+    length-prefixed; asked for binary outputs, the answer is laid out the same way."""
+    raw = body(3)
+    element = struct.pack("<I", len(raw)) + raw
+    header = orjson.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "raw",
+                    "datatype": "BYTES",
+                    "shape": [1],
+                    "parameters": {"binary_data_size": len(element)},
+                }
+            ],
+            "outputs": [{"name": "y", "parameters": {"binary_data": True}}, {"name": "first"}],
+        }
+    )
+    r = await client.post(
+        "/v2/models/chain/infer",
+        content=header + element,
+        headers={
+            "Content-Type": "application/octet-stream",
+            "Inference-Header-Content-Length": str(len(header)),
+        },
+    )
+    assert r.status_code == 200, r.text
+    meta, rest = split_binary(r)
+    outputs = {o["name"]: o for o in meta["outputs"]}
+    assert outputs["y"]["parameters"] == {"binary_data_size": 4} and "data" not in outputs["y"]
+    assert np.frombuffer(rest, np.float32).tolist() == [8.0]
+    assert outputs["first"]["data"] == [4.0]
+
+
+async def test_binary_data_output_makes_every_output_binary(client) -> None:
+    r = await client.post(
+        "/v2/models/chain/infer",
+        json=base64_request(body(1), parameters={"binary_data_output": True}),
+    )
+    meta, rest = split_binary(r)
+    assert [o["parameters"]["binary_data_size"] for o in meta["outputs"]] == [4, 4]
+    assert len(rest) == 8
+
+
+@pytest.mark.parametrize(
+    ("change", "complaint"),
+    [
+        ({"data": ["not base64!"]}, "not base64"),
+        ({"shape": [2], "data": ["AA==", "AA=="]}, "expected shape [1], got [2]"),
+        ({"parameters": {"binary_data_size": 10}}, "runs past the end of the body"),
+        ({"name": "image"}, "has no input 'image'"),
+    ],
+)
+async def test_bad_v2_requests_name_the_problem(client, change: dict, complaint: str) -> None:
+    request = base64_request(body(1))
+    request["inputs"][0].update(change)
+    r = await client.post("/v2/models/chain/infer", json=request)
+    assert r.status_code == 400 and complaint in r.json()["error"], r.text
+
+
+async def test_unknown_outputs_and_versions(client) -> None:
+    unknown = await client.post(
+        "/v2/models/chain/infer", json=base64_request(body(1), outputs=[{"name": "z"}])
+    )
+    version = await client.post("/v2/models/chain/versions/7/infer", json=base64_request(body(1)))
+    assert unknown.status_code == 400 and "has no output 'z'" in unknown.json()["error"]
+    assert version.status_code == 404 and "no version '7'" in version.json()["error"]
+
+
+async def test_a_failed_step_is_the_same_answer_as_on_v1(servers, make_client) -> None:
+    env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": "127.0.0.1:1"}
+    async with make_client(PIPES, env) as client:
+        r = await client.post("/v2/models/chain/infer", json=base64_request(body(1)))
+    assert r.status_code == 503 and r.json()["step"] == "a" and r.headers["retry-after"] == "1"
+
+
+async def test_the_rest_of_the_v2_surface(client) -> None:
+    server = (await client.get("/v2")).json()
+    meta = (await client.get("/v2/models/chain")).json()
+    versioned = (await client.get("/v2/models/chain/versions/1")).json()
+    ready = await client.get("/v2/models/chain/versions/1/ready")
+    model_meta = await client.get("/v2/models/plus1/versions/1")
+    assert server["name"] == "inference-mesh-proxy" and "binary_tensor_data" in server["extensions"]
+    assert meta == versioned
+    assert meta["inputs"] == [{"name": "raw", "datatype": "BYTES", "shape": [1]}]
+    assert ready.status_code == 200 and ready.json()["ready"]
+    assert model_meta.status_code == 200 and model_meta.json()["name"] == "plus1"
+
+
+def test_a_pipeline_named_like_a_model_is_a_start_up_error(make_client) -> None:
+    pipes = {"plus1": pipeline([call("a", "plus1", "parse")], {"y": "a.y"})}
+    env = {"PARSE_URL": "127.0.0.1:1", "MODELS_URL": "127.0.0.1:1"}
+    with pytest.raises(DefinitionError, match="share the name"):
+        make_client(pipes, env)
