@@ -5,7 +5,9 @@ hits every system alike; each row is the median round by throughput):
 - the same topology with nothing in it (bench/hops.py: the hops alone);
 - the mesh's old path: a second proxy on the same services with unary calls and no merging;
 - digits: the design the project started from (bench/reference.py: FastAPI + httpx, JSON in);
-- ocr: the reference library (rapidocr-onnxruntime on the same three models).
+- ocr: the reference library (rapidocr-onnxruntime on the same three models);
+- the same pipeline called as a v2 model at the proxy's gRPC door by perf_analyzer (Triton's
+  C++ load generator), when it can run here.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from bench import perf_analyzer
 from bench.httpload import post_bytes
 from bench.inprocess import InProcess
 from bench.loadgen import Stats, run_threads
@@ -106,6 +109,12 @@ def main(argv: list[str]) -> int:
         lines: list[str] = []
         pipelines = Path(services["proxy"].env.get("PROXY_PIPELINES", DEFAULT_PIPELINES))
         budget = {"X-Request-Timeout-Ms": "60000"}
+        door = f"127.0.0.1:{services['proxy'].env['PROXY_GRPC_PORT']}"
+        try:
+            pa_env: dict[str, str] | None = perf_analyzer.environment()
+        except perf_analyzer.Unavailable as exc:
+            print(f"perf_analyzer rows left out: {exc}")
+            pa_env = None
         for name in args.pipelines:
             ocr = name == "ocr"
             blobs = pages if ocr else [digit]
@@ -142,6 +151,7 @@ def main(argv: list[str]) -> int:
                         window,
                         rounds,
                         with_library=ocr and c <= 8,
+                        door=_door(door, name, blobs, pa_env) if pa_env else None,
                     )
                     base = stats["in-process"]
                     for label, s in stats.items():
@@ -157,6 +167,7 @@ def main(argv: list[str]) -> int:
 
 
 HOPS = "hops only (same topology, echo services)"
+DOOR = "mesh, gRPC door (perf_analyzer, C++ client)"
 OLD = "mesh, old path (unary calls, no merging)"
 MESH = "mesh (streams, merged calls)"
 REFERENCE = "reference design (FastAPI + httpx, JSON in)"
@@ -170,6 +181,7 @@ def _measure(
     window: float,
     rounds: int,
     with_library: bool,
+    door: Callable[[int, float], Stats] | None = None,
 ) -> dict[str, Stats]:
     """Every system at concurrency c, `rounds` times in turn; the median round of each."""
     following = cycle(blobs)
@@ -180,6 +192,8 @@ def _measure(
         # The echo topology answers in milliseconds whatever the pipeline: a short window.
         w = min(window, 5.0) if label == HOPS else window
         systems[label] = lambda t=target, r=raws, w=w: asyncio.run(http_closed_loop(t, r, c, w))
+    if door is not None:
+        systems[DOOR] = lambda: door(c, window)
     if with_library:
         systems.update(_reference_library(blobs, c, window))
     runs: dict[str, list[Stats]] = {label: [] for label in systems}
@@ -187,6 +201,20 @@ def _measure(
         for label, measure in systems.items():
             runs[label].append(measure())
     return {label: median(r) for label, r in runs.items()}
+
+
+def _door(
+    address: str, pipeline: str, blobs: list[bytes], env: dict[str, str]
+) -> Callable[[int, float], Stats]:
+    """The pipeline as a v2 model at the proxy's gRPC door, loaded by perf_analyzer with the
+    same images in turn."""
+
+    def measure(c: int, window: float) -> Stats:
+        return perf_analyzer.measure(
+            address, pipeline, c, window, input_data={"image": blobs}, env=env
+        )
+
+    return measure
 
 
 def _json_post(url: str, payload: object) -> bytes:

@@ -5,14 +5,16 @@ from __future__ import annotations
 import sys
 
 from predictors import repository
-from predictors.settings import PredictorSettings
+from predictors.settings import TRITON_FLAGS, PredictorSettings
 from protos import logs
+from protos.cli import renamed
 from protos.version import VERSION
 from v2server.server import run_service
 
 
 def main(argv: list[str] | None = None) -> int:
-    settings = PredictorSettings(_cli_parse_args=sys.argv[1:] if argv is None else argv)
+    args = sys.argv[1:] if argv is None else argv
+    settings = PredictorSettings(_cli_parse_args=renamed(args, TRITON_FLAGS))
     logs.configure(settings.log_level)
     return run_service(
         repository.registry(settings.repository, settings.model_list()),

@@ -17,6 +17,9 @@ from v2server.model import LoadError
 class DynamicBatching(Strict):
     max_queue_delay_ms: float = Field(default=2.0, ge=0)
     """How long the first request of a batch waits for others to join it."""
+    preferred_batch_size: list[int] = []
+    """A batch stops waiting for company once it holds the largest of these rows (Triton's
+    field; smaller ones change nothing here: an idle model never waits)."""
 
 
 class VersionPolicy(Strict):
@@ -75,6 +78,15 @@ class Ragged(Strict):
     """Outputs whose axis (the value) grows with the row's length: padded back with zeros."""
 
 
+class ModelTensor(TensorConfig):
+    """A model's input or output as its config declares it."""
+
+    reshape: list[int] | None = None
+    """The shape the graph takes (an input) or gives (an output), without the batch
+    dimension when the model batches; `shape` is what callers send or get (Triton's
+    `reshape`)."""
+
+
 class ModelConfig(Strict):
     name: str | None = None
     """Defaults to the model's folder name; must match it when given."""
@@ -91,12 +103,14 @@ class ModelConfig(Strict):
     """Executions whose average time is below this run on the event loop, saving the
     thread hand-off (0 disables)."""
     version_policy: VersionPolicy = VersionPolicy()
-    inputs: list[TensorConfig] = []
-    outputs: list[TensorConfig] = []
+    inputs: list[ModelTensor] = []
+    outputs: list[ModelTensor] = []
     labels: str | None = None
     """A file beside config.yaml, one class label per line."""
     warmup: dict[str, list[int]] = {}
     """Shapes of the warm-up inference's inputs; default: dynamic dimensions become 1."""
+    warmup_random: list[str] = []
+    """Inputs the warm-up fills with random values (seeded) instead of zeros."""
     onnxruntime: OrtOptions = OrtOptions()
     ragged: Ragged | None = None
     """Present: rows of `ragged.input` run one at a time at their own length."""
@@ -114,20 +128,29 @@ class ConfigError(LoadError, ValueError):
     """A model folder whose configuration cannot be used; the message names the file."""
 
 
+CONFIG_FILES = ("config.yaml", "config.yml", "config.json", "config.pbtxt")
+
+
 def load_config(model_dir: Path) -> ModelConfig:
-    """Read `config.yaml`, `config.yml` or `config.json` (absent: all defaults)."""
-    for fname in ("config.yaml", "config.yml", "config.json"):
-        path = model_dir / fname
-        if path.exists():
-            break
-    else:
+    """Read `config.yaml`, `config.yml`, `config.json` or Triton's `config.pbtxt` (absent:
+    all defaults)."""
+    found = [model_dir / f for f in CONFIG_FILES if (model_dir / f).exists()]
+    if not found:
         return ModelConfig()
-    try:
-        text = path.read_text()
-        raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-        config = ModelConfig.model_validate(raw or {})
-    except (ValidationError, ValueError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{path}: {exc}") from exc
+    if len(found) > 1:
+        raise ConfigError(f"{model_dir}: one configuration file, not {[p.name for p in found]}")
+    path = found[0]
+    if path.suffix == ".pbtxt":
+        from predictors import triton_config  # here: it imports this module
+
+        config = triton_config.read(path)
+    else:
+        try:
+            text = path.read_text()
+            raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+            config = ModelConfig.model_validate(raw or {})
+        except (ValidationError, ValueError, yaml.YAMLError) as exc:
+            raise ConfigError(f"{path}: {exc}") from exc
     if config.name is not None and config.name != model_dir.name:
         raise ConfigError(f"{path}: name '{config.name}' differs from folder '{model_dir.name}'")
     return config

@@ -96,10 +96,15 @@ class OnnxModel:
             self.inputs = (*self.inputs, _ragged_lengths(config, self.inputs, self.outputs, where))
         self._output_names = [s.name for s in self.outputs]
         self._string_inputs = {s.name for s in self.inputs if s.datatype == "BYTES"}
+        self._reshape_in = {
+            t.name: tuple(t.reshape) for t in config.inputs if t.reshape is not None
+        }
+        self._reshape_out = {t.name: t for t in config.outputs if t.reshape is not None}
         batching = config.dynamic_batching
         self.scheduling = Scheduling(
             max_batch_size=config.max_batch_size,
             max_queue_delay_s=batching.max_queue_delay_ms / 1000 if batching else None,
+            preferred_batch_size=max(batching.preferred_batch_size, default=0) if batching else 0,
             instances=config.instance_count,
             max_queue=config.max_queue_size,
             inline_below_s=config.inline_below_ms / 1000,
@@ -113,6 +118,10 @@ class OnnxModel:
         return self._run_once(inputs)
 
     def _run_once(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self._reshape_in:
+            inputs = {
+                name: self._reshaped(name, arr, self._reshape_in) for name, arr in inputs.items()
+            }
         feeds = {
             # ONNX Runtime wants str elements for string tensors; v2 BYTES carry bytes.
             # Zero-copy decoded tensors may sit unaligned in the received buffer.
@@ -125,14 +134,39 @@ class OnnxModel:
             results = self._session.run(self._output_names, feeds)
         except OrtInvalidArgument as exc:
             raise InvalidInput(f"model '{self.name}': {exc}") from None
-        return dict(zip(self._output_names, results, strict=True))
+        outputs = dict(zip(self._output_names, results, strict=True))
+        for name, tensor in self._reshape_out.items():
+            served = tensor.shape[1:] if self.config.max_batch_size else tensor.shape
+            outputs[name] = self._reshaped(name, outputs[name], {name: tuple(served or ())})
+        return outputs
+
+    def _reshaped(
+        self, name: str, arr: np.ndarray, shapes: dict[str, tuple[int, ...]]
+    ) -> np.ndarray:
+        """Triton's `reshape`: the same elements in the other shape (rows kept apart)."""
+        shape = shapes.get(name)
+        if shape is None:
+            return arr
+        rows = (arr.shape[0],) if self.config.max_batch_size else ()
+        try:
+            return arr.reshape(rows + shape)
+        except ValueError:
+            raise InvalidInput(
+                f"model '{self.name}': '{name}' of shape {list(arr.shape)} cannot be reshaped "
+                f"to {list(rows + shape)}"
+            ) from None
 
     def warmup_inputs(self) -> dict[str, np.ndarray]:
         feeds = {}
+        rng = np.random.default_rng(0)
         for spec in self.inputs:
             shape = self.config.warmup.get(spec.name) or [1 if d < 0 else d for d in spec.shape]
             if spec.datatype == "BYTES":
                 feeds[spec.name] = np.full(shape, b"", dtype=object)
+            elif spec.name in self.config.warmup_random:
+                dtype = dtype_of(spec.datatype)
+                values = rng.random(shape) if dtype.kind == "f" else rng.integers(0, 2, shape)
+                feeds[spec.name] = values.astype(dtype)
             else:
                 feeds[spec.name] = np.zeros(shape, dtype=dtype_of(spec.datatype))
         spec = self.config.ragged

@@ -6,17 +6,20 @@ from pathlib import Path
 
 from pydantic_settings import SettingsConfigDict
 
+from protos.cli import with_env_names
 from v2server.settings import ServerSettings
 
 DEFAULT_RECIPES = Path(__file__).resolve().parent / "recipes.yaml"
 
 
+@with_env_names
 class PreprocessSettings(ServerSettings):
     model_config = SettingsConfigDict(
         env_prefix="PREPROCESS_", cli_prog_name="python -m preprocess"
     )
 
     port: int = 8002
+    """gRPC port; 0 picks a free one (see port_file)."""
     config: Path = DEFAULT_RECIPES
     """The recipe file."""
     workers: int = 2

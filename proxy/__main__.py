@@ -1,4 +1,5 @@
-"""`python -m proxy`: serve the REST API with uvicorn (PROXY_HOST / PROXY_PORT)."""
+"""`python -m proxy [--flags]` (or PROXY_* variables): serve the REST API with uvicorn, and
+the v2 gRPC door."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from proxy.protocol import GuardedHttpToolsProtocol
 from proxy.settings import ProxySettings
 
 
-def main() -> int:
-    settings = ProxySettings()
+def main(argv: list[str] | None = None) -> int:
+    settings = ProxySettings(_cli_parse_args=sys.argv[1:] if argv is None else argv)
     logs.configure(settings.log_level)
     if settings.workers > 1:
         return workers.supervise(settings)

@@ -8,16 +8,30 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from protos.cli import with_env_names
 from proxy.uploads import UploadLimits
 
 DEFAULT_PIPELINES = Path(__file__).resolve().parent / "pipelines.yaml"
 
 
+@with_env_names
 class ProxySettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="PROXY_", extra="ignore")
+    """Flags (`--kebab-case`) with environment equivalents (`PROXY_UPPER_CASE`); the
+    services' addresses are variables of their own (the pipeline file names them)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="PROXY_",
+        extra="ignore",
+        cli_kebab_case=True,
+        cli_implicit_flags=False,
+        use_attribute_docstrings=True,
+        cli_prog_name="python -m proxy",
+    )
 
     host: str = "127.0.0.1"
+    """Address the REST API (and the gRPC door) bind; 0.0.0.0 inside containers."""
     port: int = 8080
+    """The REST API's port."""
     grpc_port: int | None = 8081
     """The v2 gRPC door: every pipeline a v2 model (proxy/grpc_door.py). `off` (or empty):
     no gRPC door; 0 picks a free port."""
@@ -58,6 +72,7 @@ class ProxySettings(BaseSettings):
     open_paths: str = "/healthz,/readyz,/metrics"
     """Paths served without the API key."""
     max_message_mb: int = 64
+    """Largest gRPC message to or from the services (and the gRPC door)."""
     transport: Literal["stream", "unary"] = "stream"
     """How calls reach the services: multiplexed on long-lived ModelStreamInfer streams
     (a service without them, UNIMPLEMENTED, is called unary from then on), or one unary
@@ -72,7 +87,9 @@ class ProxySettings(BaseSettings):
     tls_cert: Path | None = None
     """PEM client certificate for services that require one (mutual TLS); needs tls_key."""
     tls_key: Path | None = None
+    """PEM private key of tls_cert."""
     log_level: str = "INFO"
+    """DEBUG, INFO, WARNING or ERROR; JSON lines on stderr."""
 
     @field_validator("grpc_port", mode="before")
     @classmethod

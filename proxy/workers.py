@@ -56,6 +56,12 @@ def supervise(settings: ProxySettings) -> int:
     directory = tempfile.mkdtemp(prefix="proxy-metrics-")
     env = {
         **os.environ,
+        # What the command line set reaches the workers as variables (they get no flags).
+        **{
+            f"PROXY_{name.upper()}": str(getattr(settings, name))
+            for name in settings.model_fields_set
+            if getattr(settings, name) is not None
+        },
         "PROXY_WORKERS": "1",
         "PROMETHEUS_MULTIPROC_DIR": directory,
         SUPERVISED: str(os.getpid()),

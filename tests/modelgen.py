@@ -156,3 +156,107 @@ def build_test_repository(root: Path) -> Path:
         },
     )
     return root
+
+
+def channel_means_model() -> onnx.ModelProto:
+    """An image [1, 3, H, W] -> its channels' means [1, 3, 1, 1] (Triton's densenet example
+    in small: callers send [3, H, W] and get [3], the config's `reshape` does the rest)."""
+    graph = helper.make_graph(
+        [helper.make_node("ReduceMean", ["data_0"], ["fc6_1"], axes=[2, 3], keepdims=1)],
+        "channel_means",
+        [helper.make_tensor_value_info("data_0", TensorProto.FLOAT, [1, 3, 4, 4])],
+        [helper.make_tensor_value_info("fc6_1", TensorProto.FLOAT, [1, 3, 1, 1])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+# The layout and config.pbtxt files of Triton's model repository documentation, for ONNX
+# models: <model>/config.pbtxt, <model>/<version>/model.onnx.
+LINEAR_PBTXT = """\
+name: "linear_triton"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+version_policy: { latest: { num_versions: 1 } }
+input [
+  {
+    name: "x"
+    data_type: TYPE_FP32
+    dims: [ 4 ]
+  }
+]
+output [
+  {
+    name: "y"
+    data_type: TYPE_FP32
+    dims: [ 3 ]
+    label_filename: "labels.txt"
+  },
+  {
+    name: "label"
+    data_type: TYPE_INT64
+    dims: [ ]
+  }
+]
+dynamic_batching {
+  preferred_batch_size: [ 4, 8 ]
+  max_queue_delay_microseconds: 500
+  default_queue_policy { max_queue_size: 64 }
+}
+instance_group [
+  {
+    count: 2
+    kind: KIND_CPU
+  }
+]
+model_warmup [
+  {
+    name: "zeros"
+    batch_size: 2
+    inputs {
+      key: "x"
+      value: {
+        data_type: TYPE_FP32
+        dims: [ 4 ]
+        random_data: true
+      }
+    }
+  }
+]
+"""
+
+DENSENET_STYLE_PBTXT = """\
+name: "channel_means"
+platform: "onnxruntime_onnx"
+max_batch_size : 0
+input [
+  {
+    name: "data_0"
+    data_type: TYPE_FP32
+    format: FORMAT_NCHW
+    dims: [ 3, 4, 4 ]
+    reshape { shape: [ 1, 3, 4, 4 ] }
+  }
+]
+output [
+  {
+    name: "fc6_1"
+    data_type: TYPE_FP32
+    dims: [ 3 ]
+    reshape { shape: [ 1, 3, 1, 1 ] }
+  }
+]
+"""
+
+
+def build_triton_repository(root: Path) -> Path:
+    """Two models configured as Triton's documentation shows (config.pbtxt)."""
+    for v in (1, 2):
+        folder = root / "linear_triton" / str(v)
+        folder.mkdir(parents=True)
+        onnx.save(linear_model(v), folder / "model.onnx")
+    (root / "linear_triton" / "config.pbtxt").write_text(LINEAR_PBTXT)
+    (root / "linear_triton" / "labels.txt").write_text("cat\ndog\nemu\n")
+    (root / "channel_means" / "1").mkdir(parents=True)
+    onnx.save(channel_means_model(), root / "channel_means" / "1" / "model.onnx")
+    (root / "channel_means" / "config.pbtxt").write_text(DENSENET_STYLE_PBTXT)
+    return root

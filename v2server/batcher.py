@@ -43,6 +43,7 @@ class Batcher:
         name: str,
         max_batch_rows: int,
         max_delay_s: float,
+        target_rows: int = 0,
         max_queue: int,
         instances: int = 1,
         inline_below_s: float = 0.0,
@@ -53,6 +54,8 @@ class Batcher:
         self._executor = executor
         self._name = name
         self._max_rows = max_batch_rows
+        self._target_rows = min(target_rows or max_batch_rows, max_batch_rows)
+        """Rows at which a batch stops waiting for company (Triton's preferred size)."""
         self._max_queue = max_queue
         self._instances = instances
         self._queue = RequestQueue(name)
@@ -164,7 +167,7 @@ class Batcher:
         batch = [first]
         rows = queue.take_compatible(batch, first.rows, self._max_rows, loop)
         close_at = loop.time() + policy.max_delay_s
-        while rows < self._max_rows and policy.batching_pays():
+        while rows < self._target_rows and policy.batching_pays():
             remaining = close_at - loop.time()
             if remaining <= 0 or not await queue.wait_arrival(remaining):
                 break

@@ -39,6 +39,8 @@ class Scheduling:
     """Largest first dimension a request may have; 0: inputs are full shapes, never merged."""
     max_queue_delay_s: float | None = None
     """Dynamic batching's wait for company; None: requests are never merged."""
+    preferred_batch_size: int = 0
+    """A batch stops waiting for company once it holds this many rows; 0: max_batch_size."""
     instances: int = 1
     """Executions that may run at once."""
     max_queue: int = 256

@@ -41,6 +41,7 @@ class ServedModel:
             name=self.name,
             statistics=self.statistics,
             max_batch_rows=s.max_batch_size if merges else 0,
+            target_rows=s.preferred_batch_size,
             max_delay_s=s.max_queue_delay_s if s.max_queue_delay_s and merges else 0.0,
             max_queue=s.max_queue,
             instances=s.instances,

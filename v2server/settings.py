@@ -12,7 +12,12 @@ from protos.codec import TensorLimits
 class ServerSettings(BaseSettings):
     """Flags (`--kebab-case`) with environment equivalents (`<PREFIX>_UPPER_CASE`)."""
 
-    model_config = SettingsConfigDict(cli_kebab_case=True, cli_implicit_flags=False, extra="ignore")
+    model_config = SettingsConfigDict(
+        cli_kebab_case=True,
+        cli_implicit_flags=False,
+        use_attribute_docstrings=True,
+        extra="ignore",
+    )
 
     host: str = "127.0.0.1"
     """Address to bind; 0.0.0.0 inside containers."""
@@ -33,6 +38,7 @@ class ServerSettings(BaseSettings):
     socket whose peer is still reading (and acknowledging) resets the connection, and the
     peer loses the end of an answer it had not read yet."""
     log_level: str = "INFO"
+    """DEBUG, INFO, WARNING or ERROR; JSON lines on stderr."""
     max_message_mb: int = 64
     """Largest gRPC message accepted or sent."""
     max_tensor_elements: int = 1 << 28

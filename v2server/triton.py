@@ -77,6 +77,8 @@ def model_config(model: Served) -> pb.ModelConfig:
         config.dynamic_batching.max_queue_delay_microseconds = round(
             scheduling.max_queue_delay_s * 1e6
         )
+        if scheduling.preferred_batch_size:
+            config.dynamic_batching.preferred_batch_size.append(scheduling.preferred_batch_size)
     return config
 
 

@@ -1,6 +1,10 @@
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -8,9 +12,11 @@ import grpc
 import numpy as np
 import pytest
 
-from protos import pb_grpc
+from protos import pb, pb_grpc
 from samples.images import encode, render_digit
 from tests.conftest import v2_target
+from tests.modelgen import build_triton_repository
+from tests.procs import ROOT, Service
 
 
 @dataclass(frozen=True)
@@ -29,7 +35,48 @@ def _digit_png() -> dict[str, np.ndarray]:
     return {"image": image}
 
 
-@pytest.fixture(scope="module", params=["predictor", "preprocess", "proxy"])
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def triton_predictor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """The predictor on a repository written as Triton's documentation shows (config.pbtxt),
+    started with Triton's flag names only."""
+    root = build_triton_repository(tmp_path_factory.mktemp("triton-repository"))
+    port, metrics_port = _free_port(), _free_port()
+    log_path = tmp_path_factory.mktemp("triton-predictor") / "predictor.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "predictors"),
+                *("--model-repository", str(root)),
+                *("--grpc-port", str(port)),
+                *("--metrics-port", str(metrics_port)),
+            ],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    service = Service(proc, port, metrics_port, log_path)
+    with grpc.insecure_channel(service.address) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, service.log()
+            assert time.monotonic() < deadline, service.log()
+            try:
+                if stub.ServerReady(pb.ServerReadyRequest(), timeout=1).ready:
+                    break
+            except grpc.RpcError:
+                time.sleep(0.1)
+    yield service
+    service.stop()
+
+
+@pytest.fixture(scope="module", params=["predictor", "preprocess", "proxy", "triton"])
 def target(request: pytest.FixtureRequest) -> Target:
     """Each of our v2 services (the proxy's gRPC door: a pipeline as a model), or the one
     server V2_TARGET names."""
@@ -40,6 +87,8 @@ def target(request: pytest.FixtureRequest) -> Target:
         return Target(address, os.environ.get("V2_MODEL", "linear"), ours=False)
     if request.param == "predictor":
         return Target(request.getfixturevalue("predictor").address, "linear", ours=True)
+    if request.param == "triton":
+        return Target(request.getfixturevalue("triton_predictor").address, "linear_triton", True)
     if request.param == "proxy":
         mesh = request.getfixturevalue("mesh")
         return Target(mesh.grpc_address, "digits", ours=True, sample=_digit_png())

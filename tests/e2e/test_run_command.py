@@ -47,4 +47,5 @@ def test_local_runner_serves_and_stops_on_sigterm(tmp_path) -> None:
         code = proc.wait(60)
     assert code == 0, log.read_text()[-3000:]
     text = log.read_text()
-    assert text.count('"msg": "stopped"') == 7, "every gRPC service stopped gracefully"
+    # 7 services and the proxy's gRPC door.
+    assert text.count('"msg": "stopped"') == 8, "every gRPC server stopped gracefully"

@@ -276,7 +276,9 @@ async def test_budget_shrinks_along_the_chain(servers, make_client) -> None:
     async with make_client(pipes, env) as client:
         r = await post(client, "p", body(1), **{"X-Request-Timeout-Ms": "800"})
     assert r.status_code == 200, r.text
-    assert 0.7 < first.remaining_s[0] <= 0.8
+    # The caller's 800 ms, not the pipeline's 1000, less what reaching the step took (up to
+    # a few hundred ms on a busy 2-core machine).
+    assert 0.4 < first.remaining_s[0] <= 0.8
     assert second.remaining_s[0] <= 0.8 - 0.3 + 0.02, second.remaining_s
 
 
