@@ -25,6 +25,7 @@ from pathlib import Path
 import grpc
 from grpc import aio
 
+from bench.mesh import free_port
 from protos.channels import METHOD_PREFIX, SERVICE_NAME
 from proxy.definitions import CallStep, Entry, ParallelStep
 from proxy.endpoints import parse
@@ -102,12 +103,6 @@ class Relay:
         await send({"type": "http.response.body", "body": b"{}"})
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_port(port: int, proc: subprocess.Popen, what: str) -> None:
     for _ in range(300):
         if proc.poll() is not None:
@@ -138,10 +133,10 @@ class NullMesh:
                 continue
             address = parse(variable, value).address
             if address not in echoes:
-                echoes[address] = port = _free_port()
+                echoes[address] = port = free_port()
                 self._start(["echo", str(port)], {}, port, f"echo for {variable}")
             env[variable] = f"127.0.0.1:{echoes[address]}"
-        port = _free_port()
+        port = free_port()
         self._start(["relay", str(port), str(self.pipelines), self.name], env, port, "relay")
         self.url = f"http://127.0.0.1:{port}/v1/pipelines/{self.name}/infer"
         return self

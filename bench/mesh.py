@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +35,12 @@ from bench.loadgen import Stats, run_async, run_threads
 from protos import messages
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def wait_http(url: str, proc: subprocess.Popen) -> None:

@@ -7,7 +7,7 @@ hits every system alike; each row is the median round by throughput):
 - digits: the design the project started from (bench/reference.py: FastAPI + httpx, JSON in);
 - ocr: the reference library (rapidocr-onnxruntime on the same three models);
 - the same pipeline called as a v2 model at the proxy's gRPC door by perf_analyzer (Triton's
-  C++ load generator), when it can run here.
+  C++ load generator), by unary calls and on streams, when it can run here.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from bench import perf_analyzer
 from bench.httpload import post_bytes
 from bench.inprocess import InProcess
 from bench.loadgen import Stats, run_threads
-from bench.mesh import HEADER, ROOT, cycle, http_closed_loop, median, row, wait_http
+from bench.mesh import HEADER, ROOT, cycle, free_port, http_closed_loop, median, row, wait_http
 
 REPOSITORY = ROOT / "models" / "repository"
 
@@ -42,7 +42,7 @@ throughput at c=8 >= 3x; at c=32 >= 6x with p99 <= 1/8."""
 def old_path_proxy(env: dict[str, str]) -> Iterator[str]:
     """A second proxy beside the mesh's, on the same services, calling them the old way:
     both paths measured in one run. Yields its URL."""
-    port = int(env["PROXY_PORT"]) + 1
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "proxy"],
         cwd=ROOT,
@@ -168,6 +168,7 @@ def main(argv: list[str]) -> int:
 
 HOPS = "hops only (same topology, echo services)"
 DOOR = "mesh, gRPC door (perf_analyzer, C++ client)"
+DOOR_STREAM = "mesh, gRPC door, one stream per client (perf_analyzer --streaming)"
 OLD = "mesh, old path (unary calls, no merging)"
 MESH = "mesh (streams, merged calls)"
 REFERENCE = "reference design (FastAPI + httpx, JSON in)"
@@ -181,7 +182,7 @@ def _measure(
     window: float,
     rounds: int,
     with_library: bool,
-    door: Callable[[int, float], Stats] | None = None,
+    door: Callable[[int, float, bool], Stats] | None = None,
 ) -> dict[str, Stats]:
     """Every system at concurrency c, `rounds` times in turn; the median round of each."""
     following = cycle(blobs)
@@ -193,7 +194,8 @@ def _measure(
         w = min(window, 5.0) if label == HOPS else window
         systems[label] = lambda t=target, r=raws, w=w: asyncio.run(http_closed_loop(t, r, c, w))
     if door is not None:
-        systems[DOOR] = lambda: door(c, window)
+        systems[DOOR] = lambda: door(c, window, False)
+        systems[DOOR_STREAM] = lambda: door(c, window, True)
     if with_library:
         systems.update(_reference_library(blobs, c, window))
     runs: dict[str, list[Stats]] = {label: [] for label in systems}
@@ -205,13 +207,13 @@ def _measure(
 
 def _door(
     address: str, pipeline: str, blobs: list[bytes], env: dict[str, str]
-) -> Callable[[int, float], Stats]:
+) -> Callable[[int, float, bool], Stats]:
     """The pipeline as a v2 model at the proxy's gRPC door, loaded by perf_analyzer with the
-    same images in turn."""
+    same images in turn, by unary calls or on ModelStreamInfer streams."""
 
-    def measure(c: int, window: float) -> Stats:
+    def measure(c: int, window: float, streaming: bool) -> Stats:
         return perf_analyzer.measure(
-            address, pipeline, c, window, input_data={"image": blobs}, env=env
+            address, pipeline, c, window, input_data={"image": blobs}, env=env, streaming=streaming
         )
 
     return measure
