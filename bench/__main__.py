@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import sys
 
-from bench import mesh, pipelines, predictor
+from bench import capacity, mesh, pipelines, predictor
 
 BENCHMARKS = {
     "predictor": predictor.main,
     "proxy": mesh.proxy_main,
     "pipelines": pipelines.main,
     "preprocess": mesh.preprocess_main,
+    "capacity": capacity.main,
 }
 
 

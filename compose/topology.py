@@ -47,7 +47,9 @@ def interpolate(text: str, environ: Mapping[str, str]) -> str:
     return _INTERPOLATION.sub(replace, text)
 
 
-def _merge_files(files: list[Path]) -> dict:
+def merged_specs(files: list[Path]) -> dict:
+    """The services of the compose file(s), later files overriding earlier ones, as written
+    (variables not interpolated)."""
     merged: dict = {}
     for path in files:
         data = yaml.safe_load(path.read_text()) or {}
@@ -78,7 +80,7 @@ def load(
     `port_offset` moves every port (so a second mesh can run beside `./mesh up`).
     """
     environ = os.environ if environ is None else environ
-    specs = _merge_files(files)
+    specs = merged_specs(files)
     if not specs:
         raise TopologyError(f"{files[0]}: no services")
     base_dir = files[0].parent

@@ -6,6 +6,7 @@ import asyncio
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import grpc
 import numpy as np
@@ -13,6 +14,7 @@ from grpc import aio
 
 from protos import messages, pb, wire
 from protos.channels import METHOD_PREFIX, STREAM_CANCEL_EXTENSION, channel_options
+from proxy.balancing import Replica, Replicas, names_replicas
 from proxy.endpoints import Target
 from proxy.errors import StepError
 from proxy.streams import CallFailed, StreamPool
@@ -33,8 +35,16 @@ class Channels:
         credentials: grpc.ChannelCredentials | None = None,
         *,
         streams: int = 0,
+        balance: Literal["proxy", "grpc"] = "proxy",
+        resolve_interval_s: float = 10.0,
     ) -> None:
         self._channels: dict[str, aio.Channel] = {}
+        self._balance = balance
+        self._resolve_interval_s = resolve_interval_s
+        self._replicas: dict[str, Replicas] = {}
+        """Names standing for replicas (proxy/balancing.py), when the proxy balances."""
+        self._authority: dict[str, str] = {}
+        """A replica's address -> the name it was resolved from (TLS checks the name)."""
         self.streams = streams
         """Streams per address (proxy/streams.py); 0: unary calls only."""
         self._pools: dict[str, StreamPool] = {}
@@ -54,13 +64,54 @@ class Channels:
     def get(self, address: str) -> aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
+            options = list(self._options)
+            if self._balance == "grpc" and names_replicas(address):
+                # Every call to the next address. Not for one address: pick_first reconnects
+                # on the next call, round_robin only after its backoff.
+                options += [("grpc.lb_policy_name", "round_robin")]
+            if host := self._authority.get(address):
+                options += [("grpc.default_authority", host)]
+                if self._credentials is not None:
+                    options += [("grpc.ssl_target_name_override", host)]
             channel = (
-                aio.insecure_channel(address, options=self._options)
+                aio.insecure_channel(address, options=options)
                 if self._credentials is None
-                else aio.secure_channel(address, self._credentials, options=self._options)
+                else aio.secure_channel(address, self._credentials, options=options)
             )
             self._channels[address] = channel
         return channel
+
+    def _state(self, address: str) -> grpc.ChannelConnectivity | None:
+        channel = self._channels.get(address)
+        return None if channel is None else channel.get_state()
+
+    async def _route(self, target: str) -> tuple[str, Replicas | None, Replica | None]:
+        """The address to call for `target`: itself, or one of the replicas it names."""
+        if self._balance != "proxy" or not names_replicas(target):
+            return target, None, None
+        replicas = self._replicas.get(target)
+        if replicas is None:
+            replicas = self._replicas[target] = Replicas(
+                target, self._resolve_interval_s, self._state
+            )
+        try:
+            replica = await replicas.pick()
+        except LookupError as exc:
+            raise CallFailed(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
+        if replicas.host:
+            self._authority.setdefault(replica.address, replicas.host)
+        self._forget(replicas)
+        return replica.address, replicas, replica
+
+    def _forget(self, replicas: Replicas) -> None:
+        """Close what the addresses a name no longer resolves to held, once idle."""
+        for address in list(replicas.removed):
+            if not any(address in r.addresses for r in self._replicas.values()):
+                replicas.removed.remove(address)
+                pool, channel = self._pools.pop(address, None), self._channels.pop(address, None)
+                # Calls still in flight there hold their own references and finish first.
+                task = asyncio.ensure_future(_close_later(pool, channel))
+                task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     async def close(self) -> None:
         await asyncio.gather(*(p.close() for p in self._pools.values()))
@@ -96,14 +147,38 @@ class Channels:
     ) -> dict[str, np.ndarray]:
         """One inference, on a stream or a unary call; raises CallFailed. Tensors stay as
         received bytes."""
-        if self.streams and target.address not in self._unary_only:
+        address, replicas, replica = await self._route(target.address)
+        if replicas is None or replica is None:
+            return await self._infer(address, target, inputs, outputs, timeout, request_id)
+        replica.load += 1
+        try:
+            answer = await self._infer(address, target, inputs, outputs, timeout, request_id)
+        except CallFailed as exc:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                replicas.failed(replica)
+            raise
+        finally:
+            replica.load -= 1
+        replicas.succeeded(replica)
+        return answer
+
+    async def _infer(
+        self,
+        address: str,
+        target: Target,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Sequence[str],
+        timeout: float,
+        request_id: str,
+    ) -> dict[str, np.ndarray]:
+        if self.streams and address not in self._unary_only:
             try:
-                return await self._streamed(target, inputs, outputs, timeout, request_id)
+                return await self._streamed(address, target, inputs, outputs, timeout, request_id)
             except CallFailed as exc:
                 if not (exc.stream and exc.code() == grpc.StatusCode.UNIMPLEMENTED):
                     raise
-                self._unary_only.add(target.address)  # e.g. a server without streams
-        call = self.get(target.address).unary_unary(
+                self._unary_only.add(address)  # e.g. a server without streams
+        call = self.get(address).unary_unary(
             METHOD_PREFIX + "ModelInfer",
             request_serializer=wire.serialize_infer_request,
             response_deserializer=wire.parse_infer_response,
@@ -119,13 +194,14 @@ class Channels:
 
     async def _streamed(
         self,
+        address: str,
         target: Target,
         inputs: Mapping[str, np.ndarray],
         outputs: Sequence[str],
         timeout: float,
         request_id: str,
     ) -> dict[str, np.ndarray]:
-        pool = self._pool(target.address)
+        pool = self._pool(address)
         key = pool.key(request_id)
         # The deadline travels with the request (Triton's timeout parameter): the stream's own
         # has none.
@@ -184,13 +260,33 @@ class Channels:
         return True, ""
 
     async def unary(self, address: str, method: str, request, response_type, timeout: float):
-        """Any other v2 RPC (metadata, health) with plain protobuf messages."""
-        call = self.get(address).unary_unary(
+        """Any other v2 RPC (metadata, health) with plain protobuf messages; raises
+        aio.AioRpcError."""
+        try:
+            routed, replicas, replica = await self._route(address)
+        except CallFailed as exc:
+            metadata = aio.Metadata()
+            raise aio.AioRpcError(exc.code(), metadata, metadata, exc.details()) from None
+        call = self.get(routed).unary_unary(
             METHOD_PREFIX + method,
             request_serializer=type(request).SerializeToString,
             response_deserializer=response_type.FromString,
         )
-        return await call(request, timeout=timeout)
+        try:
+            return await call(request, timeout=timeout)
+        except aio.AioRpcError as exc:
+            if replicas and replica and exc.code() == grpc.StatusCode.UNAVAILABLE:
+                replicas.failed(replica)
+            raise
+
+
+async def _close_later(pool: StreamPool | None, channel: aio.Channel | None) -> None:
+    """A dropped replica's streams and channel, closed once its calls had time to end."""
+    await asyncio.sleep(60.0)
+    if pool is not None:
+        await pool.close()
+    if channel is not None:
+        await channel.close()
 
 
 def _request(

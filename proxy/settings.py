@@ -79,6 +79,13 @@ class ProxySettings(BaseSettings):
     ModelInfer call each."""
     streams_per_endpoint: int = Field(default=2, ge=1, le=64)
     """Streams kept open to each service address."""
+    balance: Literal["proxy", "grpc"] = "proxy"
+    """For an endpoint naming replicas (`dns:///name:port`, `ipv4:a:port,b:port`): `proxy`
+    resolves the name and spreads calls and streams over the replicas by load, passing over
+    failed ones (proxy/balancing.py); `grpc` leaves it to gRPC's round_robin (per call on
+    unary calls; a stream stays on the replica it opened on)."""
+    resolve_interval_s: float = Field(default=10.0, gt=0)
+    """How often a `dns:///` endpoint is looked up again (and soon after a replica fails)."""
     merge: bool = True
     """Caller-side batching: calls of requests in flight together to the same step of a
     batching model (max_batch_size > 0) merged into one call (proxy/merging.py)."""

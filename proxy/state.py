@@ -34,6 +34,8 @@ class ProxyState:
             settings.max_message_mb,
             credentials,
             streams=settings.streams_per_endpoint if settings.transport == "stream" else 0,
+            balance=settings.balance,
+            resolve_interval_s=settings.resolve_interval_s,
         )
         admission = Admission(
             settings.max_in_flight,

@@ -69,16 +69,20 @@ class V2Server:
     def _build(self) -> aio.Server:
         """Create the grpc.aio server; it binds itself to the running event loop."""
         max_bytes = self.settings.max_message_mb * 1024 * 1024
-        server = aio.server(
-            interceptors=self._interceptors,
-            options=[
-                ("grpc.max_receive_message_length", max_bytes),
-                ("grpc.max_send_message_length", max_bytes),
-                # Linux lets two servers share a port by default; a second one must fail
-                # unless sharing is meant.
-                ("grpc.so_reuseport", int(self._share_port)),
-            ],
-        )
+        options: list[tuple[str, int]] = [
+            ("grpc.max_receive_message_length", max_bytes),
+            ("grpc.max_send_message_length", max_bytes),
+            # Linux lets two servers share a port by default; a second one must fail
+            # unless sharing is meant.
+            ("grpc.so_reuseport", int(self._share_port)),
+        ]
+        if (age := self.settings.max_connection_age_s) is not None:
+            grace = self.settings.max_connection_age_grace_s
+            options += [
+                ("grpc.max_connection_age_ms", int(age * 1000)),
+                ("grpc.max_connection_age_grace_ms", int(grace * 1000)),
+            ]
+        server = aio.server(interceptors=self._interceptors, options=options)
         server.add_generic_rpc_handlers((rpc_handler(self.servicer),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         return server

@@ -51,6 +51,13 @@ class ServerSettings(BaseSettings):
     max_inflight_mb: float = 1024.0
     """Bytes of requests the whole service may hold; beyond, unary requests get
     RESOURCE_EXHAUSTED and streams wait."""
+    max_connection_age_s: float | None = None
+    """Close each client connection (GOAWAY) after this long, so that clients look the
+    name up again and reach new replicas behind a load-balanced address (a Kubernetes
+    ClusterIP Service balances connections, not calls). Unset: connections stay."""
+    max_connection_age_grace_s: float = 120.0
+    """After max_connection_age_s, how long calls and streams already on the connection
+    may go on before it is closed."""
     tls_cert: Path | None = None
     """PEM certificate (chain) to serve TLS with; needs tls_key. Unset: plaintext."""
     tls_key: Path | None = None

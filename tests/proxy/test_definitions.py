@@ -92,7 +92,25 @@ def test_endpoint_url_may_name_model_and_version(tmp_path: Path) -> None:
     assert (target.address, target.model, target.version) == ("127.0.0.1:2", "model_b", "3")
 
 
-@pytest.mark.parametrize("value", ["localhost", "host:99999", "a b:1", ""])
+@pytest.mark.parametrize(
+    ("value", "address", "model"),
+    [
+        ("dns:///digits-mlp.mesh.svc:8102", "dns:///digits-mlp.mesh.svc:8102", None),
+        ("dns:///digits-mlp:8102/digits_mlp", "dns:///digits-mlp:8102", "digits_mlp"),
+        ("ipv4:10.0.0.1:8102,10.0.0.2:8102/m", "ipv4:10.0.0.1:8102,10.0.0.2:8102", "m"),
+        ("ipv6:[fd00::1]:8102,[fd00::2]:8102", "ipv6:[fd00::1]:8102,[fd00::2]:8102", None),
+        ("[::1]:8102", "[::1]:8102", None),
+    ],
+)
+def test_endpoints_may_name_replicas(value: str, address: str, model: str | None) -> None:
+    endpoint = endpoints.parse("X_URL", value)
+    assert (endpoint.address, endpoint.model) == (address, model)
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["localhost", "host:99999", "a b:1", "", "a:1,b:1", "dns://8.8.8.8/a:1", "ipv4:a:1/m/v/x"],
+)
 def test_bad_endpoint_values(value: str) -> None:
     with pytest.raises(DefinitionError):
         endpoints.resolve("X_URL", {"X_URL": value})

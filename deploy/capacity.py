@@ -1,0 +1,130 @@
+"""`python -m deploy.capacity --rate digits=800 --rate ocr=10`: replicas of each service for
+target request rates per pipeline, and the pod sizes the Kubernetes manifests use, both
+derived from `deploy/capacity.json` (CPU per request of every service, measured by
+`python -m bench capacity`).
+
+How, for each service s:
+- one replica's CPU request: its share of what one proxy replica can send. A proxy replica
+  serves at most 1 / loop_ms(proxy) requests per second however many cores it has (one
+  asyncio loop); at utilisation U that is U / loop_ms requests per ms, which cost service s
+  U * cpu_ms(s) / loop_ms(proxy) cores: one replica of every service per proxy replica,
+  each as busy as the proxy. The largest over the pipelines, capped at the cores the
+  measurement had (a replica is not sized beyond what was measured; the OCR models would
+  take more), at least 100m;
+- replicas for rates r_p: ceil(sum_p r_p * cpu_ms(s, p) / 1000 / (U * request(s))), at least
+  one; the figure the HorizontalPodAutoscaler converges to when its CPU target is U.
+Memory: the measured peak resident set * 1.5 as the request, twice that as the limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+MEASURED = Path(__file__).resolve().parent / "capacity.json"
+UTILISATION = 0.7
+"""The HorizontalPodAutoscaler's CPU target; headroom for bursts and a failed replica."""
+MIN_CPU_M = 100
+
+
+@dataclass(frozen=True)
+class Size:
+    cpu_m: int
+    """CPU request, millicores."""
+    memory_mi: int
+    """Memory request, MiB."""
+
+    @property
+    def cpu_limit_m(self) -> int:
+        return 2 * self.cpu_m
+
+    @property
+    def memory_limit_mi(self) -> int:
+        return 2 * self.memory_mi
+
+
+def load(path: Path = MEASURED) -> dict:
+    return json.loads(path.read_text())
+
+
+def _cores(measured: dict) -> int:
+    return int(measured["machine"].split(",")[1].split()[0])
+
+
+def sizes(measured: dict) -> dict[str, Size]:
+    """Every service's pod size."""
+    pipelines = measured["pipelines"].values()
+    cap_m = 1000 * _cores(measured)
+    out = {}
+    for service, peak in measured["peak_memory_mib"].items():
+        wanted = max(
+            UTILISATION * p["cpu_ms_per_request"][service] / p["event_loop_ms_per_request"]["proxy"]
+            for p in pipelines
+        )
+        cpu_m = min(cap_m, max(MIN_CPU_M, 50 * math.ceil(1000 * wanted / 50)))
+        out[service] = Size(cpu_m, 16 * math.ceil(1.5 * peak / 16))
+    return out
+
+
+def replicas(measured: dict, rates: dict[str, float]) -> dict[str, int]:
+    """Replicas of every service for `rates` (requests/s per pipeline)."""
+    unknown = set(rates) - set(measured["pipelines"])
+    if unknown:
+        raise ValueError(f"no measurement for pipeline(s) {sorted(unknown)}")
+    out = {}
+    for service, size in sizes(measured).items():
+        cores = sum(
+            rate * measured["pipelines"][p]["cpu_ms_per_request"][service] / 1000
+            for p, rate in rates.items()
+        )
+        out[service] = max(1, math.ceil(cores / (UTILISATION * size.cpu_m / 1000) - 1e-9))
+    return out
+
+
+def table(measured: dict, rates: dict[str, float]) -> str:
+    plan = replicas(measured, rates)
+    sized = sizes(measured)
+    header = ["service", *[f"CPU ms per {p} request" for p in rates], "pod CPU", "replicas"]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for service in plan:
+        cpu = [f"{measured['pipelines'][p]['cpu_ms_per_request'][service]:.2f}" for p in rates]
+        row = [service, *cpu, f"{sized[service].cpu_m}m", str(plan[service])]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def _rate(text: str) -> tuple[str, float]:
+    name, sep, value = text.partition("=")
+    try:
+        rate = float(value)
+    except ValueError:
+        rate = -1.0
+    if not sep or rate < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected PIPELINE=REQUESTS_PER_S")
+    return name, rate
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m deploy.capacity", description=__doc__)
+    parser.add_argument(
+        "--rate", type=_rate, action="append", required=True, help="PIPELINE=REQUESTS_PER_S"
+    )
+    parser.add_argument("--measured", type=Path, default=MEASURED)
+    args = parser.parse_args(argv)
+    measured = load(args.measured)
+    try:
+        print(table(measured, dict(args.rate)))
+    except ValueError as exc:
+        parser.error(str(exc))
+    print(
+        f"\nfrom {args.measured.name} ({measured['measured']}, {measured['machine']}); "
+        f"CPU target {UTILISATION:.0%}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,131 @@
+"""Client-side balancing over a service's replicas: calls *and* streams spread by load.
+
+gRPC's own `round_robin` spreads calls, but a long-lived ModelStreamInfer stream stays on the
+replica it opened on, and a pool of two streams in front of five pods uses at most two. So for
+a name that stands for replicas (`dns:///name:port`, e.g. a Kubernetes headless Service, or
+`ipv4:a:port,b:port`), the proxy resolves the name itself (again every `resolve_interval_s`,
+and soon after a replica fails), keeps a channel and its streams per address, and sends each
+call to the replica with the fewest calls in flight (in turn when equal). A replica that
+fails with UNAVAILABLE, or whose channel is in TRANSIENT_FAILURE, is passed over while
+others are up, so a retry lands elsewhere. `PROXY_BALANCE=grpc` hands the name to gRPC's
+`round_robin` instead (per call on unary calls; a stream stays where it opened).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+log = logging.getLogger(__name__)
+
+REPLICA_SCHEMES = ("dns:///", "ipv4:", "ipv6:")
+
+
+def names_replicas(target: str) -> bool:
+    return target.startswith(REPLICA_SCHEMES)
+
+
+@dataclass
+class Replica:
+    address: str
+    """host:port (an IPv6 host in brackets)."""
+    load: int = 0
+    """Calls in flight."""
+    down_until: float = 0.0
+    failures: int = 0
+
+
+class Replicas:
+    """The addresses behind one name, and which to call next."""
+
+    def __init__(
+        self,
+        target: str,
+        resolve_interval_s: float,
+        state: Callable[[str], grpc.ChannelConnectivity | None],
+    ) -> None:
+        self.target = target
+        self.host = ""
+        """The DNS name (for TLS: the certificate names it, not the address)."""
+        self._interval = resolve_interval_s
+        self._state = state
+        """An address's channel state, None before its channel exists."""
+        self._replicas: dict[str, Replica] = {}
+        self._next_resolve = 0.0
+        self._resolving: asyncio.Task[None] | None = None
+        self._turn = 0
+        self.removed: list[str] = []
+        """Addresses the last resolution dropped, for the caller to close."""
+        if target.startswith("dns:///"):
+            self.host, _, port = target.removeprefix("dns:///").rpartition(":")
+            self._port = int(port)
+        else:
+            listed = target.partition(":")[2].split(",")
+            self._replicas = {a: Replica(a) for a in listed}
+            self._next_resolve = float("inf")
+
+    @property
+    def addresses(self) -> list[str]:
+        return list(self._replicas)
+
+    async def pick(self) -> Replica:
+        """The replica for the next call; resolves first if the name was never resolved."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if not self._replicas:
+            await self._resolve()
+            if not self._replicas:
+                raise LookupError(f"{self.target} resolves to no address")
+        elif now >= self._next_resolve and self._resolving is None:
+            self._resolving = asyncio.ensure_future(self._resolve())
+        replicas = list(self._replicas.values())
+        up = [r for r in replicas if r.down_until <= now and not self._failing(r)]
+        candidates = up or sorted(replicas, key=lambda r: r.down_until)[:1]
+        # Fewest in flight; equal loads in turn (so calls one at a time alternate).
+        self._turn += 1
+        start = self._turn % len(candidates)
+        rotated = candidates[start:] + candidates[:start]
+        return min(rotated, key=lambda r: r.load)
+
+    def _failing(self, replica: Replica) -> bool:
+        return self._state(replica.address) == grpc.ChannelConnectivity.TRANSIENT_FAILURE
+
+    def failed(self, replica: Replica) -> None:
+        """The replica answered UNAVAILABLE: pass it over for a while (longer each time in
+        a row) and look the name up again soon (a replaced pod has a new address)."""
+        replica.failures += 1
+        now = asyncio.get_running_loop().time()
+        replica.down_until = now + min(0.1 * 2 ** (replica.failures - 1), 5.0)
+        if self._next_resolve != float("inf"):
+            self._next_resolve = min(self._next_resolve, now + 0.5)
+
+    def succeeded(self, replica: Replica) -> None:
+        replica.failures = 0
+        replica.down_until = 0.0
+
+    async def _resolve(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            infos = await loop.getaddrinfo(self.host, self._port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            log.warning("cannot resolve %s (%s); keeping %s", self.target, exc, self.addresses)
+            infos = []
+        finally:
+            self._next_resolve = loop.time() + self._interval
+            self._resolving = None
+        found = []
+        for family, *_, sockaddr in infos:
+            host = f"[{sockaddr[0]}]" if family == socket.AF_INET6 else sockaddr[0]
+            found.append(f"{host}:{sockaddr[1]}")
+        if not found:
+            return
+        fresh = {a: self._replicas.get(a) or Replica(a) for a in dict.fromkeys(found)}
+        self.removed += [a for a in self._replicas if a not in fresh]
+        if fresh.keys() != self._replicas.keys():
+            log.info("%s: replicas %s", self.target, sorted(fresh))
+        self._replicas = fresh

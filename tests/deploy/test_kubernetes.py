@@ -1,0 +1,240 @@
+"""The Kubernetes manifests, checked offline: every overlay renders with `kubectl kustomize`,
+every object validates against the API schema of a pinned Kubernetes version, the
+Deployments match the compose topology, every endpoint the pipelines use reaches a Service
+port that exists, and the NetworkPolicies admit exactly the mesh's own connections."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import subprocess
+from functools import cache
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from compose.topology import interpolate, merged_specs
+from deploy.kubernetes import generate
+from proxy import plan
+
+KUBERNETES = "1.32.0"
+"""The API version the objects must be valid for (kubectl on the machine is 1.32)."""
+OVERLAYS = generate.HERE / "overlays"
+NAMES = list(merged_specs([generate.COMPOSE]))
+
+
+@cache
+def render(overlay: str) -> tuple[dict, ...]:
+    if shutil.which("kubectl") is None:
+        pytest.fail("kubectl is needed to render the overlays (kubectl kustomize)")
+    out = subprocess.run(
+        ["kubectl", "kustomize", str(OVERLAYS / overlay)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    return tuple(d for d in yaml.safe_load_all(out) if d)
+
+
+def objects(overlay: str, kind: str) -> dict[str, dict]:
+    return {d["metadata"]["name"]: d for d in render(overlay) if d["kind"] == kind}
+
+
+def container(deployment: dict) -> dict:
+    return deployment["spec"]["template"]["spec"]["containers"][0]
+
+
+def env_of(deployment: dict) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container(deployment)["env"]}
+
+
+def test_generated_files_are_up_to_date() -> None:
+    assert generate.check() == [], "run: python -m deploy.kubernetes.generate"
+
+
+@pytest.mark.parametrize("overlay", ["local", "production", "production-mtls", "kserve"])
+def test_every_object_validates_against_the_pinned_api(overlay: str) -> None:
+    checked = 0
+    for doc in render(overlay):
+        if doc["apiVersion"].startswith("serving.kserve.io/"):
+            continue  # not in Kubernetes' schema: test_kserve.py checks them
+        kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+        checked += 1
+    assert checked >= len(NAMES) * 2
+
+
+def test_the_validator_refuses_what_the_api_would() -> None:
+    deployment = copy.deepcopy(objects("local", "Deployment")["proxy"])
+    container(deployment)["readinessProbe"]["periodSecond"] = 5  # a typo
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBERNETES, strict=True)
+
+
+def _compose(name: str) -> dict:
+    return merged_specs([generate.COMPOSE])[name]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_compose_service_has_its_deployment(name: str) -> None:
+    spec = _compose(name)
+    deployment = objects("local", "Deployment")[name]
+    main = container(deployment)
+    assert main["command"] == [str(c) for c in spec["command"]]
+    want = {k: interpolate(str(v), {}) for k, v in spec["environment"].items()}
+    got = env_of(deployment)
+    for key, value in want.items():
+        # Endpoints name the headless Service for the proxy's balancing; nothing else moves.
+        assert got[key] == (f"dns:///{value}" if key.endswith("_URL") else value), key
+    assert set(got) - set(want) <= {"PROXY_PIPELINES"}
+    ports = {p["containerPort"] for p in main["ports"]}
+    assert ports == {int(v) for k, v in want.items() if k.endswith("_PORT")}
+    service = objects("local", "Service")[name]
+    assert {p["port"] for p in service["spec"]["ports"]} == ports
+    assert (
+        service["spec"]["selector"].items()
+        <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    )
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_probes_check_what_the_compose_healthcheck_checks(name: str) -> None:
+    test = _compose(name)["healthcheck"]["test"]
+    main = container(objects("local", "Deployment")[name])
+    ports = {p["name"]: p["containerPort"] for p in main["ports"]}
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert probe in main
+    if test[2:4] == ["-m", "v2server.healthcheck"]:
+        # compose asks the v2 server whether it is ready; the kubelet asks grpc.health.v1,
+        # which the server answers SERVING once its models are loaded (v2server/server.py).
+        port = int(test[4].rsplit(":", 1)[1])
+        assert main["readinessProbe"]["grpc"] == {"port": port} == {"port": ports["grpc"]}
+    else:
+        assert test[2:4] == ["-m", "proxy.healthcheck"]
+        url = test[4]
+        assert main["readinessProbe"]["httpGet"]["path"] == url[url.index("/", 8) :]
+        assert int(url.split(":")[2].split("/")[0]) == ports["http"]
+
+
+def test_every_endpoint_the_pipelines_use_reaches_a_service_port() -> None:
+    deployments, services = objects("local", "Deployment"), objects("local", "Service")
+    proxy = deployments["proxy"]
+    pipelines = generate.PIPELINES
+    plans = plan.load(pipelines, env_of(proxy))
+    reached = set()
+    for pipeline in plans.values():
+        for target in pipeline.targets.values():
+            host, port = target.address.removeprefix("dns:///").rsplit(":", 1)
+            service = services[host]
+            assert service["spec"].get("clusterIP") == "None", f"{host}: headless"
+            by_port = {p["port"]: p for p in service["spec"]["ports"]}
+            assert int(port) in by_port, f"{target.endpoint}: {host} has no port {port}"
+            backend = deployments[host]
+            exposed = {p["name"]: p["containerPort"] for p in container(backend)["ports"]}
+            assert exposed[by_port[int(port)]["targetPort"]] == int(port)
+            reached.add(host)
+    assert reached == set(NAMES) - {"proxy"}
+
+
+def test_pods_run_unprivileged_and_outlive_their_drain() -> None:
+    for name, deployment in objects("production", "Deployment").items():
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, name
+        for c in pod["containers"] + pod.get("initContainers", []):
+            context = c["securityContext"]
+            assert context["readOnlyRootFilesystem"] is True, name
+            assert context["allowPrivilegeEscalation"] is False, name
+            assert context["capabilities"]["drop"] == ["ALL"], name
+            assert {"cpu", "memory"} <= c["resources"]["requests"].keys(), name
+        pre_stop = int(pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][1])
+        assert pod["terminationGracePeriodSeconds"] > pre_stop + generate.DRAIN_S, name
+
+
+def test_production_scales_every_service_and_keeps_one_up() -> None:
+    deployments = objects("production", "Deployment")
+    autoscalers = objects("production", "HorizontalPodAutoscaler")
+    budgets = objects("production", "PodDisruptionBudget")
+    assert set(autoscalers) == set(budgets) == set(deployments) == set(NAMES)
+    for name, deployment in deployments.items():
+        assert "replicas" not in deployment["spec"], f"{name}: the autoscaler owns it"
+        hpa = autoscalers[name]["spec"]
+        assert hpa["scaleTargetRef"]["name"] == name and hpa["minReplicas"] >= 2
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert budgets[name]["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        spread = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+        assert {c["topologyKey"] for c in spread} == {
+            "kubernetes.io/hostname",
+            "topology.kubernetes.io/zone",
+        }
+
+
+# --- NetworkPolicy: which connections are admitted -------------------------------------
+
+NAMESPACE = "mesh"
+
+
+def _selects(selector: dict, labels: dict[str, str]) -> bool:
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for expression in selector.get("matchExpressions", []):
+        value = labels.get(expression["key"])
+        if expression["operator"] == "In" and value not in expression["values"]:
+            return False
+    return True
+
+
+def _peer_admits(peer: dict, source: tuple[str, dict[str, str]]) -> bool:
+    namespace, labels = source
+    namespaces = {NAMESPACE: {"kubernetes.io/metadata.name": NAMESPACE}}
+    namespaces.setdefault(namespace, {"kubernetes.io/metadata.name": namespace})
+    if "namespaceSelector" in peer:
+        if not _selects(peer["namespaceSelector"], namespaces[namespace]):
+            return False
+    elif namespace != NAMESPACE:
+        return False  # a podSelector alone means pods of the policy's namespace
+    return _selects(peer.get("podSelector", {}), labels)
+
+
+def admitted(overlay: str, source: tuple[str, dict[str, str]], pod: dict, port: dict) -> bool:
+    labels = pod["spec"]["template"]["metadata"]["labels"]
+    policies = [
+        p
+        for p in objects(overlay, "NetworkPolicy").values()
+        if _selects(p["spec"]["podSelector"], labels)
+    ]
+    if not policies:
+        return True
+    for policy in policies:
+        for rule in policy["spec"].get("ingress", []):
+            ports = rule.get("ports")
+            if ports and not any(p["port"] in (port["name"], port["containerPort"]) for p in ports):
+                continue
+            peers = rule.get("from")
+            if not peers or any(_peer_admits(peer, source) for peer in peers):
+                return True
+    return False
+
+
+def test_network_policies_admit_exactly_the_mesh_connections() -> None:
+    deployments = objects("local", "Deployment")
+    sources = {
+        name: (NAMESPACE, d["spec"]["template"]["metadata"]["labels"])
+        for name, d in deployments.items()
+    }
+    sources["another pod in the namespace"] = (NAMESPACE, {"app": "debug"})
+    sources["a pod elsewhere"] = ("default", {"app.kubernetes.io/name": "proxy"})
+    sources["prometheus"] = ("monitoring", {"app": "prometheus"})
+    seen = set()
+    for destination, deployment in deployments.items():
+        for port in container(deployment)["ports"]:
+            for source, peer in sources.items():
+                if admitted("local", peer, deployment, port):
+                    seen.add((source, destination, port["name"]))
+    expected = set()
+    for name in NAMES:
+        if name == "proxy":
+            expected |= {(s, "proxy", p) for s in sources for p in ("http", "grpc")}
+        else:
+            expected |= {("proxy", name, "grpc"), ("prometheus", name, "metrics")}
+    assert seen == expected

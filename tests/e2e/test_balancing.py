@@ -1,0 +1,126 @@
+"""Client-side balancing for real: two replicas of a predictor, on 127.0.0.1 and 127.0.0.2,
+named by one endpoint variable (`ipv4:a:port,b:port`, as a Kubernetes headless Service's
+`dns:///` name resolves to its pods): the proxy's calls spread over both and keep
+succeeding when one is killed."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+
+from protos import pb, pb_grpc
+from tests.e2e.conftest import Mesh
+from tests.e2e.test_digits import held_out, png
+from tests.procs import ROOT, Service, start_service
+from tests.report import report
+
+MODEL = "digits_logreg"
+VARIABLE = "PREDICTOR_DIGITS_LOGREG_URL"
+
+
+def _replica(host: str, workdir: Path) -> Service:
+    repository = str(ROOT / "models" / "repository")
+    args = ["--repository", repository, "--models", MODEL, "--host", host]
+    return start_service("predictors", args, workdir)
+
+
+@pytest.fixture
+def replicas(tmp_path: Path) -> Iterator[dict[str, Service]]:
+    started = {host: _replica(host, tmp_path) for host in ("127.0.0.1", "127.0.0.2")}
+    yield started
+    for service in started.values():
+        service.stop()
+
+
+def _target(replicas: dict[str, Service]) -> str:
+    return "ipv4:" + ",".join(f"{host}:{s.port}" for host, s in replicas.items())
+
+
+def _rows_served(host: str, service: Service) -> int:
+    with grpc.insecure_channel(f"{host}:{service.port}") as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        stats = stub.ModelStatistics(pb.ModelStatisticsRequest(name=MODEL), timeout=10)
+    return sum(s.inference_count for s in stats.model_stats)
+
+
+def _load(url: str, blobs: list[bytes], clients: int, seconds: float) -> list[int]:
+    """Closed-loop load; every answer's status."""
+    statuses: list[int] = []
+    end = time.monotonic() + seconds
+
+    def worker(offset: int) -> None:
+        with httpx.Client(base_url=url, timeout=30) as client:
+            i = offset
+            while time.monotonic() < end:
+                r = client.post(
+                    "/v1/pipelines/digits/infer",
+                    content=blobs[i % len(blobs)],
+                    headers={"Content-Type": "image/png"},
+                )
+                statuses.append(r.status_code)
+                i += 1
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return statuses
+
+
+@pytest.mark.parametrize(
+    ("port", "env"),
+    [
+        (27095, {"PROXY_BALANCE": "proxy"}),  # streams, merged calls: the default path
+        (27096, {"PROXY_BALANCE": "proxy", "PROXY_TRANSPORT": "unary"}),
+        (27097, {"PROXY_BALANCE": "grpc", "PROXY_TRANSPORT": "unary"}),
+    ],
+    ids=["proxy-streams", "proxy-unary", "grpc-round-robin-unary"],
+)
+def test_calls_spread_over_the_replicas(
+    mesh: Mesh, replicas: dict[str, Service], port: int, env: dict[str, str]
+) -> None:
+    blobs = [png(image) for image in held_out()[0][:20]]
+    with mesh.extra_proxy(port, **{VARIABLE: _target(replicas)}, **env) as url:
+        sequential = _load(url, blobs, clients=1, seconds=1.5)
+        concurrent = _load(url, blobs, clients=6, seconds=2.0)
+    assert set(sequential + concurrent) == {200}
+    served = [_rows_served(host, s) for host, s in replicas.items()]
+    total = sum(served)
+    assert total >= len(sequential) + len(concurrent)  # readiness checks add none
+    assert min(served) >= 0.25 * total, f"rows per replica: {served}"
+
+
+def test_calls_keep_succeeding_when_a_replica_is_killed(
+    mesh: Mesh, replicas: dict[str, Service]
+) -> None:
+    blobs = [png(image) for image in held_out()[0][:20]]
+    doomed = replicas["127.0.0.2"]
+    with mesh.extra_proxy(27098, **{VARIABLE: _target(replicas)}) as url:
+        killer = threading.Timer(1.0, doomed.stop, kwargs={"sig": signal.SIGKILL})
+        served_before: list[int] = []
+        killer.start()
+        threading.Timer(
+            0.9, lambda: served_before.append(_rows_served("127.0.0.2", doomed))
+        ).start()
+        statuses = _load(url, blobs, clients=6, seconds=3.0)
+        killer.join()
+        after = _load(url, blobs, clients=2, seconds=1.0)
+    assert doomed.proc.returncode == -signal.SIGKILL
+    assert served_before and served_before[0] > 20  # it had its share until it died
+    assert len(statuses) > 50
+    assert set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
+    assert set(after) == {200}
+    survivor = replicas["127.0.0.1"]
+    assert _rows_served("127.0.0.1", survivor) >= len(after)
+    report(
+        f"balancing: a replica SIGKILLed under 6 clients: {len(statuses)} requests, "
+        f"all 200 (it had served {served_before[0]} rows)"
+    )
