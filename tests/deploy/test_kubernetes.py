@@ -6,9 +6,12 @@ port that exists, and the NetworkPolicies admit exactly the mesh's own connectio
 from __future__ import annotations
 
 import copy
+import os
 import shutil
 import subprocess
+import sys
 from functools import cache
+from pathlib import Path
 
 import kubernetes_validate
 import pytest
@@ -17,6 +20,8 @@ import yaml
 from compose.topology import interpolate, merged_specs
 from deploy.kubernetes import generate
 from proxy import plan
+from tests.pki import PKI
+from tests.procs import ROOT, start_service
 
 KUBERNETES = "1.32.0"
 """The API version the objects must be valid for (kubectl on the machine is 1.32)."""
@@ -238,3 +243,40 @@ def test_network_policies_admit_exactly_the_mesh_connections() -> None:
         else:
             expected |= {("proxy", name, "grpc"), ("prometheus", name, "metrics")}
     assert seen == expected
+
+
+def test_the_mutual_tls_probe_command_checks_a_tls_predictor(
+    pki: PKI, test_repository: Path, tmp_path: Path
+) -> None:
+    """The kubelet's gRPC probes speak plaintext, so under components/mtls a predictor's
+    probes run the image's health check over TLS: run that exact command here."""
+    deployment = objects("production-mtls", "Deployment")["digits-logreg"]
+    command = container(deployment)["readinessProbe"]["exec"]["command"]
+    env = {e["name"]: e["value"] for e in container(deployment)["env"]}
+    assert env["PREDICTOR_TLS_CLIENT_CA"] == "/etc/mesh/tls/ca.crt"
+    tls = {"PREDICTOR_TLS_CERT": pki.server_cert, "PREDICTOR_TLS_KEY": pki.server_key}
+    server = start_service(
+        "predictors",
+        ["--repository", str(test_repository)],
+        tmp_path,
+        env={**{k: str(v) for k, v in tls.items()}, "PREDICTOR_TLS_CLIENT_CA": str(pki.ca)},
+    )
+    try:
+
+        def probe(ca: Path) -> int:
+            # The Secret's files, here the test PKI's (the probe is the server's client).
+            files = {"ca.crt": ca, "tls.crt": pki.client_cert, "tls.key": pki.client_key}
+            line = command[-1]
+            for name, file in files.items():
+                line = line.replace(f"/etc/mesh/tls/{name}", str(file))
+            search = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+            run_env = {**os.environ, "PATH": search, "PREDICTOR_PORT": str(server.port)}
+            return subprocess.run(
+                [*command[:-1], line], cwd=ROOT, env=run_env, timeout=60
+            ).returncode
+
+        assert command[:2] == ["sh", "-c"]
+        assert probe(pki.ca) == 0
+        assert probe(pki.other_ca) != 0  # a server it cannot trust is not healthy
+    finally:
+        server.stop()

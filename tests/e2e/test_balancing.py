@@ -124,3 +124,25 @@ def test_calls_keep_succeeding_when_a_replica_is_killed(
         f"balancing: a replica SIGKILLed under 6 clients: {len(statuses)} requests, "
         f"all 200 (it had served {served_before[0]} rows)"
     )
+
+
+@pytest.mark.parametrize("age", [None, 0.5])
+def test_max_connection_age_sends_callers_to_reconnect(tmp_path: Path, age: float | None) -> None:
+    """Behind a ClusterIP Service (KServe's predictors) only a new connection can reach
+    another replica: PREDICTOR_MAX_CONNECTION_AGE_S closes each one after that long."""
+    env = {} if age is None else {"PREDICTOR_MAX_CONNECTION_AGE_S": str(age)}
+    repository = str(ROOT / "models" / "repository")
+    service = start_service(
+        "predictors", ["--repository", repository, "--models", MODEL], tmp_path, env=env
+    )
+    try:
+        with grpc.insecure_channel(service.address) as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            assert stub.ServerReady(pb.ServerReadyRequest(), timeout=10).ready
+            time.sleep(1.5)
+            state = channel._channel.check_connectivity_state(False)
+            assert stub.ServerReady(pb.ServerReadyRequest(), timeout=10).ready
+    finally:
+        service.stop()
+    ready, idle = grpc.ChannelConnectivity.READY.value[0], grpc.ChannelConnectivity.IDLE.value[0]
+    assert state == (ready if age is None else idle)
