@@ -9,6 +9,9 @@ call to the replica with the fewest calls in flight (in turn when equal). A repl
 fails with UNAVAILABLE, or whose channel is in TRANSIENT_FAILURE, is passed over while
 others are up, so a retry lands elsewhere. `PROXY_BALANCE=grpc` hands the name to gRPC's
 `round_robin` instead (per call on unary calls; a stream stays where it opened).
+
+A plain `host:port` in front of replicas (a Service that balances connections) gets
+`PROXY_CONNECTIONS_PER_ENDPOINT` connections, picked the same way.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import grpc
 log = logging.getLogger(__name__)
 
 REPLICA_SCHEMES = ("dns:///", "ipv4:", "ipv6:")
+CONNECTION = "#"
+"""`host:port#i`: the i-th of several connections to one address (see Replicas)."""
 
 
 def names_replicas(target: str) -> bool:
@@ -48,7 +53,11 @@ class Replicas:
         target: str,
         resolve_interval_s: float,
         state: Callable[[str], grpc.ChannelConnectivity | None],
+        connections: int = 1,
     ) -> None:
+        """`connections`: for one plain address (no scheme), that many connections to it,
+        picked as replicas are: behind a Service that balances connections (a Kubernetes
+        ClusterIP, KServe's predictors), each may reach another replica."""
         self.target = target
         self.host = ""
         """The DNS name (for TLS: the certificate names it, not the address)."""
@@ -65,7 +74,10 @@ class Replicas:
             self.host, _, port = target.removeprefix("dns:///").rpartition(":")
             self._port = int(port)
         else:
-            listed = target.partition(":")[2].split(",")
+            if names_replicas(target):
+                listed = target.partition(":")[2].split(",")
+            else:
+                listed = [f"{target}{CONNECTION}{i}" for i in range(connections)]
             self._replicas = {a: Replica(a) for a in listed}
             self._next_resolve = float("inf")
 

@@ -14,7 +14,7 @@ from grpc import aio
 
 from protos import messages, pb, wire
 from protos.channels import METHOD_PREFIX, STREAM_CANCEL_EXTENSION, channel_options
-from proxy.balancing import Replica, Replicas, names_replicas
+from proxy.balancing import CONNECTION, Replica, Replicas, names_replicas
 from proxy.endpoints import Target
 from proxy.errors import StepError
 from proxy.streams import CallFailed, StreamPool
@@ -37,10 +37,13 @@ class Channels:
         streams: int = 0,
         balance: Literal["proxy", "grpc"] = "proxy",
         resolve_interval_s: float = 10.0,
+        connections: int = 1,
     ) -> None:
         self._channels: dict[str, aio.Channel] = {}
         self._balance = balance
         self._resolve_interval_s = resolve_interval_s
+        self._connections = connections
+        """Connections to each plain address (proxy/balancing.py)."""
         self._replicas: dict[str, Replicas] = {}
         """Names standing for replicas (proxy/balancing.py), when the proxy balances."""
         self._authority: dict[str, str] = {}
@@ -62,9 +65,14 @@ class Channels:
         ]
 
     def get(self, address: str) -> aio.Channel:
+        """The channel to `address` (`host:port#i`: the i-th connection to host:port)."""
         channel = self._channels.get(address)
         if channel is None:
+            key = address
+            address, _, index = key.partition(CONNECTION)
             options = list(self._options)
+            if index:  # channels with equal arguments would share one connection
+                options += [("grpc.use_local_subchannel_pool", 1)]
             if self._balance == "grpc" and names_replicas(address):
                 # Every call to the next address. Not for one address: pick_first reconnects
                 # on the next call, round_robin only after its backoff.
@@ -78,7 +86,7 @@ class Channels:
                 if self._credentials is None
                 else aio.secure_channel(address, self._credentials, options=options)
             )
-            self._channels[address] = channel
+            self._channels[key] = channel
         return channel
 
     def _state(self, address: str) -> grpc.ChannelConnectivity | None:
@@ -86,13 +94,17 @@ class Channels:
         return None if channel is None else channel.get_state()
 
     async def _route(self, target: str) -> tuple[str, Replicas | None, Replica | None]:
-        """The address to call for `target`: itself, or one of the replicas it names."""
-        if self._balance != "proxy" or not names_replicas(target):
+        """The address to call for `target`: itself, one of the replicas it names, or one
+        of several connections to it."""
+        if names_replicas(target):
+            if self._balance != "proxy":
+                return target, None, None
+        elif self._connections == 1:
             return target, None, None
         replicas = self._replicas.get(target)
         if replicas is None:
             replicas = self._replicas[target] = Replicas(
-                target, self._resolve_interval_s, self._state
+                target, self._resolve_interval_s, self._state, self._connections
             )
         try:
             replica = await replicas.pick()
@@ -131,7 +143,7 @@ class Channels:
         """Whether the service cancels a streamed request on our word (its metadata says)."""
         try:
             request, answer = pb.ServerMetadataRequest(), pb.ServerMetadataResponse
-            meta = await self.unary(address, "ServerMetadata", request, answer, 5.0)
+            meta = await self._unary_at(address, "ServerMetadata", request, answer, 5.0)
             pool.cancels = STREAM_CANCEL_EXTENSION in meta.extensions
         finally:
             pool.learned.set()
@@ -267,17 +279,21 @@ class Channels:
         except CallFailed as exc:
             metadata = aio.Metadata()
             raise aio.AioRpcError(exc.code(), metadata, metadata, exc.details()) from None
-        call = self.get(routed).unary_unary(
-            METHOD_PREFIX + method,
-            request_serializer=type(request).SerializeToString,
-            response_deserializer=response_type.FromString,
-        )
         try:
-            return await call(request, timeout=timeout)
+            return await self._unary_at(routed, method, request, response_type, timeout)
         except aio.AioRpcError as exc:
             if replicas and replica and exc.code() == grpc.StatusCode.UNAVAILABLE:
                 replicas.failed(replica)
             raise
+
+    async def _unary_at(self, address: str, method: str, request, response_type, timeout: float):
+        """`unary` to this very address (a replica, a connection), not routed again."""
+        call = self.get(address).unary_unary(
+            METHOD_PREFIX + method,
+            request_serializer=type(request).SerializeToString,
+            response_deserializer=response_type.FromString,
+        )
+        return await call(request, timeout=timeout)
 
 
 async def _close_later(pool: StreamPool | None, channel: aio.Channel | None) -> None:

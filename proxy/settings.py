@@ -84,6 +84,10 @@ class ProxySettings(BaseSettings):
     resolves the name and spreads calls and streams over the replicas by load, passing over
     failed ones (proxy/balancing.py); `grpc` leaves it to gRPC's round_robin (per call on
     unary calls; a stream stays on the replica it opened on)."""
+    connections_per_endpoint: int = Field(default=1, ge=1, le=16)
+    """Connections to each plain `host:port` endpoint, each with its own streams, calls to
+    the least busy: behind a Service that balances connections, not calls (a Kubernetes
+    ClusterIP, KServe's predictors), each may reach another replica."""
     resolve_interval_s: float = Field(default=10.0, gt=0)
     """How often a `dns:///` endpoint is looked up again (and soon after a replica fails)."""
     merge: bool = True

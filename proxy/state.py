@@ -36,6 +36,7 @@ class ProxyState:
             streams=settings.streams_per_endpoint if settings.transport == "stream" else 0,
             balance=settings.balance,
             resolve_interval_s=settings.resolve_interval_s,
+            connections=settings.connections_per_endpoint,
         )
         admission = Admission(
             settings.max_in_flight,

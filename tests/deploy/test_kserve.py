@@ -66,6 +66,7 @@ def test_the_proxy_reaches_the_inference_services_by_environment_variable() -> N
     targets = plan.load(ROOT / "proxy" / "pipelines.yaml", env)["digits"].targets
     hosts = {t.address.split(":")[0] for name, t in targets.items() if name != "preprocess"}
     assert hosts == {f"{isvc}-predictor" for isvc in isvcs}
+    assert int(env["PROXY_CONNECTIONS_PER_ENDPOINT"]) > 1  # a ClusterIP balances connections
     assert container(deployments["proxy"])["image"].startswith("inference-mesh")
 
 

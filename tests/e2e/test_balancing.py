@@ -18,7 +18,7 @@ import pytest
 from protos import pb, pb_grpc
 from tests.e2e.conftest import Mesh
 from tests.e2e.test_digits import held_out, png
-from tests.procs import ROOT, Service, start_service
+from tests.procs import ROOT, Service, established_on_port, start_service
 from tests.report import report
 
 MODEL = "digits_logreg"
@@ -146,3 +146,22 @@ def test_max_connection_age_sends_callers_to_reconnect(tmp_path: Path, age: floa
         service.stop()
     ready, idle = grpc.ChannelConnectivity.READY.value[0], grpc.ChannelConnectivity.IDLE.value[0]
     assert state == (ready if age is None else idle)
+
+
+@pytest.mark.parametrize(("port", "connections"), [(27099, 1), (27100, 3)])
+def test_connections_per_endpoint_open_separate_connections(
+    mesh: Mesh, tmp_path: Path, port: int, connections: int
+) -> None:
+    """Behind a Service that balances connections, only separate connections can reach
+    separate replicas: PROXY_CONNECTIONS_PER_ENDPOINT opens that many to one address."""
+    replica = _replica("127.0.0.1", tmp_path)
+    env = {VARIABLE: replica.address, "PROXY_CONNECTIONS_PER_ENDPOINT": str(connections)}
+    blobs = [png(image) for image in held_out()[0][:20]]
+    try:
+        with mesh.extra_proxy(port, **env) as url:
+            statuses = _load(url, blobs, clients=4, seconds=1.0)
+            held = established_on_port(replica.proc.pid, replica.port)
+    finally:
+        replica.stop()
+    assert set(statuses) == {200}
+    assert held == connections

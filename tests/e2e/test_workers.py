@@ -16,7 +16,7 @@ import httpx
 from tests.e2e.conftest import Mesh
 from tests.e2e.test_digits import held_out, png
 from tests.e2e.test_v2_door import probe
-from tests.procs import ROOT, metric_of
+from tests.procs import LISTEN, ROOT, established_on_port, metric_of
 
 PORT = 27090
 GRPC_PORT = 27091
@@ -30,39 +30,19 @@ def _children(pid: int) -> list[int]:
     return sorted(found)
 
 
-def _established_on_port(pid: int, port: int) -> int:
-    """Connections accepted on `port` that process `pid` holds (from /proc, no psutil)."""
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    count = 0
-    # gRPC listens on an IPv4-mapped IPv6 socket: its connections are in tcp6.
-    lines = [
-        line
-        for table in ("/proc/net/tcp", "/proc/net/tcp6")
-        for line in Path(table).read_text().splitlines()[1:]
-    ]
-    for line in lines:
-        fields = line.split()
-        local_port = int(fields[1].split(":")[1], 16)
-        if local_port == port and fields[3] == "01" and fields[9] in inodes:
-            count += 1
-    return count
-
-
 def _spread(port: int, workers: list[int]) -> list[int]:
     """How 16 new connections to `port` fall on each worker, once all are accepted (a
     worker whose start-up is still finishing holds its share in the listen backlog)."""
+    deadline = time.monotonic() + 30
+    # /readyz answered by one worker says nothing of the other: wait until both listen.
+    while not all(established_on_port(pid, port, LISTEN) for pid in workers):
+        assert time.monotonic() < deadline, f"not every worker listens on {port}"
+        time.sleep(0.1)
     held = [socket.create_connection(("127.0.0.1", port)) for _ in range(16)]
     deadline = time.monotonic() + 10
     while True:
         time.sleep(0.2)
-        spread = [_established_on_port(pid, port) for pid in workers]
+        spread = [established_on_port(pid, port) for pid in workers]
         if sum(spread) == 16 or time.monotonic() > deadline:
             break
     for sock in held:

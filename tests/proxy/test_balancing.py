@@ -70,3 +70,9 @@ async def test_a_name_that_does_not_resolve_is_a_lookup_error() -> None:
     replicas = _replicas("dns:///no-such-host.invalid:8101")
     with pytest.raises(LookupError, match=r"no-such-host\.invalid"):
         await replicas.pick()
+
+
+async def test_a_plain_address_may_stand_for_several_connections() -> None:
+    replicas = Replicas("10.0.0.1:8101", 10.0, {}.get, connections=3)
+    picked = {(await replicas.pick()).address for _ in range(3)}
+    assert picked == {"10.0.0.1:8101#0", "10.0.0.1:8101#1", "10.0.0.1:8101#2"}
