@@ -42,7 +42,9 @@ class Replica:
     load: int = 0
     """Calls in flight."""
     down_until: float = 0.0
+    """Passed over until then after failing (longer each time in a row)."""
     failures: int = 0
+    """Failures in a row; while any, also passed over until its connection is READY."""
 
 
 class Replicas:
@@ -52,7 +54,7 @@ class Replicas:
         self,
         target: str,
         resolve_interval_s: float,
-        state: Callable[[str], grpc.ChannelConnectivity | None],
+        state: Callable[[str, bool], grpc.ChannelConnectivity | None],
         connections: int = 1,
     ) -> None:
         """`connections`: for one plain address (no scheme), that many connections to it,
@@ -63,7 +65,8 @@ class Replicas:
         """The DNS name (for TLS: the certificate names it, not the address)."""
         self._interval = resolve_interval_s
         self._state = state
-        """An address's channel state, None before its channel exists."""
+        """An address's channel state (the flag: try to connect), None before its channel
+        exists."""
         self._replicas: dict[str, Replica] = {}
         self._next_resolve = 0.0
         self._resolving: asyncio.Task[None] | None = None
@@ -96,7 +99,7 @@ class Replicas:
         elif now >= self._next_resolve and self._resolving is None:
             self._resolving = asyncio.ensure_future(self._resolve())
         replicas = list(self._replicas.values())
-        up = [r for r in replicas if r.down_until <= now and not self._failing(r)]
+        up = [r for r in replicas if r.down_until <= now and self._usable(r)]
         candidates = up or sorted(replicas, key=lambda r: r.down_until)[:1]
         # Fewest in flight; equal loads in turn (so calls one at a time alternate).
         self._turn += 1
@@ -104,12 +107,19 @@ class Replicas:
         rotated = candidates[start:] + candidates[:start]
         return min(rotated, key=lambda r: r.load)
 
-    def _failing(self, replica: Replica) -> bool:
-        return self._state(replica.address) == grpc.ChannelConnectivity.TRANSIENT_FAILURE
+    def _usable(self, replica: Replica) -> bool:
+        """Not known to fail: its connection is not failing and, after it failed, is READY
+        again (asking gRPC to reconnect in the background meanwhile, so that no call is
+        spent finding out; a SIGKILLed replica's connection goes IDLE, not failing)."""
+        state = self._state(replica.address, replica.failures > 0)
+        if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+            return False
+        return replica.failures == 0 or state in (None, grpc.ChannelConnectivity.READY)
 
     def failed(self, replica: Replica) -> None:
-        """The replica answered UNAVAILABLE: pass it over for a while (longer each time in
-        a row) and look the name up again soon (a replaced pod has a new address)."""
+        """The replica answered UNAVAILABLE or CANCELLED (the retry goes elsewhere): pass
+        it over for a while, longer each time in a row, and until its connection is READY;
+        look the name up again soon (a replaced pod has a new address)."""
         replica.failures += 1
         now = asyncio.get_running_loop().time()
         replica.down_until = now + min(0.1 * 2 ** (replica.failures - 1), 5.0)

@@ -89,9 +89,9 @@ class Channels:
             self._channels[key] = channel
         return channel
 
-    def _state(self, address: str) -> grpc.ChannelConnectivity | None:
+    def _state(self, address: str, connect: bool = False) -> grpc.ChannelConnectivity | None:
         channel = self._channels.get(address)
-        return None if channel is None else channel.get_state()
+        return None if channel is None else channel.get_state(try_to_connect=connect)
 
     async def _route(self, target: str) -> tuple[str, Replicas | None, Replica | None]:
         """The address to call for `target`: itself, one of the replicas it names, or one
@@ -166,7 +166,7 @@ class Channels:
         try:
             answer = await self._infer(address, target, inputs, outputs, timeout, request_id)
         except CallFailed as exc:
-            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            if exc.code() in RETRYABLE:  # the retry must not land there again
                 replicas.failed(replica)
             raise
         finally:
@@ -184,8 +184,14 @@ class Channels:
         request_id: str,
     ) -> dict[str, np.ndarray]:
         if self.streams and address not in self._unary_only:
+            pool = self._pool(address)
+            key = pool.key(request_id)
+            # The deadline travels with the request (Triton's timeout parameter): the
+            # stream's own has none.
+            timeout_us = max(1, int(timeout * 1e6))
+            request = _request(target, inputs, outputs, key, timeout_us=timeout_us)
             try:
-                return await self._streamed(address, target, inputs, outputs, timeout, request_id)
+                return await self._streamed(pool, key, request, timeout)
             except CallFailed as exc:
                 if not (exc.stream and exc.code() == grpc.StatusCode.UNIMPLEMENTED):
                     raise
@@ -205,19 +211,8 @@ class Channels:
         return messages.response_outputs(response)
 
     async def _streamed(
-        self,
-        address: str,
-        target: Target,
-        inputs: Mapping[str, np.ndarray],
-        outputs: Sequence[str],
-        timeout: float,
-        request_id: str,
+        self, pool: StreamPool, key: str, request: bytes, timeout: float
     ) -> dict[str, np.ndarray]:
-        pool = self._pool(address)
-        key = pool.key(request_id)
-        # The deadline travels with the request (Triton's timeout parameter): the stream's own
-        # has none.
-        request = _request(target, inputs, outputs, key, timeout_us=max(1, int(timeout * 1e6)))
         if len(request) > self.max_message:
             # Refused here: over the limit, gRPC would fail the whole stream, not one call.
             raise CallFailed(
@@ -282,7 +277,7 @@ class Channels:
         try:
             return await self._unary_at(routed, method, request, response_type, timeout)
         except aio.AioRpcError as exc:
-            if replicas and replica and exc.code() == grpc.StatusCode.UNAVAILABLE:
+            if replicas and replica and exc.code() in RETRYABLE:
                 replicas.failed(replica)
             raise
 

@@ -13,7 +13,8 @@ from proxy.balancing import Replicas
 
 
 def _replicas(target: str, states: dict[str, grpc.ChannelConnectivity] | None = None) -> Replicas:
-    return Replicas(target, 10.0, (states or {}).get)
+    known = states or {}
+    return Replicas(target, 10.0, lambda address, connect: known.get(address))
 
 
 async def test_equal_loads_take_turns_and_the_least_busy_wins() -> None:
@@ -73,6 +74,26 @@ async def test_a_name_that_does_not_resolve_is_a_lookup_error() -> None:
 
 
 async def test_a_plain_address_may_stand_for_several_connections() -> None:
-    replicas = Replicas("10.0.0.1:8101", 10.0, {}.get, connections=3)
+    replicas = Replicas("10.0.0.1:8101", 10.0, lambda address, connect: None, connections=3)
     picked = {(await replicas.pick()).address for _ in range(3)}
     assert picked == {"10.0.0.1:8101#0", "10.0.0.1:8101#1", "10.0.0.1:8101#2"}
+
+
+async def test_a_failed_replica_waits_for_its_connection_to_be_ready_again() -> None:
+    """A SIGKILLed replica's connection goes IDLE, not failing: after its pause it is still
+    passed over, gRPC asked to reconnect, until the connection is READY."""
+    asked: list[tuple[str, bool]] = []
+    states = {"10.0.0.1:1": grpc.ChannelConnectivity.IDLE}
+
+    def state(address: str, connect: bool) -> grpc.ChannelConnectivity | None:
+        asked.append((address, connect))
+        return states.get(address, grpc.ChannelConnectivity.READY)
+
+    replicas = Replicas("ipv4:10.0.0.1:1,10.0.0.2:1", 10.0, state)
+    dead = next(r for r in replicas._replicas.values() if r.address == "10.0.0.1:1")
+    replicas.failed(dead)
+    await asyncio.sleep(0.15)  # past the pause
+    assert {(await replicas.pick()).address for _ in range(4)} == {"10.0.0.2:1"}
+    assert ("10.0.0.1:1", True) in asked
+    states["10.0.0.1:1"] = grpc.ChannelConnectivity.READY
+    assert "10.0.0.1:1" in {(await replicas.pick()).address for _ in range(4)}
