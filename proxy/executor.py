@@ -19,7 +19,7 @@ import numpy as np
 
 from proxy import chunks, metrics
 from proxy.admission import Ledger
-from proxy.client import Call, Channels, Infer, infer_with_retries
+from proxy.client import Channels, Infer
 from proxy.combine import combine
 from proxy.definitions import (
     CallingStep,
@@ -35,6 +35,7 @@ from proxy.errors import StepError
 from proxy.merging import Merger, Tensors
 from proxy.plan import Plan
 from proxy.results import render
+from proxy.retries import Call, infer_with_retries
 
 
 @dataclass

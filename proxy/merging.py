@@ -17,7 +17,7 @@ queue; a merged call nobody waits for is cancelled), and its own errors: members
 merged only when their inputs agree in names, types and trailing dimensions, and if a
 merged call still fails with INVALID_ARGUMENT, each member is sent again alone, so a bad
 member fails by itself. Any other failure reaches every member, whose retries
-(proxy/client.py) then go through the lane again.
+(proxy/retries.py) then go through the lane again.
 """
 
 from __future__ import annotations

@@ -17,6 +17,10 @@ an emptyDir that the service mounts read-only at the path compose mounts it. Mod
 ship and roll back by image tag like code, without a volume provisioner or a network
 fetch at start, and the service image stays one image for every service. (KServe's
 storage initializer does the same from a bucket; deploy/kserve/ uses it.)
+
+Its length is the objects written out field by field, one function per kind (Deployment,
+Service, NetworkPolicy, autoscaler and budget, kustomization); kept in one module so that
+what each derives from compose reads in one place.
 """
 
 from __future__ import annotations
