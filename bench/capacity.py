@@ -15,11 +15,10 @@ import datetime
 import json
 import os
 import platform
-import tempfile
 from pathlib import Path
 
 from bench.httpload import post_bytes
-from bench.mesh import ROOT, http_closed_loop
+from bench.mesh import ROOT, http_closed_loop, proxy_url, shipped_mesh
 from bench.services import thread_cpu
 
 OUTPUT = ROOT / "deploy" / "capacity.json"
@@ -47,16 +46,9 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     from sklearn.datasets import load_digits
 
-    from compose.local import DEFAULT_FILE, LocalMesh
-    from compose.topology import load
     from samples.images import encode, render_digit
     from samples.text import suite
 
-    services = load([DEFAULT_FILE], environ={}, port_offset=12000)
-    log = open(Path(tempfile.mkdtemp(prefix="bench-capacity-")) / "mesh.log", "w")  # noqa: SIM115
-    mesh = LocalMesh(services, out=log)
-    mesh.up()
-    url = f"http://127.0.0.1:{services['proxy'].env['PROXY_PORT']}"
     loads = {
         "digits": (
             [encode(render_digit(image, scale=4)) for image in load_digits().images[:50]],
@@ -70,7 +62,8 @@ def main(argv: list[str]) -> int:
         "command": " ".join(["python -m bench capacity", *argv]),
         "pipelines": {},
     }
-    try:
+    with shipped_mesh("bench-capacity-") as mesh:
+        url = proxy_url(mesh)
         pids = {name: proc.pid for name, proc in mesh.procs.items()}
         for pipeline, (blobs, concurrency) in loads.items():
             path = f"{url}/v1/pipelines/{pipeline}/infer"
@@ -99,9 +92,6 @@ def main(argv: list[str]) -> int:
         report["peak_memory_mib"] = {
             name: round(peak_rss_mib(pid), 1) for name, pid in sorted(pids.items())
         }
-    finally:
-        mesh.down()
-        log.close()
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2) + "\n")
     print(f"written to {args.output}")

@@ -21,7 +21,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,29 @@ from bench.loadgen import Stats, run_async, run_threads
 from protos import messages
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@contextmanager
+def shipped_mesh(prefix: str) -> Iterator:
+    """The shipped topology (compose/compose.yaml) as local processes, its log in a temporary
+    folder named `prefix*`; yields the running compose.local.LocalMesh. Ports 20002..21113:
+    below the ephemeral range, clear of the tests (+20000, +22000)."""
+    from compose.local import DEFAULT_FILE, LocalMesh
+    from compose.topology import load
+
+    services = load([DEFAULT_FILE], environ={}, port_offset=12000)
+    with open(Path(tempfile.mkdtemp(prefix=prefix)) / "mesh.log", "w") as log:
+        mesh = LocalMesh(services, out=log)
+        mesh.up()
+        try:
+            yield mesh
+        finally:
+            mesh.down()
+
+
+def proxy_url(mesh) -> str:
+    """The REST door of a shipped_mesh."""
+    return f"http://127.0.0.1:{mesh.services['proxy'].env['PROXY_PORT']}"
 
 
 def free_port() -> int:

@@ -18,7 +18,6 @@ import contextlib
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,7 +26,18 @@ from bench import perf_analyzer
 from bench.httpload import post_bytes
 from bench.inprocess import InProcess
 from bench.loadgen import Stats, run_threads
-from bench.mesh import HEADER, ROOT, cycle, free_port, http_closed_loop, median, row, wait_http
+from bench.mesh import (
+    HEADER,
+    ROOT,
+    cycle,
+    free_port,
+    http_closed_loop,
+    median,
+    proxy_url,
+    row,
+    shipped_mesh,
+    wait_http,
+)
 
 REPOSITORY = ROOT / "models" / "repository"
 
@@ -85,19 +95,12 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     from bench.hops import NullMesh
     from bench.reference import reference_digits
-    from compose.local import DEFAULT_FILE, LocalMesh
-    from compose.topology import load
     from proxy.settings import DEFAULT_PIPELINES
     from samples.images import encode, render_digit
     from samples.text import suite
 
-    # Ports 20002..21113: below the ephemeral range, clear of the tests (+20000, +22000).
-    services = load([DEFAULT_FILE], environ={}, port_offset=12000)
-    log = open(Path(tempfile.mkdtemp(prefix="bench-mesh-")) / "mesh.log", "w")  # noqa: SIM115
-    mesh = LocalMesh(services, out=log)
-    mesh.up()
-    url = f"http://127.0.0.1:{services['proxy'].env['PROXY_PORT']}"
-    try:
+    with shipped_mesh("bench-mesh-") as mesh:
+        services, url = mesh.services, proxy_url(mesh)
         from sklearn.datasets import load_digits
 
         image = load_digits().images[0]
@@ -160,9 +163,6 @@ def main(argv: list[str]) -> int:
         print("\n" + "\n".join(lines))
         if "digits" in args.pipelines:
             print("\n" + GOALS)
-    finally:
-        mesh.down()
-        log.close()
     return 0
 
 
