@@ -22,22 +22,9 @@ from predictors.config import (
     VersionPolicy,
 )
 from protos import pb
+from protos.codec import CONFIG_DATA_TYPE
 
-DATATYPES = {
-    pb.TYPE_BOOL: "BOOL",
-    pb.TYPE_UINT8: "UINT8",
-    pb.TYPE_UINT16: "UINT16",
-    pb.TYPE_UINT32: "UINT32",
-    pb.TYPE_UINT64: "UINT64",
-    pb.TYPE_INT8: "INT8",
-    pb.TYPE_INT16: "INT16",
-    pb.TYPE_INT32: "INT32",
-    pb.TYPE_INT64: "INT64",
-    pb.TYPE_FP16: "FP16",
-    pb.TYPE_FP32: "FP32",
-    pb.TYPE_FP64: "FP64",
-    pb.TYPE_STRING: "BYTES",
-}
+DATATYPES = {value: name for name, value in CONFIG_DATA_TYPE.items()}
 PLATFORMS = {"", "onnxruntime_onnx"}
 BACKENDS = {"", "onnxruntime"}
 _NO_FIELD = re.compile(r'has no field named "(?P<field>[^"]+)"')

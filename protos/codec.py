@@ -39,6 +39,12 @@ _KIND_SIZE_TO_DATATYPE: dict[tuple[str, int], str] = {
     (dt.kind, dt.itemsize): name for name, dt in DATATYPE_TO_DTYPE.items() if name != "BYTES"
 }
 
+CONFIG_DATA_TYPE: dict[str, int] = {
+    name: pb.DataType.Value("TYPE_STRING" if name == "BYTES" else f"TYPE_{name}")
+    for name in DATATYPE_TO_DTYPE
+}
+"""v2 datatype -> the DataType of Triton's model configuration (config.pbtxt, ModelConfig)."""
+
 # Which InferTensorContents field carries each datatype (FP16 has none: raw only).
 CONTENTS_FIELD: dict[str, str] = {
     "BOOL": "bool_contents",

@@ -5,10 +5,11 @@ replica it opened on, and a pool of two streams in front of five pods uses at mo
 a name that stands for replicas (`dns:///name:port`, e.g. a Kubernetes headless Service, or
 `ipv4:a:port,b:port`), the proxy resolves the name itself (again every `resolve_interval_s`,
 and soon after a replica fails), keeps a channel and its streams per address, and sends each
-call to the replica with the fewest calls in flight (in turn when equal). A replica that
-fails with UNAVAILABLE, or whose channel is in TRANSIENT_FAILURE, is passed over while
-others are up, so a retry lands elsewhere. `PROXY_BALANCE=grpc` hands the name to gRPC's
-`round_robin` instead (per call on unary calls; a stream stays where it opened).
+call to the replica with the fewest calls in flight (in turn when equal). A replica whose
+channel is in TRANSIENT_FAILURE, or that failed a call with UNAVAILABLE or CANCELLED (until
+its channel is READY again), is passed over while others are up, so a retry lands
+elsewhere. `PROXY_BALANCE=grpc` hands the name to gRPC's `round_robin` instead (per call on
+unary calls; a stream stays where it opened).
 
 A plain `host:port` in front of replicas (a Service that balances connections) gets
 `PROXY_CONNECTIONS_PER_ENDPOINT` connections, picked the same way.

@@ -7,6 +7,7 @@ import numpy as np
 
 from protos import pb
 from protos.channels import STREAM_CANCEL_EXTENSION
+from protos.codec import CONFIG_DATA_TYPE
 from protos.errors import InvalidInput
 from v2server.model import Served
 from v2server.statistics import Compute, Duration
@@ -21,22 +22,6 @@ EXTENSIONS = [
 """Protocol extensions this server implements (ServerMetadata lists them): Triton's, and
 `stream_cancellation` (v2server/servicer.py: a streamed request cancelled by its id)."""
 
-_DATA_TYPES = {
-    "BOOL": pb.TYPE_BOOL,
-    "UINT8": pb.TYPE_UINT8,
-    "UINT16": pb.TYPE_UINT16,
-    "UINT32": pb.TYPE_UINT32,
-    "UINT64": pb.TYPE_UINT64,
-    "INT8": pb.TYPE_INT8,
-    "INT16": pb.TYPE_INT16,
-    "INT32": pb.TYPE_INT32,
-    "INT64": pb.TYPE_INT64,
-    "FP16": pb.TYPE_FP16,
-    "FP32": pb.TYPE_FP32,
-    "FP64": pb.TYPE_FP64,
-    "BYTES": pb.TYPE_STRING,
-}
-"""v2 datatype -> Triton's model configuration DataType."""
 
 _BACKENDS = {"onnxruntime_onnx": "onnxruntime"}
 
@@ -53,7 +38,7 @@ def model_config(model: Served) -> pb.ModelConfig:
         input=[
             pb.ModelInput(
                 name=s.name,
-                data_type=_DATA_TYPES.get(s.datatype, pb.TYPE_INVALID),
+                data_type=CONFIG_DATA_TYPE.get(s.datatype, pb.TYPE_INVALID),
                 dims=s.shape[skip:],
                 optional=s.optional,
             )
@@ -62,7 +47,7 @@ def model_config(model: Served) -> pb.ModelConfig:
         output=[
             pb.ModelOutput(
                 name=s.name,
-                data_type=_DATA_TYPES.get(s.datatype, pb.TYPE_INVALID),
+                data_type=CONFIG_DATA_TYPE.get(s.datatype, pb.TYPE_INVALID),
                 dims=s.shape[skip:],
             )
             for s in model.outputs
