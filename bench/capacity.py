@@ -59,6 +59,7 @@ def main(argv: list[str]) -> int:
     report: dict = {
         "measured": datetime.date.today().isoformat(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, load generator on the same",
+        "cpus": os.cpu_count(),
         "command": " ".join(["python -m bench capacity", *argv]),
         "pipelines": {},
     }

@@ -50,14 +50,10 @@ def load(path: Path = MEASURED) -> dict:
     return json.loads(path.read_text())
 
 
-def _cores(measured: dict) -> int:
-    return int(measured["machine"].split(",")[1].split()[0])
-
-
 def sizes(measured: dict) -> dict[str, Size]:
     """Every service's pod size."""
     pipelines = measured["pipelines"].values()
-    cap_m = 1000 * _cores(measured)
+    cap_m = 1000 * measured["cpus"]
     out = {}
     for service, peak in measured["peak_memory_mib"].items():
         wanted = max(

@@ -14,6 +14,7 @@ from tests.procs import ROOT
 MEASURED = {
     "measured": "test",
     "machine": "x86_64, 2 CPUs, load generator on the same",
+    "cpus": 2,
     "pipelines": {
         "a": {
             "cpu_ms_per_request": {"proxy": 1.0, "model": 0.5, "big": 0.0},
