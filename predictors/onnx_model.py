@@ -99,7 +99,11 @@ class OnnxModel:
         self._reshape_in = {
             t.name: tuple(t.reshape) for t in config.inputs if t.reshape is not None
         }
-        self._reshape_out = {t.name: t for t in config.outputs if t.reshape is not None}
+        self._reshape_out = {  # back to the declared shape, rows apart when batching
+            t.name: tuple(t.shape[1:] if config.max_batch_size else t.shape)
+            for t in config.outputs
+            if t.reshape is not None
+        }
         batching = config.dynamic_batching
         self.scheduling = Scheduling(
             max_batch_size=config.max_batch_size,
@@ -120,7 +124,8 @@ class OnnxModel:
     def _run_once(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self._reshape_in:
             inputs = {
-                name: self._reshaped(name, arr, self._reshape_in) for name, arr in inputs.items()
+                name: self._reshaped(name, arr, self._reshape_in.get(name))
+                for name, arr in inputs.items()
             }
         feeds = {
             # ONNX Runtime wants str elements for string tensors; v2 BYTES carry bytes.
@@ -135,16 +140,12 @@ class OnnxModel:
         except OrtInvalidArgument as exc:
             raise InvalidInput(f"model '{self.name}': {exc}") from None
         outputs = dict(zip(self._output_names, results, strict=True))
-        for name, tensor in self._reshape_out.items():
-            served = tensor.shape[1:] if self.config.max_batch_size else tensor.shape
-            outputs[name] = self._reshaped(name, outputs[name], {name: tuple(served or ())})
+        for name, shape in self._reshape_out.items():
+            outputs[name] = self._reshaped(name, outputs[name], shape)
         return outputs
 
-    def _reshaped(
-        self, name: str, arr: np.ndarray, shapes: dict[str, tuple[int, ...]]
-    ) -> np.ndarray:
+    def _reshaped(self, name: str, arr: np.ndarray, shape: tuple[int, ...] | None) -> np.ndarray:
         """Triton's `reshape`: the same elements in the other shape (rows kept apart)."""
-        shape = shapes.get(name)
         if shape is None:
             return arr
         rows = (arr.shape[0],) if self.config.max_batch_size else ()
