@@ -25,10 +25,10 @@ MODEL = "digits_logreg"
 VARIABLE = "PREDICTOR_DIGITS_LOGREG_URL"
 
 
-def _replica(host: str, workdir: Path) -> Service:
+def _replica(host: str, workdir: Path, env: dict[str, str] | None = None) -> Service:
     repository = str(ROOT / "models" / "repository")
     args = ["--repository", repository, "--models", MODEL, "--host", host]
-    return start_service("predictors", args, workdir)
+    return start_service("predictors", args, workdir, env=env)
 
 
 @pytest.fixture
@@ -50,12 +50,10 @@ def _rows_served(host: str, service: Service) -> int:
     return sum(s.inference_count for s in stats.model_stats)
 
 
-FAILURES: list[str] = []
-"""The bodies of the answers that were not 200 (for the assertion messages)."""
-
-
-def _load(url: str, blobs: list[bytes], clients: int, seconds: float) -> list[int]:
-    """Closed-loop load; every answer's status."""
+def _load(
+    url: str, blobs: list[bytes], clients: int, seconds: float, failures: list[str] | None = None
+) -> list[int]:
+    """Closed-loop load; every answer's status (the bodies of those not 200 to `failures`)."""
     statuses: list[int] = []
     end = time.monotonic() + seconds
 
@@ -69,8 +67,8 @@ def _load(url: str, blobs: list[bytes], clients: int, seconds: float) -> list[in
                     headers={"Content-Type": "image/png"},
                 )
                 statuses.append(r.status_code)
-                if r.status_code != 200:
-                    FAILURES.append(r.text[:300])
+                if r.status_code != 200 and failures is not None:
+                    failures.append(r.text[:300])
                 i += 1
 
     threads = [threading.Thread(target=worker, args=(k,)) for k in range(clients)]
@@ -116,13 +114,14 @@ def test_calls_keep_succeeding_when_a_replica_is_killed(
         threading.Timer(
             0.9, lambda: served_before.append(_rows_served("127.0.0.2", doomed))
         ).start()
-        statuses = _load(url, blobs, clients=6, seconds=3.0)
+        failures: list[str] = []
+        statuses = _load(url, blobs, clients=6, seconds=3.0, failures=failures)
         killer.join()
         after = _load(url, blobs, clients=2, seconds=1.0)
     assert doomed.proc.returncode == -signal.SIGKILL
     assert served_before and served_before[0] > 20  # it had its share until it died
     assert len(statuses) > 50
-    assert set(statuses) == {200}, FAILURES[-3:]
+    assert set(statuses) == {200}, failures[-3:]
     assert set(after) == {200}
     survivor = replicas["127.0.0.1"]
     assert _rows_served("127.0.0.1", survivor) >= len(after)
@@ -137,10 +136,7 @@ def test_max_connection_age_sends_callers_to_reconnect(tmp_path: Path, age: floa
     """Behind a ClusterIP Service (KServe's predictors) only a new connection can reach
     another replica: PREDICTOR_MAX_CONNECTION_AGE_S closes each one after that long."""
     env = {} if age is None else {"PREDICTOR_MAX_CONNECTION_AGE_S": str(age)}
-    repository = str(ROOT / "models" / "repository")
-    service = start_service(
-        "predictors", ["--repository", repository, "--models", MODEL], tmp_path, env=env
-    )
+    service = _replica("127.0.0.1", tmp_path, env)
     try:
         with grpc.insecure_channel(service.address) as channel:
             stub = pb_grpc.GRPCInferenceServiceStub(channel)
