@@ -18,12 +18,21 @@ merged only when their inputs agree in names, types and trailing dimensions, and
 merged call still fails with INVALID_ARGUMENT, each member is sent again alone, so a bad
 member fails by itself. Any other failure reaches every member, whose retries
 (proxy/retries.py) then go through the lane again.
+
+A lane never waits on a call that has stalled (proxy/stalls.py: out several times longer
+than its calls usually take): that call keeps its members, but no longer holds a slot, so
+the calls queued behind it leave (to another replica, proxy/balancing.py) instead of waiting
+for a replica that froze. A lane's accounting is kept by callbacks that run however a call
+ends, cancelled before it ever started included (a hang-up or a deadline in the very turn
+that sent it once left a lane's only slot taken for good).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
+import time
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -34,6 +43,7 @@ from proxy import metrics
 from proxy.chunks import HEADROOM, nbytes
 from proxy.client import Infer
 from proxy.endpoints import Target
+from proxy.stalls import InFlight, Pace
 from proxy.streams import CallFailed
 
 Tensors = dict[str, np.ndarray]
@@ -45,6 +55,11 @@ per call at c=8-32 and one 1.5-3.3 (before the gathering turn), for 1.0-1.4x thr
 
 MAX_LANES = 1024
 """Lanes kept before the idle ones are dropped."""
+
+MAX_STALLED = 8
+"""Stalled calls a lane leaves out before it waits for one of them to end."""
+
+_tokens = itertools.count()
 
 
 @dataclass(eq=False)
@@ -61,6 +76,7 @@ class _Member:
 @dataclass(eq=False)
 class _Merged:
     members: list[_Member]
+    token: int = field(default_factory=lambda: next(_tokens))
     task: asyncio.Task[None] | None = None
 
 
@@ -76,11 +92,25 @@ class Lane:
     send: Infer
     slots: int = SLOTS
     queue: list[_Member] = field(default_factory=list)
-    in_flight: int = 0
+    calls: InFlight = field(default_factory=InFlight)
+    """The lane's calls out now (merged or direct)."""
+    pace: Pace = field(default_factory=Pace)
     gathering: bool = False
     """An idle lane's first caller is letting this turn's other calls join."""
     solo: bool = False
     """Set when the model's answers cannot be split by rows: members go alone."""
+    _wake: asyncio.TimerHandle | None = None
+    """Flushes the queue when the oldest busy call turns stalled."""
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.calls)
+
+    def _free(self) -> bool:
+        """A call may leave now: fewer than `slots` calls out that have not stalled."""
+        if len(self.calls) >= self.slots + MAX_STALLED:
+            return False
+        return self.calls.busy(time.monotonic(), self.pace.stall_after()) < self.slots
 
     async def infer(
         self,
@@ -106,7 +136,7 @@ class Lane:
             inputs, rows, _size(inputs), loop.time() + timeout, request_id, loop.create_future()
         )
         self.queue.append(member)
-        if self.in_flight < self.slots and not self.gathering and len(self.queue) == 1:
+        if not self.gathering and len(self.queue) == 1 and self._free():
             # An idle lane: the calls made in this turn of the event loop join before anything
             # leaves (the requests of one merged answer reach their next step together). No
             # timer: the turn ends as soon as the ready tasks have run.
@@ -114,11 +144,12 @@ class Lane:
             try:
                 await asyncio.sleep(0)
             except asyncio.CancelledError:
-                self.queue.remove(member)
-                raise
-            finally:
                 self.gathering = False
-            if self.queue == [member] and self.in_flight < self.slots:
+                self.queue.remove(member)
+                self._flush()  # the calls that joined must not wait for another caller
+                raise
+            self.gathering = False
+            if self.queue == [member] and self._free():
                 self.queue.clear()  # nobody joined: sent from this task, no merged-call task
                 return await self._direct(send())
         self._flush()
@@ -133,14 +164,18 @@ class Lane:
             self._leave(member)
 
     async def _direct(self, call: Awaitable[Tensors]) -> Tensors:
-        """A call sent alone, from its caller's task."""
-        self.in_flight += 1
+        """A call sent alone, from its caller's task (already running: its `finally` runs
+        however it ends)."""
+        token = next(_tokens)
+        self.calls.begin(token)
         metrics.MERGED_MEMBERS.labels(self.label).observe(1)
+        answered = False
         try:
-            return await call
+            answer = await call
+            answered = True
+            return answer
         finally:
-            self.in_flight -= 1
-            self._flush()
+            self._ended(token, answered)
 
     def _leave(self, member: _Member) -> None:
         if not member.answer.done():
@@ -151,10 +186,25 @@ class Lane:
         elif member.call.task is not None and all(m.answer.done() for m in member.call.members):
             member.call.task.cancel()  # nobody waits for it any more
 
+    def _ended(self, token: int, answered: bool) -> None:
+        age = self.calls.end(token)
+        if answered:
+            self.pace.observe(age)
+        self._flush()
+
+    def _merged_done(self, merged: _Merged, task: asyncio.Task[None]) -> None:
+        # A done callback, not the task's `finally`: a task cancelled before it started never
+        # runs its body.
+        answered = not task.cancelled() and any(
+            m.answer.done() and not m.answer.cancelled() and m.answer.exception() is None
+            for m in merged.members
+        )
+        self._ended(merged.token, answered)
+
     def _flush(self) -> None:
         if self.gathering:
             return  # the lane's first caller sends what gathered when its turn ends
-        while self.in_flight < self.slots and self.queue:
+        while self.queue and self._free():
             taken: list[_Member] = []
             rows = size = 0
             while self.queue:
@@ -174,8 +224,25 @@ class Lane:
             merged = _Merged(taken)
             for member in taken:
                 member.call = merged
-            self.in_flight += 1
+            self.calls.begin(merged.token)
             merged.task = asyncio.create_task(self._send_merged(merged))
+            merged.task.add_done_callback(functools.partial(self._merged_done, merged))
+        if self.queue and self._wake is None:
+            self._wake_when_stalled()
+
+    def _wake_when_stalled(self) -> None:
+        """Flush again when the youngest busy call turns stalled (a slot frees then)."""
+        now, stall = time.monotonic(), self.pace.stall_after()
+        busy = [t for t in self.calls.started.values() if now - t < stall]
+        if not busy or len(self.calls) >= self.slots + MAX_STALLED:
+            return  # an ending call flushes
+        delay = min(busy) + stall - now
+
+        def wake() -> None:
+            self._wake = None
+            self._flush()
+
+        self._wake = asyncio.get_running_loop().call_later(delay, wake)
 
     async def _send_merged(self, merged: _Merged) -> None:
         try:
@@ -187,9 +254,6 @@ class Lane:
         except Exception as exc:  # a bug here must not leave members waiting
             for member in merged.members:
                 _fail(member, CallFailed(grpc.StatusCode.INTERNAL, f"merged call: {exc!r}"))
-        finally:
-            self.in_flight -= 1
-            self._flush()
 
     async def _run(self, members: list[_Member]) -> None:
         try:

@@ -74,8 +74,22 @@ def _as_is(data: bytes) -> bytes:
     return data
 
 
+@dataclass(eq=False)
+class _Outgoing:
+    data: bytes
+    sent: bool = False
+    dropped: bool = False
+    """Its caller left before it was written: never written."""
+
+
 class MuxStream:
-    """One open ModelStreamInfer call; answers matched to their requests by id."""
+    """One open ModelStreamInfer call; answers matched to their requests by id.
+
+    One task writes every message (in order): a request's own timeout or cancellation
+    never lands inside grpc.aio's `write()`, which would cancel the whole call and fail every
+    other request on the stream. A request that leaves before its turn to be written is
+    dropped from the queue; one that leaves after is cancelled on the service (when it
+    listens)."""
 
     def __init__(self, channel: aio.Channel, pool: StreamPool) -> None:
         method = channel.stream_stream(
@@ -86,10 +100,11 @@ class MuxStream:
         self._call = method()
         self._pool = pool
         self._pending: dict[str, asyncio.Future[wire.ParsedInferResponse]] = {}
-        self._writing = asyncio.Lock()
-        """grpc.aio takes one write at a time on a call."""
+        self._outbox: asyncio.Queue[_Outgoing] = asyncio.Queue()
         self.closed = False
+        self._failure: CallFailed | None = None
         self._reader = asyncio.create_task(self._read())
+        self._writer = asyncio.create_task(self._write())
 
     @property
     def load(self) -> int:
@@ -97,22 +112,25 @@ class MuxStream:
 
     async def infer(self, key: str, request: bytes, timeout: float) -> wire.ParsedInferResponse:
         """Send one request (its id is `key`) and wait for its answer, `timeout` seconds at
-        most, writing included (a full window holds the write back)."""
+        most, its turn to be written included (a full window holds the writes back)."""
+        if self.closed:
+            raise self._failure or CallFailed(
+                grpc.StatusCode.UNAVAILABLE, "stream closed", stream=True
+            )
         future: asyncio.Future[wire.ParsedInferResponse] = (
             asyncio.get_running_loop().create_future()
         )
         self._pending[key] = future
-        sent = False
+        outgoing = _Outgoing(request)
+        self._outbox.put_nowait(outgoing)
         try:
             async with asyncio.timeout(timeout):
-                await self._write(request)
-                sent = True
                 return await future
         except TimeoutError:
-            self._cancel_soon(key, sent)
+            self._leave(key, outgoing)
             raise CallFailed(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
         except asyncio.CancelledError:
-            self._cancel_soon(key, sent)
+            self._leave(key, outgoing)
             raise
         finally:
             self._pending.pop(key, None)
@@ -121,22 +139,12 @@ class MuxStream:
             else:
                 future.cancel()
 
-    async def _write(self, request: bytes) -> None:
-        if self.closed:
-            raise CallFailed(grpc.StatusCode.UNAVAILABLE, "stream closed", stream=True)
-        try:
-            async with self._writing:
-                await self._call.write(request)
-        except aio.AioRpcError as exc:
-            raise _broken(exc) from None
-        except (asyncio.InvalidStateError, aio.UsageError) as exc:
-            raise CallFailed(
-                grpc.StatusCode.UNAVAILABLE, f"stream closed ({exc})", stream=True
-            ) from None
-
-    def _cancel_soon(self, key: str, sent: bool) -> None:
-        """Tell the service that nobody waits for `key` any more (when it listens)."""
-        if sent and not self.closed:
+    def _leave(self, key: str, outgoing: _Outgoing) -> None:
+        """Nobody waits for `key` any more: not written, or cancelled on the service (when
+        it listens)."""
+        if not outgoing.sent:
+            outgoing.dropped = True
+        elif not self.closed:
             task = asyncio.ensure_future(self._cancel(key))
             task.add_done_callback(lambda t: t.cancelled() or t.exception())  # best effort
 
@@ -147,7 +155,23 @@ class MuxStream:
         if self._pool.cancels and not self.closed:
             message = pb.ModelInferRequest(id=key)
             message.parameters[STREAM_CANCEL_PARAMETER].bool_param = True
-            await self._write(message.SerializeToString())
+            self._outbox.put_nowait(_Outgoing(message.SerializeToString()))
+
+    async def _write(self) -> None:
+        """The stream's only writer: its own task, which no caller's cancellation reaches."""
+        try:
+            while True:
+                outgoing = await self._outbox.get()
+                if outgoing.dropped:
+                    continue
+                outgoing.sent = True
+                await self._call.write(outgoing.data)
+        except aio.AioRpcError as exc:
+            self._end(_broken(exc))
+        except (asyncio.InvalidStateError, aio.UsageError) as exc:
+            self._end(
+                CallFailed(grpc.StatusCode.UNAVAILABLE, f"stream closed ({exc})", stream=True)
+            )
 
     async def _read(self) -> None:
         failure = CallFailed(grpc.StatusCode.UNAVAILABLE, "stream ended", stream=True)
@@ -166,17 +190,25 @@ class MuxStream:
         except aio.AioRpcError as exc:
             failure = _broken(exc)
         finally:
-            self.closed = True
-            for future in self._pending.values():
-                if not future.done():
-                    future.set_exception(failure)
-            self._pending.clear()
+            self._end(failure)
+            self._writer.cancel()  # the call is over: nothing more can be written
+
+    def _end(self, failure: CallFailed) -> None:
+        """The stream failed: every request on it fails with `failure`, the next ones go to
+        another stream."""
+        self.closed = True
+        self._failure = self._failure or failure
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(failure)
+        self._pending.clear()
 
     async def close(self) -> None:
         self.closed = True
         self._call.cancel()
         self._reader.cancel()
-        await asyncio.gather(self._reader, return_exceptions=True)
+        self._writer.cancel()
+        await asyncio.gather(self._reader, self._writer, return_exceptions=True)
 
 
 def _broken(exc: aio.AioRpcError) -> CallFailed:

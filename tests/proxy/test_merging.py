@@ -160,3 +160,94 @@ async def test_idle_lanes_are_dropped_when_there_are_many(monkeypatch) -> None:
         answer = await lane.infer(target, {"x": x}, outputs=["y"], timeout=1.0, request_id="r")
         assert answer["y"].shape == (1, width)
     assert len(merger._lanes) <= 8
+
+
+def _lane(send):
+    from proxy import merging
+    from proxy.endpoints import Target
+
+    target = Target("M_URL", "127.0.0.1:1", "m")
+    x = np.zeros((1, 2), np.float32)
+    lane = merging.Merger(send, 1 << 20).lane("a", target, ["y"], {"x": x}, 64)
+
+    def infer(value: float, timeout: float = 1.0):
+        inputs = {"x": np.full((1, 2), value, np.float32)}
+        return lane.infer(target, inputs, outputs=["y"], timeout=timeout, request_id="r")
+
+    return lane, infer
+
+
+async def test_a_merged_call_cancelled_before_it_starts_frees_its_lane() -> None:
+    """Every member leaves in the very turn that creates the merged call (a hang-up, a
+    deadline): the call is cancelled before it runs a line, and the lane must still count it
+    as ended, or every later request waits its whole budget (the lane once wedged for good)."""
+    gate = asyncio.Event()
+
+    async def send(target, inputs, *, outputs, timeout, request_id):
+        await gate.wait()
+        return {"y": inputs["x"] + 1}
+
+    lane, infer = _lane(send)
+    first = asyncio.ensure_future(infer(0.0))
+    await asyncio.sleep(0.01)  # in flight alone, holding the lane's slot
+    queued = [asyncio.ensure_future(infer(float(i))) for i in (1, 2)]
+    await asyncio.sleep(0.01)
+    assert len(lane.queue) == 2
+    # The first call answers: its ending sends the queue as one merged call, in the turn that
+    # also delivers the queued members' cancellations, so they leave before it starts.
+    gate.set()
+    for task in queued:
+        task.cancel()
+    assert (await first)["y"][0, 0] == 1.0
+    await asyncio.gather(*queued, return_exceptions=True)
+    await asyncio.sleep(0.01)
+    assert lane.in_flight == 0
+    later = await asyncio.wait_for(infer(5.0, timeout=0.5), 1.0)
+    assert later["y"][0, 0] == 6.0
+
+
+async def test_the_first_caller_cancelled_while_gathering_does_not_strand_the_others() -> None:
+    async def send(target, inputs, *, outputs, timeout, request_id):
+        return {"y": inputs["x"] + 1}
+
+    lane, infer = _lane(send)
+    first = asyncio.ensure_future(infer(0.0))
+    second = asyncio.ensure_future(infer(1.0))
+    await asyncio.sleep(0)  # the idle lane's first caller gathers; the second joins it
+    assert len(lane.queue) == 2
+    first.cancel()
+    answer = await asyncio.wait_for(second, 0.5)
+    assert answer["y"][0, 0] == 2.0
+    assert first.cancelled()
+
+
+async def test_a_stalled_call_does_not_hold_up_the_calls_queued_behind_it() -> None:
+    """The lane's one call is stuck (a frozen replica): once it has been out several times
+    longer than calls usually take, the queue leaves without it, and the stuck call still
+    answers its own members if it ever ends."""
+    release = asyncio.Event()
+    calls: list[int] = []
+
+    async def send(target, inputs, *, outputs, timeout, request_id):
+        calls.append(inputs["x"].shape[0])
+        if inputs["x"][0, 0] == 100.0:
+            await release.wait()
+        else:
+            await asyncio.sleep(0.002)
+        return {"y": inputs["x"] + 1}
+
+    lane, infer = _lane(send)
+    for i in range(5):  # the lane learns what a call usually takes
+        await infer(float(i))
+    stuck = asyncio.ensure_future(infer(100.0, timeout=5.0))
+    await asyncio.sleep(0.005)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    behind = await asyncio.wait_for(asyncio.gather(*(infer(float(i)) for i in range(6))), 1.0)
+    assert loop.time() - start < 0.5  # not the stuck call's 5 s
+    assert [a["y"][0, 0] for a in behind] == [i + 1.0 for i in range(6)]
+    assert not stuck.done()
+    release.set()
+    assert (await stuck)["y"][0, 0] == 101.0
+    await asyncio.sleep(0.01)
+    assert lane.in_flight == 0

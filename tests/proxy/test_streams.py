@@ -13,7 +13,7 @@ import pytest
 from grpc import aio
 
 from protos import messages, pb, pb_grpc, wire
-from protos.channels import SERVICE_NAME
+from protos.channels import SERVICE_NAME, channel_options
 from protos.errors import InvalidInput
 from proxy.streams import CallFailed, StreamPool
 from tests.proxy.scripted import ScriptedModel, affine, serve
@@ -220,3 +220,48 @@ async def test_a_server_still_loading_its_models_says_unavailable_not_unknown() 
     assert "still loading" in streamed.value.details()
     assert not ready_early.ready
     assert messages.response_outputs(answer)["y"].tolist() == [[2.0, 2.0]]
+
+
+async def test_requests_that_leave_mid_write_do_not_break_the_stream_they_share() -> None:
+    """Big requests (their writes wait on HTTP/2 flow control) whose callers give up after a
+    millisecond or hang up, on the one stream that also carries small requests: the leavers
+    fail alone; every neighbour is answered, on the same stream (a cancellation inside
+    grpc.aio's write() once cancelled the whole call)."""
+    models = await serve(affine("plus1", 1, 1), max_message_mb=64)
+    channel = aio.insecure_channel(f"127.0.0.1:{models.port}", options=channel_options(64))
+    pool = StreamPool(channel, 1)
+    stream = pool.pick()
+    big = np.ones((1, 2 << 20), np.float32)  # 8 MiB
+
+    def request(x: np.ndarray) -> tuple[str, bytes]:
+        key = pool.key("r")
+        return key, messages.build_request_bytes("plus1", {"x": x}, request_id=key)
+
+    async def one(prepared: tuple[str, bytes], timeout: float = 10.0) -> np.ndarray:
+        answer = await stream.infer(*prepared, timeout)
+        return messages.response_outputs(answer)["y"]
+
+    async def hang_up(prepared: tuple[str, bytes]) -> None:
+        task = asyncio.ensure_future(one(prepared))
+        await asyncio.sleep(0.0005)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    try:
+        for round_ in range(6):
+            # Built beforehand: building takes longer than the leavers' budgets.
+            leaver = request(big)
+            small = [request(np.full((1, 2), round_ * 10 + i, np.float32)) for i in range(10)]
+            leave = one(leaver, timeout=0.001) if round_ % 2 else hang_up(leaver)
+            results = await asyncio.gather(leave, *(one(p) for p in small), return_exceptions=True)
+            if round_ % 2:
+                assert isinstance(results[0], CallFailed)
+                assert results[0].code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            failed = [a for a in results[1:] if isinstance(a, Exception)]
+            assert not failed, failed
+            assert [a[0, 0] for a in results[1:]] == [round_ * 10 + i + 1.0 for i in range(10)]
+        assert pool.pick() is stream and not stream.closed
+    finally:
+        await pool.close()
+        await channel.close()
+        await models.stop(0)
