@@ -91,3 +91,79 @@ async def run(
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return tally
+
+
+async def impatient(
+    url: str,
+    path: str,
+    body: bytes,
+    *,
+    clients: int,
+    duration_s: float,
+    budgets_ms: tuple[int, int] = (3, 25),
+    seed: int = 0,
+) -> Tally:
+    """Clients whose every request carries a budget of a few milliseconds (drawn in
+    `budgets_ms`), so that most end at their deadline somewhere inside the mesh."""
+    tally = Tally()
+    rng = np.random.default_rng(seed)
+    start = time.monotonic()
+
+    async def client() -> None:
+        conn = await Connection.open(url)
+        try:
+            while time.monotonic() - start < duration_s:
+                budget = int(rng.integers(budgets_ms[0], budgets_ms[1] + 1))
+                raw = post_bytes(
+                    url + path, body, "image/png", {"X-Request-Timeout-Ms": str(budget)}
+                )
+                tally.sent += 1
+                t0 = time.monotonic()
+                try:
+                    status, _ = await asyncio.wait_for(conn.request(raw), budget / 1000 + 1.0)
+                except TimeoutError:
+                    tally.hung += 1
+                    await conn.close()
+                    conn = await Connection.open(url)
+                    continue
+                except (OSError, asyncio.IncompleteReadError, ValueError):
+                    tally.lost += 1
+                    conn = await Connection.open(url)
+                    continue
+                tally.by_status[status] += 1
+                tally.latencies.append(time.monotonic() - t0)
+        finally:
+            await conn.close()
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return tally
+
+
+async def hang_ups(
+    url: str,
+    path: str,
+    body: bytes,
+    *,
+    clients: int,
+    duration_s: float,
+    wait_ms: tuple[float, float] = (0.0, 15.0),
+    seed: int = 1,
+) -> int:
+    """Clients that send a request, wait a moment (drawn in `wait_ms`), and hang up before
+    the answer comes; returns how many hung up."""
+    rng = np.random.default_rng(seed)
+    raw = post_bytes(url + path, body, "image/png", {"X-Request-Timeout-Ms": "3000"})
+    start = time.monotonic()
+    count = 0
+
+    async def client() -> None:
+        nonlocal count
+        while time.monotonic() - start < duration_s:
+            conn = await Connection.open(url)
+            conn.writer.write(raw)
+            await asyncio.sleep(float(rng.uniform(*wait_ms)) / 1000)
+            conn.writer.transport.abort()  # gone, answer or not
+            count += 1
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return count

@@ -1,0 +1,83 @@
+"""Impatient clients (budgets of a few milliseconds) and clients that hang up, at once, for a
+while: afterwards every digits pipeline answers as before, on every path the proxy has
+(streams with merged calls, streams alone, unary calls). A merged-call lane once wedged for
+good under this load: every later request answered 504 after its whole budget."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+import numpy as np
+import pytest
+
+from samples.images import encode, render_digit
+from tests.conftest import Mesh
+from tests.faults.load import hang_ups, impatient, run
+from tests.report import report
+
+BODY = encode(render_digit(np.eye(8) * 16))
+PATHS = {
+    "streams+merged": ({}, 30.0),
+    "streams": ({"PROXY_MERGE": "false"}, 10.0),
+    "unary": ({"PROXY_TRANSPORT": "unary", "PROXY_MERGE": "false"}, 10.0),
+}
+"""The proxy's settings, and how long the impatient load lasts (the default path longest)."""
+
+
+@contextmanager
+def _proxy(mesh: Mesh, env: dict[str, str]) -> Iterator[str]:
+    if not env:
+        yield mesh.url
+    else:
+        with mesh.extra_proxy(27480, **env) as url:
+            yield url
+
+
+async def _storm(url: str, duration_s: float):
+    infer = "/v1/pipelines/{}/infer"
+    return await asyncio.gather(
+        impatient(url, infer.format("digits"), BODY, clients=12, duration_s=duration_s),
+        impatient(url, infer.format("digits-partial"), BODY, clients=4, duration_s=duration_s),
+        hang_ups(url, infer.format("digits"), BODY, clients=3, duration_s=duration_s),
+        hang_ups(url, infer.format("digits-partial"), BODY, clients=1, duration_s=duration_s),
+    )
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_impatient_and_departing_clients_leave_the_mesh_answering(mesh: Mesh, path: str) -> None:
+    env, duration = PATHS[path]
+    with _proxy(mesh, env) as url:
+        strict, partial, gone, gone_partial = asyncio.run(_storm(url, duration))
+        for name, tally in (("digits", strict), ("digits-partial", partial)):
+            report(tally.summary(f"impatient clients, {path}, {duration:.0f} s, {name}"))
+            assert tally.lost == 0 and tally.hung == 0
+            assert set(tally.by_status) <= {200, 504}, tally.by_status
+            assert tally.by_status[504] > 0, "the budgets were meant to run out"
+        report(f"clients that hung up, {path}: {gone + gone_partial}")
+        assert gone > 100
+        # Afterwards: normal clients get normal answers, right and in time.
+        for pipeline in ("digits", "digits-partial"):
+            after = asyncio.run(
+                run(
+                    url,
+                    f"/v1/pipelines/{pipeline}/infer",
+                    BODY,
+                    requests=200,
+                    concurrency=8,
+                    timeout_ms=2000,
+                )
+            )
+            report(after.summary(f"after the impatient clients, {path}, {pipeline}"))
+            assert after.by_status == {200: after.sent}, after.by_status
+            assert max(after.latencies) < 1.0
+            answer = httpx.post(
+                f"{url}/v1/pipelines/{pipeline}/infer",
+                content=BODY,
+                headers={"Content-Type": "image/png"},
+                timeout=10,
+            )
+            assert answer.status_code == 200 and answer.json()["partial"] is False, answer.text
+            assert answer.json()["result"]["label"] == 1
