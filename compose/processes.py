@@ -50,12 +50,16 @@ def start_service(
     *,
     env: dict[str, str] | None = None,
     timeout: float = 90.0,
+    prefix: tuple[str, ...] = (),
 ) -> Service:
-    """Run `python -m module args` with port 0 and wait for its port file (= ready)."""
+    """Run `python -m module args` with port 0 and wait for its port file (= ready);
+    `prefix` goes before the command (e.g. `ip netns exec NAME`, which execs it: the
+    process is still the service's own)."""
     tag = f"{module}-{uuid.uuid4().hex[:8]}"
     port_file = workdir / f"{tag}.port.json"
     log_path = workdir / f"{tag}.log"
     cmd = [
+        *prefix,
         sys.executable,
         "-m",
         module,

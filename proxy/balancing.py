@@ -8,7 +8,11 @@ and soon after a replica fails), keeps a channel and its streams per address, an
 call to the replica with the fewest calls in flight (in turn when equal). A replica whose
 channel is in TRANSIENT_FAILURE, or that failed a call with UNAVAILABLE or CANCELLED (until
 its channel is READY again), is passed over while others are up, so a retry lands
-elsewhere. `PROXY_BALANCE=grpc` hands the name to gRPC's `round_robin` instead (per call on
+elsewhere. So is a replica whose oldest call in flight has stalled (proxy/stalls.py: out
+several times longer than the name's calls usually take): a frozen or unreachable replica
+answers nothing, not an error, and would otherwise keep drawing calls until keepalive
+closes its connection (proxy/hedging.py sends its stalled calls elsewhere).
+`PROXY_BALANCE=grpc` hands the name to gRPC's `round_robin` instead (per call on
 unary calls; a stream stays where it opened).
 
 A plain `host:port` in front of replicas (a Service that balances connections) gets
@@ -20,10 +24,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
+
+from proxy.stalls import InFlight, Pace
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +53,8 @@ class Replica:
     """Passed over until then after failing (longer each time in a row)."""
     failures: int = 0
     """Failures in a row; while any, also passed over until its connection is READY."""
+    calls: InFlight = field(default_factory=InFlight)
+    """Its calls out now, by when each left."""
 
 
 class Replicas:
@@ -72,6 +81,8 @@ class Replicas:
         self._next_resolve = 0.0
         self._resolving: asyncio.Task[None] | None = None
         self._turn = 0
+        self.pace = Pace()
+        """What the name's calls usually take (any replica), to tell a stalled call."""
         self.removed: list[str] = []
         """Addresses the last resolution dropped, for the caller to close."""
         if target.startswith("dns:///"):
@@ -101,12 +112,30 @@ class Replicas:
             self._resolving = asyncio.ensure_future(self._resolve())
         replicas = list(self._replicas.values())
         up = [r for r in replicas if r.down_until <= now and self._usable(r)]
-        candidates = up or sorted(replicas, key=lambda r: r.down_until)[:1]
+        flowing = [r for r in up if not self.stalled(r)]
+        candidates = flowing or up or sorted(replicas, key=lambda r: r.down_until)[:1]
         # Fewest in flight; equal loads in turn (so calls one at a time alternate).
         self._turn += 1
         start = self._turn % len(candidates)
         rotated = candidates[start:] + candidates[:start]
         return min(rotated, key=lambda r: r.load)
+
+    def stalled(self, replica: Replica) -> bool:
+        """Its oldest call in flight has been out longer than this name's calls stall."""
+        return replica.calls.stalled(time.monotonic(), self.pace.stall_after())
+
+    def alternative(self, replica: Replica) -> Replica | None:
+        """Another replica that is up and not stalled (the least busy), if any."""
+        now = asyncio.get_running_loop().time()
+        others = [
+            r
+            for r in self._replicas.values()
+            if r is not replica
+            and r.down_until <= now
+            and self._usable(r)
+            and not self.stalled(r)
+        ]
+        return min(others, key=lambda r: r.load) if others else None
 
     def _usable(self, replica: Replica) -> bool:
         """Not known to fail: its connection is not failing and, after it failed, is READY

@@ -20,14 +20,11 @@ from protos import messages, pb, wire
 from protos.channels import METHOD_PREFIX, STREAM_CANCEL_EXTENSION, channel_options
 from proxy.balancing import CONNECTION, Replica, Replicas, names_replicas
 from proxy.endpoints import Target
-from proxy.streams import CallFailed, StreamPool
+from proxy.hedging import hedged
+from proxy.streams import RETRYABLE, CallFailed, StreamPool
 
 Infer = Callable[..., Awaitable[dict[str, np.ndarray]]]
 """Channels.infer's shape: (target, inputs, *, outputs, timeout, request_id)."""
-
-RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
-"""Statuses a retry may fix: the endpoint is (re)starting or shutting down."""
-
 
 class Channels:
     """The proxy's channels, created on first use and kept for its lifetime."""
@@ -41,6 +38,7 @@ class Channels:
         balance: Literal["proxy", "grpc"] = "proxy",
         resolve_interval_s: float = 10.0,
         connections: int = 1,
+        keepalive_ms: int = 1000,
     ) -> None:
         self._channels: dict[str, aio.Channel] = {}
         self._balance = balance
@@ -64,7 +62,9 @@ class Channels:
             # Reconnect quickly when a restarted service comes back.
             ("grpc.initial_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 1000),
-            ("grpc.keepalive_time_ms", 30_000),
+            # A frozen or unreachable service is noticed by keepalive (PROXY_KEEPALIVE_MS).
+            ("grpc.keepalive_time_ms", keepalive_ms),
+            ("grpc.keepalive_timeout_ms", keepalive_ms),
         ]
 
     def get(self, address: str) -> aio.Channel:
@@ -165,17 +165,13 @@ class Channels:
         address, replicas, replica = await self._route(target.address)
         if replicas is None or replica is None:
             return await self._infer(address, target, inputs, outputs, timeout, request_id)
-        replica.load += 1
-        try:
-            answer = await self._infer(address, target, inputs, outputs, timeout, request_id)
-        except CallFailed as exc:
-            if exc.code() in RETRYABLE:  # the retry must not land there again
-                replicas.failed(replica)
-            raise
-        finally:
-            replica.load -= 1
-        replicas.succeeded(replica)
-        return answer
+
+        async def send(to: Replica, seconds: float) -> dict[str, np.ndarray]:
+            if replicas.host:
+                self._authority.setdefault(to.address, replicas.host)
+            return await self._infer(to.address, target, inputs, outputs, seconds, request_id)
+
+        return await hedged(replicas, replica, send, timeout)
 
     async def _infer(
         self,

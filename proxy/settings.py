@@ -90,6 +90,13 @@ class ProxySettings(BaseSettings):
     ClusterIP, KServe's predictors), each may reach another replica."""
     resolve_interval_s: float = Field(default=10.0, gt=0)
     """How often a `dns:///` endpoint is looked up again (and soon after a replica fails)."""
+    keepalive_ms: int = Field(default=1000, ge=100)
+    """HTTP/2 keepalive to the services: a ping this often while calls are open, and the
+    connection closed (its calls failed UNAVAILABLE, retried elsewhere) when one is not
+    acknowledged within as long again; so a replica that froze or whose packets are dropped
+    is noticed within about twice this. Our services accept pings this often; a foreign
+    server's defaults tolerate them while it is answering (gRPC stops pinging an idle
+    connection after two pings)."""
     merge: bool = True
     """Caller-side batching: calls of requests in flight together to the same step of a
     batching model (max_batch_size > 0) merged into one call (proxy/merging.py)."""

@@ -59,6 +59,10 @@ class InFlight:
         began = self.started.pop(token, None)
         return 0.0 if began is None else time.monotonic() - began
 
+    def age(self, token: int) -> float:
+        began = self.started.get(token)
+        return 0.0 if began is None else time.monotonic() - began
+
     def busy(self, now: float, stall_after: float) -> int:
         """Calls out that are not (yet) stalled."""
         return sum(1 for began in self.started.values() if now - began < stall_after)

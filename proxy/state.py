@@ -37,6 +37,7 @@ class ProxyState:
             balance=settings.balance,
             resolve_interval_s=settings.resolve_interval_s,
             connections=settings.connections_per_endpoint,
+            keepalive_ms=settings.keepalive_ms,
         )
         admission = Admission(
             settings.max_in_flight,

@@ -43,6 +43,10 @@ class CallFailed(Exception):
         return self._details
 
 
+RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
+"""Statuses a retry may fix: the endpoint is (re)starting or shutting down."""
+
+
 @dataclass(frozen=True)
 class StreamAnswer:
     id: str

@@ -75,6 +75,10 @@ class V2Server:
             # Linux lets two servers share a port by default; a second one must fail
             # unless sharing is meant.
             ("grpc.so_reuseport", int(self._share_port)),
+            # Callers notice a frozen service by keepalive pings (the proxy: every second);
+            # gRPC's default treats pings more often than every 5 minutes as abuse.
+            ("grpc.http2.min_ping_interval_without_data_ms", 500),
+            ("grpc.keepalive_permit_without_calls", 1),
         ]
         if (age := self.settings.max_connection_age_s) is not None:
             grace = self.settings.max_connection_age_grace_s

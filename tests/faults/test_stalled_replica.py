@@ -1,0 +1,147 @@
+"""One of two replicas of a predictor stops answering under load, as a node does that
+vanished (its packets dropped inside its own network namespace), a frozen process (SIGSTOP),
+or a host that refuses (TCP resets): the pipeline keeps at least half its healthy throughput
+in every 2 s of the fault, at most 1% of requests fail, and the replica is used again once
+it heals. Before proxy/hedging.py and a 1 s keepalive, a blackholed replica of two took
+`digits` from ~540 to ~3 requests/s for ~18 s."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from protos import pb, pb_grpc
+from samples.images import encode, render_digit
+from tests.conftest import Mesh
+from tests.faults import netns
+from tests.faults.load import Tally, run
+from tests.procs import ROOT, Service, start_service
+from tests.report import report
+
+BODY = encode(render_digit(np.eye(8) * 16))
+MODEL, VARIABLE = "digits_mlp", "PREDICTOR_DIGITS_MLP_URL"
+HEALTHY_S, FAULT_S, AFTER_S = 4.0, 20.0, 6.0
+WINDOW_S = 2.0
+
+
+@pytest.fixture
+def replicas(tmp_path: Path) -> Iterator[tuple[netns.Netns, Service, Service]]:
+    """Replica A in a network namespace of its own, replica B beside the tests."""
+    if not netns.available():
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the network fault tests: they need {netns.NEEDS}")
+        pytest.skip(f"needs {netns.NEEDS}")
+    args = ["--repository", str(ROOT / "models" / "repository"), "--models", MODEL]
+    with netns.namespace(1) as ns:
+        isolated = start_service(
+            "predictors", [*args, "--host", ns.address], tmp_path, prefix=ns.prefix
+        )
+        beside = start_service("predictors", [*args, "--host", "127.0.0.1"], tmp_path)
+        try:
+            yield ns, isolated, beside
+        finally:
+            isolated.proc.send_signal(signal.SIGCONT)
+            isolated.stop()
+            beside.stop()
+
+
+def _rows(address: str) -> int:
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        stats = stub.ModelStatistics(pb.ModelStatisticsRequest(name=MODEL), timeout=5)
+    return sum(s.inference_count for s in stats.model_stats)
+
+
+def _windows(tally: Tally) -> tuple[float, list[int], int, int]:
+    """(healthy answers per window, answers per window of the fault, requests sent during
+    the fault and just after, of which failed)."""
+    done = [
+        (start + latency, status)
+        for (start, status), latency in zip(tally.timeline, tally.latencies, strict=True)
+    ]
+    healthy = sum(1 for t, s in done if 1.0 <= t < HEALTHY_S and s == 200)
+    per_window = healthy / (HEALTHY_S - 1.0) * WINDOW_S
+    edges = np.arange(HEALTHY_S, HEALTHY_S + FAULT_S, WINDOW_S)
+    windows = [sum(1 for t, s in done if e <= t < e + WINDOW_S and s == 200) for e in edges]
+    during = [s for start, s in tally.timeline if start >= HEALTHY_S]
+    return per_window, windows, len(during), sum(1 for s in during if s != 200)
+
+
+FAULTS: dict[str, tuple[Callable[[netns.Netns, Service], None], Callable]] = {
+    "blackhole": (lambda ns, svc: ns.blackhole(), lambda ns, svc: ns.heal()),
+    "sigstop": (
+        lambda ns, svc: svc.proc.send_signal(signal.SIGSTOP),
+        lambda ns, svc: svc.proc.send_signal(signal.SIGCONT),
+    ),
+    "refused": (lambda ns, svc: ns.refuse(), lambda ns, svc: ns.heal()),
+}
+
+
+@pytest.mark.parametrize(
+    ("fault", "env"),
+    [
+        ("blackhole", {}),
+        ("blackhole", {"PROXY_TRANSPORT": "unary", "PROXY_MERGE": "false"}),
+        ("sigstop", {}),
+        ("refused", {}),
+    ],
+    ids=["blackhole-streams", "blackhole-unary", "sigstop-streams", "refused-streams"],
+)
+def test_one_replica_stops_answering(
+    mesh: Mesh, replicas: tuple[netns.Netns, Service, Service], fault: str, env: dict[str, str]
+) -> None:
+    ns, isolated, beside = replicas
+    target = f"ipv4:{ns.address}:{isolated.port},127.0.0.1:{beside.port}"
+    isolated_address = f"{ns.address}:{isolated.port}"
+    start_fault, heal = FAULTS[fault]
+    rows: dict[str, int] = {}
+
+    def healed() -> None:
+        heal(ns, isolated)
+        rows["healed"] = _rows(isolated_address)
+
+    with mesh.extra_proxy(27580, **{VARIABLE: target}, **env) as url:
+        timers = [
+            threading.Timer(HEALTHY_S - 0.5, lambda: rows.update(before=_rows(isolated_address))),
+            threading.Timer(HEALTHY_S, start_fault, (ns, isolated)),
+            threading.Timer(HEALTHY_S + FAULT_S, healed),
+        ]
+        for timer in timers:
+            timer.start()
+        try:
+            tally = asyncio.run(
+                run(
+                    url,
+                    "/v1/pipelines/digits/infer",
+                    BODY,
+                    requests=0,
+                    concurrency=8,
+                    timeout_ms=3000,
+                    min_duration_s=HEALTHY_S + FAULT_S + AFTER_S,
+                )
+            )
+        finally:
+            for timer in timers:
+                timer.join()
+            heal(ns, isolated)
+        rows["after"] = _rows(isolated_address)
+    per_window, windows, during, failed = _windows(tally)
+    name = f"{fault}{' (unary)' if env else ''}"
+    report(
+        f"one of two replicas {name} for {FAULT_S:.0f} s under 8 clients: healthy "
+        f"{per_window / WINDOW_S:.0f} req/s, during the fault per {WINDOW_S:.0f} s "
+        f"{[round(w / WINDOW_S) for w in windows]} req/s, {failed} of {during} failed"
+    )
+    assert tally.lost == 0 and tally.hung == 0
+    assert rows["before"] > 0, "the isolated replica had its share before the fault"
+    assert min(windows) >= 0.5 * per_window, (per_window, windows)
+    assert failed <= 0.01 * during, tally.by_status
+    assert rows["after"] > rows["healed"], "the replica was not used again after it healed"

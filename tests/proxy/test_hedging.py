@@ -1,0 +1,82 @@
+"""A replica that stalls (answers nothing, no error) behind a name of two replicas: calls
+late on it are sent to the other one too, the first answer wins, and the stalled replica is
+passed over while it stays late (proxy/hedging.py, proxy/balancing.py), on streams and on
+unary calls. Real gRPC servers on 127.0.0.1 and 127.0.0.2."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from proxy.balancing import Replicas
+from proxy.client import Channels
+from proxy.endpoints import Target
+from tests.proxy.scripted import ScriptedModel, serve
+
+TRANSPORTS = pytest.mark.parametrize("streams", [2, 0], ids=["streams", "unary"])
+
+
+def _model(frozen: asyncio.Event, served: list[int]) -> ScriptedModel:
+    async def fn(inputs, deadline):
+        if frozen.is_set():
+            await asyncio.sleep(3600)  # frozen: it never answers
+        served.append(1)
+        await asyncio.sleep(0.002)
+        return {"y": inputs["x"] + 1}
+
+    return ScriptedModel("m", fn)
+
+
+async def test_a_replica_with_a_stalled_call_is_passed_over() -> None:
+    replicas = Replicas("ipv4:10.0.0.1:1,10.0.0.2:1", 10.0, lambda address, connect: None)
+    late, fine = replicas._replicas.values()
+    replicas.pace.observe(0.002)
+    late.calls.begin(1, now=time.monotonic() - 1.0)  # out for a second: stalled
+    fine.calls.begin(2)
+    fine.load = 3  # busier, but answering
+    assert {(await replicas.pick()).address for _ in range(4)} == {fine.address}
+    assert replicas.alternative(late) is fine and replicas.alternative(fine) is None
+    late.calls.end(1)
+    assert late.address in {(await replicas.pick()).address for _ in range(4)}
+
+
+@TRANSPORTS
+async def test_calls_stalled_on_one_replica_are_answered_by_the_other(streams: int) -> None:
+    frozen, healthy = asyncio.Event(), asyncio.Event()
+    served: dict[str, list[int]] = {"127.0.0.1": [], "127.0.0.2": []}
+    servers = {
+        "127.0.0.1": await serve(_model(healthy, served["127.0.0.1"]), host="127.0.0.1"),
+        "127.0.0.2": await serve(_model(frozen, served["127.0.0.2"]), host="127.0.0.2"),
+    }
+    name = "ipv4:" + ",".join(f"{h}:{s.port}" for h, s in servers.items())
+    channels = Channels(streams=streams)
+    target = Target("M_URL", name, "m")
+    loop = asyncio.get_running_loop()
+
+    async def one(i: int) -> float:
+        start = loop.time()
+        x = np.full((1, 2), float(i), np.float32)
+        answer = await channels.infer(target, {"x": x}, timeout=3.0, request_id=f"r{i}")
+        assert answer["y"][0, 0] == i + 1.0
+        return loop.time() - start
+
+    try:
+        for i in range(20):  # both replicas answer; the name learns its pace
+            await one(i)
+        assert min(len(s) for s in served.values()) >= 5
+        frozen.set()
+        before = len(served["127.0.0.2"])
+        waits = [await one(i) for i in range(40)]
+        waits += await asyncio.gather(*(one(i) for i in range(40)))
+    finally:
+        await channels.close()
+        for server in servers.values():
+            await server.stop(0)
+    assert max(waits) < 1.0, "a call waited on the frozen replica instead of going elsewhere"
+    assert len(served["127.0.0.2"]) == before
+    # Passed over once late: only the first few calls after the freeze went there.
+    late = sum(1 for w in waits if w > 0.04)
+    assert late <= 8, sorted(waits)[-10:]
