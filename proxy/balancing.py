@@ -130,10 +130,7 @@ class Replicas:
         others = [
             r
             for r in self._replicas.values()
-            if r is not replica
-            and r.down_until <= now
-            and self._usable(r)
-            and not self.stalled(r)
+            if r is not replica and r.down_until <= now and self._usable(r) and not self.stalled(r)
         ]
         return min(others, key=lambda r: r.load) if others else None
 

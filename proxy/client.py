@@ -26,6 +26,7 @@ from proxy.streams import RETRYABLE, CallFailed, StreamPool
 Infer = Callable[..., Awaitable[dict[str, np.ndarray]]]
 """Channels.infer's shape: (target, inputs, *, outputs, timeout, request_id)."""
 
+
 class Channels:
     """The proxy's channels, created on first use and kept for its lifetime."""
 

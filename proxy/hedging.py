@@ -29,9 +29,7 @@ Attempt = Callable[[Replica, float], Awaitable[dict]]
 _tokens = itertools.count()
 
 
-async def call_replica(
-    replicas: Replicas, replica: Replica, send: Attempt, timeout: float
-) -> dict:
+async def call_replica(replicas: Replicas, replica: Replica, send: Attempt, timeout: float) -> dict:
     """One attempt on one replica, its load, calls and pace kept, its failure noted."""
     token = next(_tokens)
     replica.load += 1
