@@ -13,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from proxy import metrics
 from proxy.disconnect import until_disconnect
 from proxy.errors import StepError
+from proxy.fresh import Fresh
 from proxy.problems import Problem, json_response
 from proxy.runner import PipelineRunner, recorded, step_problem
 from proxy.state import ProxyState
@@ -92,14 +93,16 @@ class PipelineEndpoints:
 class HealthEndpoints:
     def __init__(self, state: ProxyState) -> None:
         self.state = state
+        self._readiness = Fresh(self.readiness, state.settings.ready_cache_ms / 1000)
 
     async def live(self) -> Response:
         """GET /healthz and /v2/health/live."""
         return json_response({"live": True})
 
     async def ready(self) -> Response:
-        """GET /readyz: every (endpoint, model) any pipeline calls, checked at once."""
-        report = await self.readiness()
+        """GET /readyz: every (endpoint, model) any pipeline calls, checked at once (at
+        most once per PROXY_READY_CACHE_MS, whoever asks: proxy/fresh.py)."""
+        report = await self._readiness.get()
         ready = all(item["ready"] for item in report.values())
         return json_response({"ready": ready, "endpoints": report}, 200 if ready else 503)
 

@@ -67,6 +67,9 @@ class ProxySettings(BaseSettings):
     """Budget of a v2 REST call forwarded to a service."""
     ready_timeout_ms: float = 1000
     """Per-endpoint timeout of the /readyz checks."""
+    ready_cache_ms: float = Field(default=1000, ge=0)
+    """/readyz and /v2/health/ready answer from checks at most this old: however many
+    clients poll them, the services are asked once per period."""
     api_key: str | None = None
     """When set, requests need `Authorization: Bearer <key>` or `X-API-Key: <key>`."""
     open_paths: str = "/healthz,/readyz,/metrics"

@@ -17,6 +17,7 @@ from proxy.api import budget_s
 from proxy.disconnect import until_disconnect
 from proxy.endpoints import Target
 from proxy.errors import DefinitionError, http_status
+from proxy.fresh import Fresh
 from proxy.grpc_door import SERVER_NAME
 from proxy.pipeline_models import PipelineFailed, PipelineModel
 from proxy.problems import Problem, json_response
@@ -44,6 +45,7 @@ class V2Endpoints:
             )
         self.timeout_s = state.settings.v2_timeout_ms / 1000
         self.ready_timeout_s = state.settings.ready_timeout_ms / 1000
+        self._ready = Fresh(self._servers_ready, state.settings.ready_cache_ms / 1000)
 
     def host(self, model: str) -> str:
         address = self.hosts.get(model)
@@ -64,13 +66,17 @@ class V2Endpoints:
         return json_response({"name": SERVER_NAME, "version": VERSION, "extensions": EXTENSIONS})
 
     async def ready(self) -> Response:
-        """GET /v2/health/ready: every service any pipeline calls, asked at once."""
+        """GET /v2/health/ready: every service any pipeline calls, asked at once (at most
+        once per PROXY_READY_CACHE_MS, proxy/fresh.py)."""
+        ready = await self._ready.get()
+        return json_response({"ready": ready}, 200 if ready else 503)
+
+    async def _servers_ready(self) -> bool:
         channels = self.state.channels
         checks = await asyncio.gather(
             *(channels.ready(a, None, self.ready_timeout_s) for a in set(self.hosts.values()))
         )
-        ready = all(ok for ok, _ in checks)
-        return json_response({"ready": ready}, 200 if ready else 503)
+        return all(ok for ok, _ in checks)
 
     async def metadata(self, model: str) -> Response:
         """GET /v2/models/{model}."""
