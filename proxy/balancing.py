@@ -8,10 +8,11 @@ and soon after a replica fails), keeps a channel and its streams per address, an
 call to the replica with the fewest calls in flight (in turn when equal). A replica whose
 channel is in TRANSIENT_FAILURE, or that failed a call with UNAVAILABLE or CANCELLED (until
 its channel is READY again), is passed over while others are up, so a retry lands
-elsewhere. So is a replica whose oldest call in flight has stalled (proxy/stalls.py: out
-several times longer than the name's calls usually take): a frozen or unreachable replica
-answers nothing, not an error, and would otherwise keep drawing calls until keepalive
-closes its connection (proxy/hedging.py sends its stalled calls elsewhere).
+elsewhere; after its pause it gets one call at a time until one succeeds. So is a replica
+whose oldest call in flight has stalled (proxy/stalls.py: out several times longer than the
+name's calls usually take): a frozen or unreachable replica answers nothing, not an error,
+and would otherwise keep drawing calls until keepalive closes its connection
+(proxy/hedging.py sends its stalled calls elsewhere).
 `PROXY_BALANCE=grpc` hands the name to gRPC's `round_robin` instead (per call on
 unary calls; a stream stays where it opened).
 
@@ -112,7 +113,9 @@ class Replicas:
             self._resolving = asyncio.ensure_future(self._resolve())
         replicas = list(self._replicas.values())
         up = [r for r in replicas if r.down_until <= now and self._usable(r)]
-        flowing = [r for r in up if not self.stalled(r)]
+        # A replica that failed gets one call at a time until one succeeds (half-open):
+        # a burst must not all land on it the moment its pause ends.
+        flowing = [r for r in up if not self.stalled(r) and not (r.failures and r.load)]
         candidates = flowing or up or sorted(replicas, key=lambda r: r.down_until)[:1]
         # Fewest in flight; equal loads in turn (so calls one at a time alternate).
         self._turn += 1

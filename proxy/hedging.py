@@ -29,26 +29,57 @@ Attempt = Callable[[Replica, float], Awaitable[dict]]
 _tokens = itertools.count()
 
 
+class _Attempt:
+    """One attempt on one replica: its load and call counted from the moment it is made
+    (a burst of calls picked in one turn must see each other), settled however it ends."""
+
+    def __init__(self, replicas: Replicas, replica: Replica) -> None:
+        self.replicas, self.replica = replicas, replica
+        self.token = next(_tokens)
+        self.stall_after = replicas.pace.stall_after()
+        replica.load += 1
+        replica.calls.begin(self.token)
+
+    def settle(self, failure: BaseException | None, cancelled: bool = False) -> None:
+        replica, replicas = self.replica, self.replicas
+        replica.load -= 1
+        age = replica.calls.end(self.token)
+        if cancelled:
+            return
+        if failure is None:
+            replicas.succeeded(replica)
+            replicas.pace.observe(age)
+        elif isinstance(failure, CallFailed):
+            code = failure.code()
+            late = age >= self.stall_after
+            if code in RETRYABLE or (code == grpc.StatusCode.DEADLINE_EXCEEDED and late):
+                replicas.failed(replica)  # the retry must not land there again
+
+    def settle_task(self, task: asyncio.Future) -> None:
+        # A done callback: it runs even for a task cancelled before it started.
+        self.settle(None if task.cancelled() else task.exception(), task.cancelled())
+
+
 async def call_replica(replicas: Replicas, replica: Replica, send: Attempt, timeout: float) -> dict:
-    """One attempt on one replica, its load, calls and pace kept, its failure noted."""
-    token = next(_tokens)
-    replica.load += 1
-    replica.calls.begin(token)
-    stall_after = replicas.pace.stall_after()
+    """One attempt on one replica, from the caller's task."""
+    attempt = _Attempt(replicas, replica)
     try:
         answer = await send(replica, timeout)
-    except CallFailed as exc:
-        code = exc.code()
-        late = replica.calls.age(token) >= stall_after
-        if code in RETRYABLE or (code == grpc.StatusCode.DEADLINE_EXCEEDED and late):
-            replicas.failed(replica)  # the retry must not land there again
+    except asyncio.CancelledError:
+        attempt.settle(None, cancelled=True)
         raise
-    finally:
-        replica.load -= 1
-        age = replica.calls.end(token)
-    replicas.succeeded(replica)
-    replicas.pace.observe(age)
+    except BaseException as exc:
+        attempt.settle(exc)
+        raise
+    attempt.settle(None)
     return answer
+
+
+def _start(replicas: Replicas, replica: Replica, send: Attempt, timeout: float) -> asyncio.Future:
+    attempt = _Attempt(replicas, replica)
+    task = asyncio.ensure_future(send(replica, timeout))
+    task.add_done_callback(attempt.settle_task)
+    return task
 
 
 async def hedged(replicas: Replicas, first: Replica, send: Attempt, timeout: float) -> dict:
@@ -57,7 +88,7 @@ async def hedged(replicas: Replicas, first: Replica, send: Attempt, timeout: flo
         return await call_replica(replicas, first, send, timeout)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    attempts = [asyncio.ensure_future(call_replica(replicas, first, send, timeout))]
+    attempts = [_start(replicas, first, send, timeout)]
     try:
         done, _ = await asyncio.wait(attempts, timeout=replicas.pace.stall_after())
         if done:
@@ -67,7 +98,7 @@ async def hedged(replicas: Replicas, first: Replica, send: Attempt, timeout: flo
         if other is None or left <= 0.001:
             return await attempts[0]
         replicas.failed(first)  # late: the next calls go elsewhere while it recovers
-        attempts.append(asyncio.ensure_future(call_replica(replicas, other, send, left)))
+        attempts.append(_start(replicas, other, send, left))
         return await _first_success(attempts)
     finally:
         for attempt in attempts:

@@ -97,3 +97,14 @@ async def test_a_failed_replica_waits_for_its_connection_to_be_ready_again() -> 
     assert ("10.0.0.1:1", True) in asked
     states["10.0.0.1:1"] = grpc.ChannelConnectivity.READY
     assert "10.0.0.1:1" in {(await replicas.pick()).address for _ in range(4)}
+
+
+async def test_a_failed_replica_gets_one_call_at_a_time_until_one_succeeds() -> None:
+    replicas = _replicas("ipv4:10.0.0.1:1,10.0.0.2:1")
+    bad, good = replicas._replicas.values()
+    replicas.failed(bad)
+    await asyncio.sleep(0.15)  # past its pause
+    bad.load = 1  # the one probing call
+    assert {(await replicas.pick()).address for _ in range(6)} == {good.address}
+    bad.load = 0
+    assert bad.address in {(await replicas.pick()).address for _ in range(4)}
