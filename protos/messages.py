@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from protos import pb, wire
 from protos.codec import (
@@ -81,7 +82,8 @@ def request_inputs(
         )
     out: dict[str, np.ndarray] = {}
     next_raw = 0
-    for tensor, ref in zip(request.inputs, refs, strict=True):
+    typed = parsed.contents or [None] * n_inputs
+    for tensor, ref, contents in zip(request.inputs, refs, typed, strict=True):
         if tensor.name in out:
             raise InvalidInput(f"input '{tensor.name}' appears twice")
         if ref is not None:
@@ -90,7 +92,7 @@ def request_inputs(
             data = shared(ref, tensor.name)
             arr = from_raw(data, tensor.datatype, tensor.shape, tensor.name, limits)
         elif n_raw:
-            if tensor.HasField("contents"):
+            if contents is not None or tensor.HasField("contents"):
                 raise InvalidInput(
                     f"input '{tensor.name}': both contents and raw_input_contents given"
                 )
@@ -98,9 +100,17 @@ def request_inputs(
             next_raw += 1
             arr = from_raw(raw, tensor.datatype, tensor.shape, tensor.name, limits)
         else:
-            arr = from_contents(tensor.contents, tensor.datatype, tensor.shape, tensor.name, limits)
+            values = tensor.contents if contents is None else _contents(contents, tensor.name)
+            arr = from_contents(values, tensor.datatype, tensor.shape, tensor.name, limits)
         out[tensor.name] = arr
     return out
+
+
+def _contents(serialized: bytes | memoryview, tensor: str) -> pb.InferTensorContents:
+    try:
+        return pb.InferTensorContents.FromString(serialized)
+    except DecodeError:
+        raise InvalidInput(f"input '{tensor}': its contents do not parse") from None
 
 
 def response_outputs(

@@ -37,6 +37,10 @@ class ProxySettings(BaseSettings):
     no gRPC door; 0 picks a free port."""
     grpc_grace_s: float = 10.0
     """On shutdown, how long the gRPC door's calls in flight may take to finish."""
+    grpc_max_connections: int = Field(default=2048, ge=1)
+    """Connections the gRPC door holds at once; more are closed as they arrive."""
+    grpc_idle_s: float = Field(default=120.0, gt=0)
+    """A gRPC door connection with no call for this long is closed (GOAWAY)."""
     workers: int = Field(default=1, ge=1, le=64)
     """Proxy processes sharing the port (proxy/workers.py); 1: this process serves."""
     pipelines: Path = DEFAULT_PIPELINES

@@ -15,7 +15,7 @@ from v2server import triton
 from v2server.model import Served, TensorSpec
 from v2server.registry import Registry
 from v2server.shm import SharedMemory
-from v2server.validation import check_inputs
+from v2server.validation import check_declared
 
 
 def _tensor_metadata(specs: list[TensorSpec] | tuple[TensorSpec, ...]) -> list:
@@ -102,12 +102,16 @@ class DataPlane:
         arrived = time.perf_counter_ns()
         if self.draining:
             raise Unavailable("server is shutting down")
-        # Decoded first: a message that does not parse has no model to charge.
-        inputs = messages.request_inputs(request, self.limits, self.shared.read)
+        if request.error:  # a message that does not parse has no model to charge
+            raise InvalidInput(f"request does not parse: {request.error}")
         message = request.message
         model = self.registry.resolve(message.model_name, message.model_version)
         remaining = triton.with_request_timeout(message, remaining)
         try:
+            # What each input declares, checked before any of it is decoded.
+            declared = [(t.name, t.datatype, t.shape) for t in message.inputs]
+            check_declared(model.name, model.inputs, declared)
+            inputs = messages.request_inputs(request, self.limits, self.shared.read)
             # Work past the caller's deadline is for nobody: a streamed request has no
             # call for gRPC to cancel, so the deadline is kept here for every request.
             async with asyncio.timeout(remaining):
@@ -128,7 +132,6 @@ class DataPlane:
         message: pb.ModelInferRequest,
         remaining: float | None,
     ) -> bytes:
-        check_inputs(model.name, model.inputs, inputs)
         wanted = _requested_outputs(model, message)
         # Checked before the model runs, like every other part of the request.
         refs = {o.name: messages.shared_ref(o.parameters, o.name) for o in message.outputs}

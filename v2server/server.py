@@ -68,10 +68,13 @@ class V2Server:
 
     def _build(self) -> aio.Server:
         """Create the grpc.aio server; it binds itself to the running event loop."""
-        max_bytes = self.settings.max_message_mb * 1024 * 1024
+        s = self.settings
+        max_bytes = s.max_message_mb * 1024 * 1024
+        received = max_bytes if s.max_receive_mb is None else int(s.max_receive_mb * 2**20)
         options: list[tuple[str, int]] = [
-            ("grpc.max_receive_message_length", max_bytes),
+            ("grpc.max_receive_message_length", min(max_bytes, received)),
             ("grpc.max_send_message_length", max_bytes),
+            ("grpc.server_handshake_timeout_ms", int(s.handshake_timeout_s * 1000)),
             # Linux lets two servers share a port by default; a second one must fail
             # unless sharing is meant.
             ("grpc.so_reuseport", int(self._share_port)),
@@ -80,6 +83,10 @@ class V2Server:
             ("grpc.http2.min_ping_interval_without_data_ms", 500),
             ("grpc.keepalive_permit_without_calls", 1),
         ]
+        if s.max_connections is not None:
+            options += [("grpc.max_allowed_incoming_connections", s.max_connections)]
+        if s.max_connection_idle_s is not None:
+            options += [("grpc.max_connection_idle_ms", int(s.max_connection_idle_s * 1000))]
         if (age := self.settings.max_connection_age_s) is not None:
             grace = self.settings.max_connection_age_grace_s
             options += [

@@ -41,6 +41,18 @@ class ServerSettings(BaseSettings):
     """DEBUG, INFO, WARNING or ERROR; JSON lines on stderr."""
     max_message_mb: int = 64
     """Largest gRPC message accepted or sent."""
+    max_receive_mb: float | None = None
+    """Largest gRPC message accepted, when smaller than max_message_mb (the proxy's gRPC
+    door: the REST body limit)."""
+    max_connections: int | None = 4096
+    """Client connections held at once; more are closed as they arrive (idle HTTP/2
+    connections once used up the process's file descriptors). Unset: no limit."""
+    max_connection_idle_s: float | None = 300.0
+    """Close a client connection with no call for this long (GOAWAY; clients reconnect on
+    their next call). Unset: idle connections stay."""
+    handshake_timeout_s: float = 10.0
+    """A connection that has not completed its HTTP/2 (and TLS) handshake by then is
+    closed."""
     max_tensor_elements: int = 1 << 28
     """Largest element count one tensor may declare."""
     max_inputs: int = 64

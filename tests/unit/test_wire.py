@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -65,3 +66,31 @@ def test_truncated_request_reports_an_error() -> None:
     data = sample_request().SerializeToString()
     parsed = wire.parse_infer_request(data[:-7])
     assert parsed.error
+
+
+def test_typed_contents_stay_serialized_until_the_shape_is_accepted() -> None:
+    """A request's typed contents are split off unparsed (5 M empty BYTES elements cost
+    protobuf ~200 MB to parse) and parsed when its inputs are read."""
+    from protos import messages
+    from protos.errors import InvalidInput
+
+    request = pb.ModelInferRequest(model_name="m", id="r")
+    x = request.inputs.add(name="x", datatype="FP32", shape=[2])
+    x.contents.fp32_contents.extend([1.5, 2.5])
+    request.inputs.add(name="s", datatype="BYTES", shape=[1]).contents.bytes_contents.append(b"hi")
+    parsed = wire.parse_infer_request(request.SerializeToString())
+    assert not parsed.error and parsed.message.id == "r"
+    assert [t.HasField("contents") for t in parsed.message.inputs] == [False, False]
+    assert [list(t.shape) for t in parsed.message.inputs] == [[2], [1]]
+    assert all(c is not None for c in parsed.contents)
+    inputs = messages.request_inputs(parsed)
+    assert inputs["x"].tolist() == [1.5, 2.5] and inputs["s"].tolist() == [b"hi"]
+    # Contents that do not parse are the caller's error, found when read.
+    tensor = pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1])
+    inner = tensor.SerializeToString() + bytes([0x2A, 0x03, 0x0D, 0xFF, 0xFF])  # truncated
+    data = pb.ModelInferRequest(model_name="m").SerializeToString()
+    data += bytes([0x2A, len(inner)]) + inner
+    parsed = wire.parse_infer_request(data)
+    assert not parsed.error
+    with pytest.raises(InvalidInput, match="contents do not parse"):
+        messages.request_inputs(parsed)

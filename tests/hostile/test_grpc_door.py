@@ -1,0 +1,147 @@
+"""The proxy's gRPC door against rude clients, bounded as REST is: a shape the pipeline
+refuses costs nothing to refuse, an image over REST's body limit is refused as it arrives,
+idle connections cannot use up the proxy's descriptors. Real processes, raw gRPC."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+import httpx
+
+from protos import pb, pb_grpc
+from protos.channels import channel_options
+from tests.conftest import Mesh
+from tests.hostile.probe import Watch
+from tests.hostile.test_front_door import digit, digits_ok
+from tests.procs import ROOT
+from tests.report import report
+
+MB = 1 << 20
+
+
+def _health_meanwhile(url: str, stop: threading.Event, slowest: list[float]) -> None:
+    with httpx.Client(base_url=url, timeout=10) as client:
+        while not stop.is_set():
+            start = time.monotonic()
+            client.get("/healthz")
+            slowest.append(time.monotonic() - start)
+            time.sleep(0.05)
+
+
+def _door_call(mesh: Mesh, request: pb.ModelInferRequest) -> grpc.RpcError | pb.ModelInferResponse:
+    options = channel_options(256)
+    with grpc.insecure_channel(mesh.grpc_address, options=options) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        try:
+            return stub.ModelInfer(request, timeout=30)
+        except grpc.RpcError as exc:
+            return exc
+
+
+def _bytes_bomb(typed: bool) -> pb.ModelInferRequest:
+    """5 M empty BYTES elements declared for the pipeline's `image` input, BYTES [1]."""
+    count = 5_000_000
+    request = pb.ModelInferRequest(model_name="digits")
+    tensor = request.inputs.add(name="image", datatype="BYTES", shape=[count])
+    if typed:
+        tensor.contents.bytes_contents.extend([b""] * count)  # ~10 MB on the wire
+    else:
+        request.raw_input_contents.append(b"\x00\x00\x00\x00" * count)  # 20 MB
+    return request
+
+
+def test_a_bytes_bomb_at_the_door_is_refused_by_its_shape(mesh: Mesh) -> None:
+    """It once took the proxy's event loop 8.6 s (and REST with it) to decode 16 M empty
+    elements one by one before the shape said no."""
+    proxy = mesh.local.procs["proxy"].pid
+    for typed in (False, True):
+        bomb = _bytes_bomb(typed)
+        stop, slowest = threading.Event(), []
+        checker = threading.Thread(target=_health_meanwhile, args=(mesh.url, stop, slowest))
+        checker.start()
+        while not slowest:  # /healthz answers before the bomb
+            time.sleep(0.01)
+        with Watch(proxy) as watch:
+            answer = _door_call(mesh, bomb)
+        time.sleep(0.1)  # and after it
+        stop.set()
+        checker.join()
+        kind = "typed contents" if typed else "raw contents"
+        report(
+            f"\nhostile: gRPC door, 5 M empty BYTES elements ({kind}, "
+            f"{bomb.ByteSize() / MB:.0f} MiB): {answer.code().name} in "  # type: ignore[union-attr]
+            f"{watch.cost.seconds:.2f} s, proxy CPU {watch.cost.cpu_s:.2f} s, peak "
+            f"+{watch.cost.peak_growth_mb:.0f} MiB; /healthz at most {max(slowest):.3f} s"
+        )
+        assert isinstance(answer, grpc.RpcError)
+        assert answer.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "expected shape [1], got [5000000]" in answer.details()
+        assert watch.cost.seconds < 2 and watch.cost.peak_growth_mb < 200
+        assert max(slowest) < 1
+    assert digits_ok(mesh.url) == [200] * 4
+
+
+def test_an_image_over_the_body_limit_is_refused_at_the_door(mesh: Mesh) -> None:
+    """REST refuses a body over PROXY_MAX_BODY_MB (20 MiB) with 413; the door once forwarded
+    a 40 MiB image (eight at once took the proxy from 1.1 to 2.2 GB, and it kept it)."""
+    request = pb.ModelInferRequest(model_name="digits")
+    request.inputs.add(name="image", datatype="BYTES", shape=[1])
+    blob = digit() + b"\x00" * (40 * MB)
+    request.raw_input_contents.append(len(blob).to_bytes(4, "little") + blob)
+    with Watch(mesh.local.procs["proxy"].pid) as watch:
+        answer = _door_call(mesh, request)
+    report(
+        f"\nhostile: gRPC door, a 40 MiB image: {answer.code().name} in "  # type: ignore[union-attr]
+        f"{watch.cost.seconds:.2f} s, proxy peak +{watch.cost.peak_growth_mb:.0f} MiB"
+    )
+    assert isinstance(answer, grpc.RpcError)
+    assert answer.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert watch.cost.peak_growth_mb < 64
+    ok = pb.ModelInferRequest(model_name="digits")
+    ok.inputs.add(name="image", datatype="BYTES", shape=[1])
+    ok.raw_input_contents.append(len(digit()).to_bytes(4, "little") + digit())
+    answer = _door_call(mesh, ok)
+    assert isinstance(answer, pb.ModelInferResponse), answer
+
+
+def test_idle_connections_to_the_door_leave_rest_answering(mesh: Mesh) -> None:
+    """21,000 idle HTTP/2 connections once used up the proxy's 20,000 descriptors: every
+    REST request for the next 80 s was reset. The door holds at most
+    PROXY_GRPC_MAX_CONNECTIONS (2048) and closes the rest as they come."""
+    port = mesh.grpc_address.rsplit(":", 1)[1]
+    script = str(ROOT / "tests" / "hostile" / "idle_connections.py")
+    holders = [
+        subprocess.Popen(
+            [sys.executable, script, port, "7000"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    try:
+        counts = [tuple(map(int, h.stdout.readline().split())) for h in holders]  # type: ignore[union-attr]
+        statuses = digits_ok(mesh.url, 8)
+        with httpx.Client(base_url=mesh.url, timeout=10) as client:
+            health = client.get("/healthz").status_code
+    finally:
+        for holder in holders:
+            holder.stdin.close()  # type: ignore[union-attr]
+            holder.wait(60)
+            holder.stdout.close()  # type: ignore[union-attr]
+    opened, still = sum(c[0] for c in counts), sum(c[1] for c in counts)
+    report(
+        f"\nhostile: {opened} idle HTTP/2 connections to the gRPC door: {still} held after 1 s; "
+        f"REST meanwhile {statuses}"
+    )
+    assert opened >= 20_000
+    assert still <= 2048 + 64
+    assert statuses == [200] * 8 and health == 200
+    ok = pb.ModelInferRequest(model_name="digits")
+    ok.inputs.add(name="image", datatype="BYTES", shape=[1])
+    ok.raw_input_contents.append(len(digit()).to_bytes(4, "little") + digit())
+    assert isinstance(_door_call(mesh, ok), pb.ModelInferResponse)
