@@ -5,10 +5,21 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import re
 import sys
 import time
+import uuid
 
 REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
+
+_PLAIN_ID = re.compile(r"[A-Za-z0-9._:+\-]{1,128}")
+
+
+def plain_id(given: str | bytes) -> str:
+    """The caller's request id if it is short and plain, else a new one: ids travel in gRPC
+    metadata and every log line (a 20 MiB id once grew a log by 120 MiB)."""
+    text = given.decode(errors="replace") if isinstance(given, bytes) else given
+    return text if _PLAIN_ID.fullmatch(text) else uuid.uuid4().hex
 
 
 class JsonFormatter(logging.Formatter):

@@ -4,12 +4,10 @@
 from __future__ import annotations
 
 import hmac
-import re
-import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from protos.logs import REQUEST_ID
+from protos.logs import REQUEST_ID, plain_id
 from proxy.disconnect import ClientGone
 from proxy.problems import Problem, error_response, problem_response
 
@@ -17,15 +15,6 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-
-_PLAIN_ID = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
-
-
-def plain_id(given: bytes) -> str:
-    """The caller's request id if it is short and plain (it travels in gRPC metadata and
-    logs), else a new one."""
-    return given.decode() if _PLAIN_ID.fullmatch(given) else uuid.uuid4().hex
-
 
 def key_matches(expected: bytes, x_api_key: bytes, authorization: bytes) -> bool:
     """`X-API-Key: <key>` or `Authorization: Bearer <key>` (HTTP headers or gRPC metadata)."""

@@ -20,7 +20,7 @@ import grpc
 from grpc import aio
 
 from protos.errors import MeshError
-from protos.logs import REQUEST_ID
+from protos.logs import REQUEST_ID, plain_id
 from v2server import metrics
 
 log = logging.getLogger("v2server")
@@ -81,7 +81,8 @@ class CallScope:
         self._in_flight = in_flight
         self._method = method
         self._request = request
-        self._request_id = request_id or getattr(request, "id", "") or ""
+        given = request_id or getattr(request, "id", "") or ""
+        self._request_id = plain_id(given) if given else ""
         self.code = grpc.StatusCode.OK
 
     def __enter__(self) -> CallScope:
