@@ -16,6 +16,7 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
+
 def key_matches(expected: bytes, x_api_key: bytes, authorization: bytes) -> bool:
     """`X-API-Key: <key>` or `Authorization: Bearer <key>` (HTTP headers or gRPC metadata)."""
     key = authorization[7:] if authorization[:7].lower() == b"bearer " else x_api_key

@@ -4,6 +4,7 @@ model any pipeline calls, forwarded over gRPC to the service that hosts it."""
 from __future__ import annotations
 
 import asyncio
+import functools
 
 from fastapi import Request, Response
 from google.protobuf.json_format import MessageToDict
@@ -30,6 +31,9 @@ from v2server.validation import check_inputs
 
 EXTENSIONS = ["binary_tensor_data", "model_configuration"]
 
+PARSE_IN_THREAD = 256 * 1024
+"""Bodies larger than this are parsed in a worker thread."""
+
 
 class V2Endpoints:
     def __init__(self, state: ProxyState) -> None:
@@ -46,6 +50,7 @@ class V2Endpoints:
         self.timeout_s = state.settings.v2_timeout_ms / 1000
         self.ready_timeout_s = state.settings.ready_timeout_ms / 1000
         self._ready = Fresh(self._servers_ready, state.settings.ready_cache_ms / 1000)
+        self._inputs: dict[tuple[str, str, str], tuple[TensorSpec, ...] | None] = {}
 
     def host(self, model: str) -> str:
         address = self.hosts.get(model)
@@ -131,6 +136,33 @@ class V2Endpoints:
         body = {"name": model, "ready": ok, **({"error": why} if why else {})}
         return json_response(body, 200 if ok else 503)
 
+    async def _forwarded_inputs(
+        self, address: str, model: str, version: str
+    ) -> v2json.Expected | None:
+        """A forwarded model's declared inputs (its service's ModelMetadata, asked once), so
+        that a request its shapes refuse is refused before it is decoded; None when the
+        service cannot say now (it then judges the request itself)."""
+        key = (address, model, version)
+        if key not in self._inputs:
+            try:
+                meta = await self.state.channels.unary(
+                    address,
+                    "ModelMetadata",
+                    pb.ModelMetadataRequest(name=model, version=version),
+                    pb.ModelMetadataResponse,
+                    self.ready_timeout_s,
+                )
+            except aio.AioRpcError:
+                return None
+            # A server that declares no inputs (MLServer may not) leaves the check to itself.
+            specs = tuple(TensorSpec(t.name, t.datatype, tuple(t.shape)) for t in meta.inputs)
+            self._inputs[key] = specs or None
+        specs = self._inputs[key]
+        if specs is None:
+            return None
+        rows = await self.state.channels.batch_size(address, model, version, self.ready_timeout_s)
+        return model, specs, rows
+
     async def infer(self, request: Request, model: str) -> Response:
         """POST /v2/models/{model}/infer."""
         return await self._infer(request, model, "")
@@ -152,10 +184,22 @@ class V2Endpoints:
         )
         deadline = started + budget
         raw = await read_body(request, self.state.uploads, deadline)
+        expected = (
+            (model, pipeline.inputs, 0)
+            if pipeline is not None
+            else await self._forwarded_inputs(address, model, version)
+        )
+        parse = functools.partial(
+            v2json.parse,
+            raw,
+            self.state.uploads.max_bytes,
+            header_length=_header_length(request),
+            expected=expected,
+        )
         try:
-            parsed = v2json.parse(
-                raw, self.state.uploads.max_bytes, header_length=_header_length(request)
-            )
+            # A large body is parsed beside the event loop: decoding a long number list or
+            # many BYTES elements once held it (and every other request) for 2-3 s.
+            parsed = await asyncio.to_thread(parse) if len(raw) > PARSE_IN_THREAD else parse()
             if parsed.timeout_s is not None:
                 deadline = min(deadline, started + parsed.timeout_s)
             if pipeline is not None:

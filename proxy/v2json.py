@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,9 +27,14 @@ import orjson
 from protos import codec
 from protos.errors import InvalidInput
 from proxy.results import to_json
+from v2server.model import TensorSpec
+from v2server.validation import check_declared
 
 MAX_NAME = 256
 """Longest tensor name accepted."""
+
+Expected = tuple[str, Sequence[TensorSpec], int]
+"""A model's name, its declared inputs and its max_batch_size (0: none)."""
 
 _NUMBER_KINDS = {"i": (int,), "u": (int,), "f": (int, float), "b": (bool,)}
 
@@ -49,9 +55,12 @@ def parse(
     max_bytes: int,
     limits: codec.TensorLimits = codec.DEFAULT_LIMITS,
     header_length: int | None = None,
+    expected: Expected | None = None,
 ) -> InferRequest:
     """The request in `raw` (its first `header_length` bytes, the rest binary tensors, when
-    given); InvalidInput naming the first thing wrong with it."""
+    given); InvalidInput naming the first thing wrong with it. With `expected` (the model's
+    name and declared inputs), each input's name, datatype and shape are checked against
+    them before its data is decoded."""
     binary = memoryview(b"")
     if header_length is not None:
         if not 0 < header_length <= len(raw):
@@ -76,7 +85,9 @@ def parse(
     tensors: dict[str, np.ndarray] = {}
     offset = 0
     for i, spec in enumerate(inputs):
-        name, array, offset = _tensor(spec, f"inputs[{i}]", limits, budget, binary, offset)
+        name, array, offset = _tensor(
+            spec, f"inputs[{i}]", limits, budget, binary, offset, expected
+        )
         if name in tensors:
             raise InvalidInput(f"inputs[{i}]: a second input named '{name}'")
         tensors[name] = array
@@ -149,6 +160,7 @@ def _tensor(
     budget: list[int],
     binary: memoryview,
     offset: int,
+    expected: Expected | None = None,
 ) -> tuple[str, np.ndarray, int]:
     """One input, and where the next one's binary data starts."""
     if not isinstance(spec, dict):
@@ -172,6 +184,9 @@ def _tensor(
             f"{where}: 'shape' must be a list of at most {limits.max_rank} non-negative integers"
         )
     dims, count = codec.checked_shape(shape, name, limits)
+    if expected is not None:
+        model, specs, max_batch = expected
+        check_declared(model, specs, [(name, datatype, dims)], max_batch, complete=False)
     parameters = _parameters(spec.get("parameters"), f"{where}: 'parameters'")
     size = parameters.get("binary_data_size")
     if size is not None:

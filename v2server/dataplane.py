@@ -110,7 +110,7 @@ class DataPlane:
         try:
             # What each input declares, checked before any of it is decoded.
             declared = [(t.name, t.datatype, t.shape) for t in message.inputs]
-            check_declared(model.name, model.inputs, declared)
+            check_declared(model.name, model.inputs, declared, model.scheduling.max_batch_size)
             inputs = messages.request_inputs(request, self.limits, self.shared.read)
             # Work past the caller's deadline is for nobody: a streamed request has no
             # call for gRPC to cancel, so the deadline is kept here for every request.

@@ -17,11 +17,18 @@ def check_inputs(model: str, specs: Sequence[TensorSpec], inputs: Mapping[str, n
 
 
 def check_declared(
-    model: str, specs: Sequence[TensorSpec], declared: Sequence[tuple[str, str, Sequence[int]]]
+    model: str,
+    specs: Sequence[TensorSpec],
+    declared: Sequence[tuple[str, str, Sequence[int]]],
+    max_batch: int = 0,
+    *,
+    complete: bool = True,
 ) -> None:
     """check_inputs on what a request declares of each input (name, datatype, shape), before
     a byte of it is decoded: a request whose shape the model refuses costs nothing (a door
-    once decoded 16 M BYTES elements of a `[1]` input, element by element, before saying no)."""
+    once decoded 16 M BYTES elements of a `[1]` input, element by element, before saying no).
+    `max_batch` > 0: the first dimension of each input may not exceed it (max_batch_size).
+    `complete=False`: `declared` is some of the inputs (one checked as it is read)."""
     by_name = {s.name: s for s in specs}
     given = {name: (datatype, shape) for name, datatype, shape in declared}
     for name in given:
@@ -32,7 +39,7 @@ def check_declared(
             )
     for spec in specs:
         if spec.name not in given:
-            if spec.optional:
+            if spec.optional or not complete:
                 continue
             raise InvalidInput(f"model '{model}': missing input '{spec.name}'")
         actual, shape = given[spec.name]
@@ -45,6 +52,11 @@ def check_declared(
             raise InvalidInput(
                 f"model '{model}' input '{spec.name}': expected shape "
                 f"{list(spec.shape)}, got {list(shape)}"
+            )
+        if max_batch and len(shape) and shape[0] > max_batch:
+            raise InvalidInput(
+                f"model '{model}' input '{spec.name}': batch of {shape[0]} rows exceeds "
+                f"max_batch_size {max_batch}"
             )
 
 
