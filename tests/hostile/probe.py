@@ -6,8 +6,11 @@ from __future__ import annotations
 import os
 import select
 import socket
+import threading
 import time
 from dataclasses import dataclass
+
+import httpx
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -96,3 +99,13 @@ def _framed_length(answer: bytes) -> int:
         if line.lower().startswith(b"content-length:"):
             return len(head) + 4 + int(line.split(b":")[1])
     return len(answer) + 1
+
+
+def health_meanwhile(url: str, stop: threading.Event, seconds: list[float]) -> None:
+    """GET /healthz until `stop` is set, each answer's time to `seconds` (in a thread)."""
+    with httpx.Client(base_url=url, timeout=10) as client:
+        while not stop.is_set():
+            start = time.monotonic()
+            client.get("/healthz")
+            seconds.append(time.monotonic() - start)
+            time.sleep(0.02)

@@ -12,7 +12,7 @@ import orjson
 
 from tests.conftest import Mesh
 from tests.e2e.test_digits import held_out, png
-from tests.hostile.probe import Watch, exchange
+from tests.hostile.probe import Watch, exchange, health_meanwhile
 from tests.report import report
 
 MB = 1 << 20
@@ -264,16 +264,7 @@ def test_large_v2_bodies_leave_the_event_loop_free(mesh: Mesh) -> None:
     }
     for what, (path, body, headers) in bodies.items():
         stop, slowest = threading.Event(), []
-
-        def health() -> None:
-            with httpx.Client(base_url=mesh.url, timeout=10) as client:
-                while not stop.is_set():
-                    start = time.monotonic()
-                    client.get("/healthz")
-                    slowest.append(time.monotonic() - start)
-                    time.sleep(0.02)
-
-        checker = threading.Thread(target=health)
+        checker = threading.Thread(target=health_meanwhile, args=(mesh.url, stop, slowest))
         checker.start()
         with Watch(mesh.local.procs["proxy"].pid) as watch, httpx.Client(timeout=30) as c:
             r = c.post(mesh.url + path, content=body, headers=headers)

@@ -15,21 +15,12 @@ import httpx
 from protos import pb, pb_grpc
 from protos.channels import channel_options
 from tests.conftest import Mesh
-from tests.hostile.probe import Watch
+from tests.hostile.probe import Watch, health_meanwhile
 from tests.hostile.test_front_door import digit, digits_ok
 from tests.procs import ROOT
 from tests.report import report
 
 MB = 1 << 20
-
-
-def _health_meanwhile(url: str, stop: threading.Event, slowest: list[float]) -> None:
-    with httpx.Client(base_url=url, timeout=10) as client:
-        while not stop.is_set():
-            start = time.monotonic()
-            client.get("/healthz")
-            slowest.append(time.monotonic() - start)
-            time.sleep(0.05)
 
 
 def _door_call(mesh: Mesh, request: pb.ModelInferRequest) -> grpc.RpcError | pb.ModelInferResponse:
@@ -61,7 +52,7 @@ def test_a_bytes_bomb_at_the_door_is_refused_by_its_shape(mesh: Mesh) -> None:
     for typed in (False, True):
         bomb = _bytes_bomb(typed)
         stop, slowest = threading.Event(), []
-        checker = threading.Thread(target=_health_meanwhile, args=(mesh.url, stop, slowest))
+        checker = threading.Thread(target=health_meanwhile, args=(mesh.url, stop, slowest))
         checker.start()
         while not slowest:  # /healthz answers before the bomb
             time.sleep(0.01)
