@@ -19,6 +19,8 @@ from protos.errors import InvalidInput
 INPUTS_FIELD = 5  # ModelInferRequest.inputs
 CONTENTS_FIELD = 5  # ModelInferRequest.InferInputTensor.contents
 RAW_INPUT_FIELD = 7  # ModelInferRequest.raw_input_contents
+SPLIT_CONTENTS_ABOVE = 64 * 1024
+"""Requests whose non-raw part is larger have their inputs' typed contents split off."""
 RAW_OUTPUT_FIELD = 6  # ModelInferResponse.raw_output_contents
 _LENGTH_DELIMITED = 2
 
@@ -131,9 +133,13 @@ def parse_infer_request(data: bytes) -> ParsedInferRequest:
     """gRPC request deserializer for ModelInfer; never raises (gRPC would answer UNKNOWN)."""
     try:
         head, raw = split_field(data, RAW_INPUT_FIELD)
-        head, contents = _split_contents(head)
+        # A small remainder cannot hold costly typed contents: parsed as it is (the split
+        # costs ~3 us a request).
+        contents = _split_contents(head) if len(head) > SPLIT_CONTENTS_ABOVE else None
+        if contents is not None:
+            head, contents = contents
         message = pb.ModelInferRequest.FromString(head)
-        return ParsedInferRequest(message, raw, size=len(data), contents=contents)
+        return ParsedInferRequest(message, raw, size=len(data), contents=contents or ())
     except (InvalidInput, DecodeError) as exc:
         message = str(exc) or "malformed"
         return ParsedInferRequest(pb.ModelInferRequest(), [], error=message, size=len(data))

@@ -9,6 +9,7 @@ proxy/retries.py."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Literal
 
@@ -22,6 +23,8 @@ from proxy.balancing import CONNECTION, Replica, Replicas, names_replicas
 from proxy.endpoints import Target
 from proxy.hedging import hedged
 from proxy.streams import RETRYABLE, CallFailed, StreamPool
+
+log = logging.getLogger(__name__)
 
 Infer = Callable[..., Awaitable[dict[str, np.ndarray]]]
 """Channels.infer's shape: (target, inputs, *, outputs, timeout, request_id)."""
@@ -193,9 +196,15 @@ class Channels:
             try:
                 return await self._streamed(pool, key, request, timeout)
             except CallFailed as exc:
-                if not (exc.stream and exc.code() == grpc.StatusCode.UNIMPLEMENTED):
+                if not (exc.unfit or (exc.stream and exc.code() == grpc.StatusCode.UNIMPLEMENTED)):
                     raise
-                self._unary_only.add(address)  # e.g. a server without streams
+                # A server without streams, or whose streams carry one request: unary from
+                # now on, this request sent again that way (what was learnt fails nothing).
+                if address not in self._unary_only:
+                    self._unary_only.add(address)
+                    log.warning(
+                        "%s: calls go unary from now on (%s)", address, pool.unfit or exc.details()
+                    )
         call = self.get(address).unary_unary(
             METHOD_PREFIX + "ModelInfer",
             request_serializer=wire.serialize_infer_request,

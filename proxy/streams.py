@@ -29,12 +29,17 @@ class CallFailed(Exception):
     """A call's failure with its gRPC status, on either transport (code() and details()
     like grpc.aio.AioRpcError, which the unary path raises)."""
 
-    def __init__(self, code: grpc.StatusCode, details: str, *, stream: bool = False) -> None:
+    def __init__(
+        self, code: grpc.StatusCode, details: str, *, stream: bool = False, unfit: bool = False
+    ) -> None:
         super().__init__(details)
         self._code = code
         self._details = details
         self.stream = stream
         """The stream itself failed (not one request on it)."""
+        self.unfit = unfit
+        """The server's streams do not carry many requests (StreamPool): call it unary,
+        this request included (inference is idempotent)."""
 
     def code(self) -> grpc.StatusCode:
         return self._code
@@ -179,11 +184,19 @@ class MuxStream:
 
     async def _read(self) -> None:
         failure = CallFailed(grpc.StatusCode.UNAVAILABLE, "stream ended", stream=True)
+        answered = 0
         try:
             while True:
                 answer = await self._call.read()
                 if answer is aio.EOF:
+                    failure = self._ended_early(answered) or failure
                     break
+                if not answer.id:
+                    # We never send an empty id: the server does not answer v2 stream
+                    # messages by id (MLServer sends ModelInferResponse messages on it).
+                    failure = self._unfit(f"an answer without the request's id ({answer})")
+                    break
+                answered += 1
                 future = self._pending.pop(answer.id, None)
                 if future is None or future.done():
                     continue  # its caller left
@@ -196,6 +209,28 @@ class MuxStream:
         finally:
             self._end(failure)
             self._writer.cancel()  # the call is over: nothing more can be written
+            self._call.cancel()
+
+    def _ended_early(self, answered: int) -> CallFailed | None:
+        """The server ended the stream (status OK): fine once nothing is outstanding (a
+        draining server of ours ends its streams so), a sign that its streams do not carry
+        many requests when requests were still outstanding, or when it answered only one
+        (twice running)."""
+        if self._pending:
+            return self._unfit(f"the server ended it with {len(self._pending)} requests unanswered")
+        if answered <= 1:
+            self._pool.short_lived += 1
+            if self._pool.short_lived >= 2:
+                return self._unfit("the server ended two streams after one answer each")
+        else:
+            self._pool.short_lived = 0
+        return None
+
+    def _unfit(self, why: str) -> CallFailed:
+        self._pool.unfit = why
+        return CallFailed(
+            grpc.StatusCode.UNAVAILABLE, f"stream unfit: {why}", stream=True, unfit=True
+        )
 
     def _end(self, failure: CallFailed) -> None:
         """The stream failed: every request on it fails with `failure`, the next ones go to
@@ -238,6 +273,10 @@ class StreamPool:
         """Set once `cancels` is known (the metadata answered, or failed to)."""
         self._streams: list[MuxStream] = []
         self._ids = itertools.count()
+        self.unfit = ""
+        """Why this address's streams do not carry many requests (set once learnt)."""
+        self.short_lived = 0
+        """Streams in a row the server ended after at most one answer."""
 
     def key(self, request_id: str) -> str:
         """A request id unique on this pool's streams, that still names the request."""

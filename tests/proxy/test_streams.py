@@ -265,3 +265,59 @@ async def test_requests_that_leave_mid_write_do_not_break_the_stream_they_share(
         await pool.close()
         await channel.close()
         await models.stop(0)
+
+
+class OneShotStreams(UnaryOnly):
+    """A v2 server whose ModelStreamInfer carries one request and ends: it answers the first
+    request and closes (`wrapped`), or, as MLServer 1.7 does, sends a bare ModelInferResponse
+    on the stream instead of a ModelStreamInferResponse and closes."""
+
+    def __init__(self, model: ScriptedModel, wrapped: bool) -> None:
+        super().__init__(model)
+        self.wrapped = wrapped
+        self.streams = 0
+
+    async def _stream(self, requests, context: aio.ServicerContext):
+        self.streams += 1
+        async for request in requests:
+            answer = await self.servicer.ModelInfer(request, context)
+            yield wire.stream_response(answer) if self.wrapped else answer
+            return
+
+    async def start(self) -> int:
+        port = await super().start()
+        handler = grpc.stream_stream_rpc_method_handler(
+            self._stream,
+            request_deserializer=wire.parse_infer_request,
+            response_serializer=wire.serialize_response,
+        )
+        self.server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE_NAME, {"ModelStreamInfer": handler}),)
+        )
+        return port
+
+
+@STREAMS
+@pytest.mark.parametrize("wrapped", [True, False], ids=["answers-once", "mlserver-like"])
+async def test_a_server_whose_streams_carry_one_request_is_called_unary(
+    make_client, wrapped: bool
+) -> None:
+    """Learnt from the streams themselves (one that ends with requests outstanding, answers
+    without the request's id, or ends after one answer twice running), and no request fails
+    for it: those in flight on the failed stream are sent again, unary."""
+    parse = await serve(parse_model())
+    one_shot = OneShotStreams(affine("plus1", 1, 1, delay_s=0.01), wrapped)
+    port = await one_shot.start()
+    env = {"PARSE_URL": f"127.0.0.1:{parse.port}", "MODELS_URL": f"127.0.0.1:{port}"}
+    try:
+        async with make_client(PIPES, env) as client:
+            first = await asyncio.gather(*(post(client, "p", body(i)) for i in range(8)))
+            later = [await post(client, "p", body(i)) for i in range(4)]
+    finally:
+        await parse.stop(0)
+        await one_shot.server.stop(0)
+    assert [r.status_code for r in first + later] == [200] * 12, [r.text for r in first]
+    assert [r.json()["result"] for r in first] == [{"y": [i + 1.0]} for i in range(8)]
+    assert [r.json()["result"] for r in later] == [{"y": [i + 1.0]} for i in range(4)]
+    assert one_shot.streams <= 4, "it kept opening streams"
+    assert one_shot.infer_calls >= 4, "the later requests went unary"

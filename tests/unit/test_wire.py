@@ -68,11 +68,13 @@ def test_truncated_request_reports_an_error() -> None:
     assert parsed.error
 
 
-def test_typed_contents_stay_serialized_until_the_shape_is_accepted() -> None:
+def test_typed_contents_stay_serialized_until_the_shape_is_accepted(monkeypatch) -> None:
     """A request's typed contents are split off unparsed (5 M empty BYTES elements cost
     protobuf ~200 MB to parse) and parsed when its inputs are read."""
     from protos import messages
     from protos.errors import InvalidInput
+
+    monkeypatch.setattr(wire, "SPLIT_CONTENTS_ABOVE", 0)  # small requests are parsed whole
 
     request = pb.ModelInferRequest(model_name="m", id="r")
     x = request.inputs.add(name="x", datatype="FP32", shape=[2])
