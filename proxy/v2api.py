@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 
 from fastapi import Request, Response
 from google.protobuf.json_format import MessageToDict
@@ -17,7 +18,7 @@ from proxy import v2json
 from proxy.api import budget_s
 from proxy.disconnect import until_disconnect
 from proxy.endpoints import Target
-from proxy.errors import DefinitionError, http_status
+from proxy.errors import http_status
 from proxy.fresh import Fresh
 from proxy.grpc_door import SERVER_NAME
 from proxy.pipeline_models import PipelineFailed, PipelineModel
@@ -29,6 +30,8 @@ from proxy.uploads import read_body
 from v2server.model import TensorSpec
 from v2server.validation import check_inputs
 
+log = logging.getLogger(__name__)
+
 EXTENSIONS = ["binary_tensor_data", "model_configuration"]
 
 PARSE_IN_THREAD = 256 * 1024
@@ -38,15 +41,20 @@ PARSE_IN_THREAD = 256 * 1024
 class V2Endpoints:
     def __init__(self, state: ProxyState) -> None:
         self.state = state
-        self.hosts = state.models()
         runner = PipelineRunner(state)
         self.pipelines = {name: PipelineModel(plan, runner) for name, plan in state.plans.items()}
-        both = sorted(set(self.hosts) & set(self.pipelines))
-        if both:
-            raise DefinitionError(
-                f"{', '.join(both)}: a pipeline and a model it calls share the name; on /v2 "
-                "a name must mean one of them (rename the pipeline)"
+        models = state.models()
+        # On /v2 a name means the pipeline when one bears it; a service's model of the same
+        # name (someone else's server names its model `digits`) is still called by the
+        # pipelines, just not forwarded under that name. Never a reason not to start.
+        shadowed = sorted(set(models) & set(self.pipelines))
+        if shadowed:
+            log.info(
+                "on /v2 these names mean the pipeline, not the service model a pipeline calls: %s",
+                ", ".join(shadowed),
             )
+        self.hosts = {m: a for m, a in models.items() if m not in self.pipelines}
+        self._addresses = set(models.values())
         self.timeout_s = state.settings.v2_timeout_ms / 1000
         self.ready_timeout_s = state.settings.ready_timeout_ms / 1000
         self._ready = Fresh(self._servers_ready, state.settings.ready_cache_ms / 1000)
@@ -79,7 +87,7 @@ class V2Endpoints:
     async def _servers_ready(self) -> bool:
         channels = self.state.channels
         checks = await asyncio.gather(
-            *(channels.ready(a, None, self.ready_timeout_s) for a in set(self.hosts.values()))
+            *(channels.ready(a, None, self.ready_timeout_s) for a in self._addresses)
         )
         return all(ok for ok, _ in checks)
 

@@ -10,7 +10,6 @@ import numpy as np
 import orjson
 import pytest
 
-from proxy.errors import DefinitionError
 from tests.proxy.test_grpc_door import PIPES, chain_models
 from tests.proxy.test_pipelines import body, call, parse_model, pipeline
 
@@ -141,8 +140,22 @@ async def test_the_rest_of_the_v2_surface(client) -> None:
     assert model_meta.status_code == 200 and model_meta.json()["name"] == "plus1"
 
 
-def test_a_pipeline_named_like_a_model_is_a_start_up_error(make_client) -> None:
+async def test_a_pipeline_may_bear_the_name_of_a_model_it_calls(servers, make_client) -> None:
+    """Someone else's server names its model like a pipeline (MLServer's `digits`): the proxy
+    starts, the pipeline calls that model, and on /v2 the name means the pipeline."""
+    from tests.proxy.scripted import affine
+
     pipes = {"plus1": pipeline([call("a", "plus1", "parse")], {"y": "a.y"})}
-    env = {"PARSE_URL": "127.0.0.1:1", "MODELS_URL": "127.0.0.1:1"}
-    with pytest.raises(DefinitionError, match="share the name"):
-        make_client(pipes, env)
+    env = {
+        "PARSE_URL": await servers(parse_model()),
+        "MODELS_URL": await servers(affine("plus1", 1, 1)),
+    }
+    async with make_client(pipes, env) as client:
+        v1 = await client.post("/v1/pipelines/plus1/infer", content=body(2))
+        meta = (await client.get("/v2/models/plus1")).json()
+        v2 = await client.post("/v2/models/plus1/infer", json=base64_request(body(2)))
+        ready = await client.get("/v2/health/ready")
+    assert v1.status_code == 200 and v1.json()["result"] == {"y": [[3.0]]}, v1.text
+    assert meta["platform"] == "pipeline" and meta["inputs"][0]["datatype"] == "BYTES"
+    assert v2.status_code == 200, v2.text
+    assert ready.status_code == 200

@@ -1,0 +1,119 @@
+"""Foreign v2 servers as processes on 127.0.0.1, each from its own venv (made by
+`./mesh test`): MLServer with a custom onnxruntime runtime, and KServe's Python model server.
+Both serve one of our ONNX classifiers under a name we choose. They bind port 0; the ports
+are read from /proc and the gRPC one is the port that answers ServerReady."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from protos import pb, pb_grpc
+from tests.procs import LISTEN, ROOT
+
+HERE = Path(__file__).resolve().parent
+VENVS = {"mlserver": ROOT / ".venv-mlserver", "kserve": ROOT / ".venv-kserve-server"}
+
+
+def available(kind: str) -> bool:
+    return (VENVS[kind] / "bin" / "python").exists()
+
+
+@dataclass
+class Foreign:
+    kind: str
+    proc: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-5000:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def listening_ports(pid: int) -> set[int]:
+    """TCP ports process `pid` listens on (from /proc)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == LISTEN and fields[9] in inodes:
+                ports.add(int(fields[1].split(":")[1], 16))
+    return ports
+
+
+def _grpc_port(proc: subprocess.Popen[bytes], log_path: Path, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"exited {proc.returncode}:\n{log_path.read_text()[-5000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise TimeoutError(f"not ready in {timeout} s:\n{log_path.read_text()[-5000:]}")
+        for port in sorted(listening_ports(proc.pid)):
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = pb_grpc.GRPCInferenceServiceStub(channel)
+                try:
+                    if stub.ServerReady(pb.ServerReadyRequest(), timeout=1).ready:
+                        return port
+                except grpc.RpcError:
+                    pass  # not gRPC, or not ready yet
+        time.sleep(0.2)
+
+
+def start(kind: str, workdir: Path, model: str, onnx: Path, timeout: float = 120) -> Foreign:
+    """Serve `onnx` as `model` on a foreign server of `kind` (mlserver, kserve)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    python = VENVS[kind] / "bin" / "python"
+    env = {**os.environ, "PYTHONPATH": str(HERE)}
+    if kind == "mlserver":
+        folder = workdir / "mlserver"
+        (folder / model).mkdir(parents=True, exist_ok=True)
+        settings = {
+            "host": "127.0.0.1",
+            "http_port": 0,
+            "grpc_port": 0,
+            "metrics_port": 0,
+            "parallel_workers": 0,
+        }
+        (folder / "settings.json").write_text(json.dumps(settings))
+        model_settings = {
+            "name": model,
+            "implementation": "mlserver_runtime.OnnxClassifier",
+            "parameters": {"uri": str(onnx)},
+        }
+        (folder / model / "model-settings.json").write_text(json.dumps(model_settings))
+        cmd = [str(VENVS[kind] / "bin" / "mlserver"), "start", str(folder)]
+    else:
+        cmd = [str(python), str(HERE / "kserve_server.py"), model, str(onnx), "0", "0"]
+    log_path = workdir / f"{kind}.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
+    port = _grpc_port(proc, log_path, timeout)
+    return Foreign(kind, proc, port, log_path)

@@ -1,0 +1,63 @@
+"""Any v2 server swaps in by one environment variable, on the default transport and on
+unary calls: MLServer and KServe's model server each serve the digits MLP (our ONNX file,
+their runtime) under the name `digits`, the name of a pipeline too, as a fourth branch of
+the `digits` ensemble. Every request is answered, every branch right."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.conftest import Mesh
+from tests.e2e.test_digits import held_out, png
+from tests.foreign.conftest import NAME
+from tests.foreign.servers import Foreign
+from tests.report import report
+
+TRANSPORTS = {"streams": {}, "unary": {"PROXY_TRANSPORT": "unary", "PROXY_MERGE": "false"}}
+
+
+async def _ask(url: str, blobs: list[bytes], concurrency: int) -> list[httpx.Response]:
+    limit = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+
+        async def one(blob: bytes) -> httpx.Response:
+            async with limit:
+                return await client.post(
+                    "/v1/pipelines/digits/infer",
+                    content=blob,
+                    headers={"Content-Type": "image/png"},
+                )
+
+        return await asyncio.gather(*(one(b) for b in blobs))
+
+
+@pytest.mark.parametrize("transport", list(TRANSPORTS))
+def test_a_foreign_server_is_a_branch_of_the_ensemble(
+    mesh: Mesh, foreign: Foreign, transport: str
+) -> None:
+    images, labels = held_out()
+    blobs = [png(image) for image in images[:100]]
+    env = {"PREDICTOR_DIGITS_FOREIGN_URL": f"{foreign.address}/{NAME}", **TRANSPORTS[transport]}
+    with mesh.extra_proxy(27680, **env) as url:
+        answers = asyncio.run(_ask(url, blobs, concurrency=8))
+        again = asyncio.run(_ask(url, blobs[:20], concurrency=1))
+    statuses = [a.status_code for a in answers + again]
+    report(
+        f"swap-in: {foreign.kind} as a fourth digits branch ({transport}): "
+        f"{statuses.count(200)} of {len(statuses)} answered"
+    )
+    assert statuses == [200] * len(statuses), [a.text for a in answers if a.status_code != 200][:3]
+    for answer in answers:
+        members = answer.json()["result"]["members"]
+        assert set(members) == {"logreg", "mlp", "forest", "foreign"}
+        # The same ONNX file on both servers: the same answer, to float precision.
+        assert members["foreign"]["label"] == members["mlp"]["label"]
+        np.testing.assert_allclose(
+            members["foreign"]["probabilities"], members["mlp"]["probabilities"], atol=1e-5
+        )
+    predicted = [a.json()["result"]["label"] for a in answers]
+    assert sum(p == y for p, y in zip(predicted, labels[:100], strict=True)) >= 90
