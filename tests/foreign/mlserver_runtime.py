@@ -7,7 +7,7 @@ import numpy as np
 import onnxruntime as ort
 from mlserver import MLModel
 from mlserver.codecs import NumpyCodec
-from mlserver.types import InferenceRequest, InferenceResponse
+from mlserver.types import InferenceRequest, InferenceResponse, ResponseOutput
 
 
 class OnnxClassifier(MLModel):
@@ -26,8 +26,14 @@ class OnnxClassifier(MLModel):
         return InferenceResponse(
             model_name=self.name,
             id=payload.id,
+            # The graph's own shapes (NumpyCodec would make the labels [N, 1]).
             outputs=[
-                NumpyCodec.encode_output(name, value)
+                ResponseOutput(
+                    name=name,
+                    shape=list(value.shape),
+                    datatype="INT64" if value.dtype == np.int64 else "FP32",
+                    data=value.reshape(-1).tolist(),
+                )
                 for name, value in zip(self._outputs, values, strict=True)
             ],
         )
