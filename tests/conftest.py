@@ -17,6 +17,7 @@ from compose.local import DEFAULT_FILE, LocalMesh
 from compose.topology import load
 from protos import pb_grpc
 from tests import report
+from tests.foreign import servers as foreign
 from tests.modelgen import build_test_repository
 from tests.pki import PKI, make_pki
 from tests.procs import ROOT, Service, start_service
@@ -133,6 +134,18 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
         port = services["proxy"].env["PROXY_PORT"]
         yield Mesh(local, f"http://127.0.0.1:{port}", log)
         local.down()
+
+
+@pytest.fixture(scope="session")
+def mlserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[foreign.Foreign]:
+    """MLServer (its own venv) serving the digits MLP as `digits` (tests/foreign/)."""
+    yield from foreign.serve("mlserver", tmp_path_factory.mktemp("mlserver"))
+
+
+@pytest.fixture(scope="session")
+def kserve_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[foreign.Foreign]:
+    """KServe's model server (its own venv) serving the digits MLP as `digits`."""
+    yield from foreign.serve("kserve", tmp_path_factory.mktemp("kserve"))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

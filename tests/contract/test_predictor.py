@@ -269,18 +269,18 @@ def test_sigterm_finishes_in_flight_then_refuses(test_repository: Path, workdir:
         t0 = time.perf_counter()
         infer(stub, "slow", {"x": x})
         single_s = time.perf_counter() - t0
-        # Enough rows that the call is still running when SIGTERM lands.
+        # Enough rows, and calls queued behind one another (one instance), that some are
+        # still running when SIGTERM lands, however fast the machine.
         rows = int(min(4096, max(256, 64 * 2.0 / max(single_s, 1e-3))))
-        in_flight = stub.ModelInfer.future(
-            messages.build_request("slow", {"x": np.ones((rows, SLOW_WIDTH), np.float32)}),
-            timeout=60,
-        )
-        time.sleep(0.2)
-        assert not in_flight.done(), "the slow call finished before SIGTERM; test is void"
+        request = messages.build_request("slow", {"x": np.ones((rows, SLOW_WIDTH), np.float32)})
+        in_flight = [stub.ModelInfer.future(request, timeout=60) for _ in range(8)]
+        time.sleep(0.05)
+        assert not all(f.done() for f in in_flight), "the slow calls finished; test is void"
         stopper = threading.Thread(target=service.stop, kwargs={"sig": signal.SIGTERM})
         stopper.start()
-        out = messages.response_outputs(in_flight.result())
-        assert out["y"].shape == (rows, SLOW_WIDTH)
+        for future in in_flight:
+            out = messages.response_outputs(future.result())
+            assert out["y"].shape == (rows, SLOW_WIDTH)
         stopper.join(30)
     assert service.proc.returncode == 0, service.log()
     assert '"msg": "shutting down"' in service.log()

@@ -24,6 +24,15 @@ class OnnxClassifier(Model):
         self.ready = True
         return True
 
+    def get_input_types(self) -> list[dict]:
+        return [{"name": "input", "datatype": "FP32", "shape": [-1, 64]}]
+
+    def get_output_types(self) -> list[dict]:
+        return [
+            {"name": "label", "datatype": "INT64", "shape": [-1]},
+            {"name": "probabilities", "datatype": "FP32", "shape": [-1, 10]},
+        ]
+
     def predict(self, payload: InferRequest, headers: dict | None = None) -> InferResponse:
         x = payload.inputs[0].as_numpy().astype(np.float32)
         values = self.session.run(None, {self.session.get_inputs()[0].name: x})

@@ -9,16 +9,21 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import pytest
 
 from protos import pb, pb_grpc
 from tests.procs import LISTEN, ROOT
 
 HERE = Path(__file__).resolve().parent
 VENVS = {"mlserver": ROOT / ".venv-mlserver", "kserve": ROOT / ".venv-kserve-server"}
+ONNX = ROOT / "models" / "repository" / "digits_mlp" / "1" / "model.onnx"
+NAME = "digits"
+"""As a user names a digits model, and as the mesh names a pipeline."""
 
 
 def available(kind: str) -> bool:
@@ -103,10 +108,17 @@ def start(kind: str, workdir: Path, model: str, onnx: Path, timeout: float = 120
             "parallel_workers": 0,
         }
         (folder / "settings.json").write_text(json.dumps(settings))
+        # Declared as a user declares them (MLServer reports nothing it is not told).
         model_settings = {
             "name": model,
             "implementation": "mlserver_runtime.OnnxClassifier",
-            "parameters": {"uri": str(onnx)},
+            "parameters": {"uri": str(onnx), "version": "1"},
+            "versions": ["1"],
+            "inputs": [{"name": "input", "datatype": "FP32", "shape": [-1, 64]}],
+            "outputs": [
+                {"name": "label", "datatype": "INT64", "shape": [-1]},
+                {"name": "probabilities", "datatype": "FP32", "shape": [-1, 10]},
+            ],
         }
         (folder / model / "model-settings.json").write_text(json.dumps(model_settings))
         cmd = [str(VENVS[kind] / "bin" / "mlserver"), "start", str(folder)]
@@ -117,3 +129,16 @@ def start(kind: str, workdir: Path, model: str, onnx: Path, timeout: float = 120
         proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
     port = _grpc_port(proc, log_path, timeout)
     return Foreign(kind, proc, port, log_path)
+
+
+def serve(kind: str, workdir: Path) -> Iterator[Foreign]:
+    """A fixture's body: the digits MLP as `digits` on a `kind` server. In CI it must run
+    (`./mesh test` makes the venvs); elsewhere, without its venv, the test is skipped."""
+    if not available(kind):
+        message = f"{VENVS[kind].name} is missing (./mesh test makes it)"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the foreign-server tests: {message}")
+        pytest.skip(message)
+    server = start(kind, workdir, NAME, ONNX)
+    yield server
+    server.stop()

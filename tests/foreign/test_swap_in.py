@@ -13,8 +13,7 @@ import pytest
 
 from tests.conftest import Mesh
 from tests.e2e.test_digits import held_out, png
-from tests.foreign.conftest import NAME
-from tests.foreign.servers import Foreign
+from tests.foreign.servers import NAME, Foreign
 from tests.report import report
 
 TRANSPORTS = {"streams": {}, "unary": {"PROXY_TRANSPORT": "unary", "PROXY_MERGE": "false"}}
