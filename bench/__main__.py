@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from bench import capacity, mesh, pipelines, predictor
+from bench import capacity, mesh, pipelines, predictor, swapin
 
 BENCHMARKS = {
     "predictor": predictor.main,
@@ -12,6 +12,7 @@ BENCHMARKS = {
     "pipelines": pipelines.main,
     "preprocess": mesh.preprocess_main,
     "capacity": capacity.main,
+    "foreign": swapin.main,
 }
 
 

@@ -13,11 +13,11 @@ import grpc
 import httpx
 import pytest
 
+from bench.foreign import servers as foreign
 from compose.local import DEFAULT_FILE, LocalMesh
 from compose.topology import load
 from protos import pb_grpc
 from tests import report
-from tests.foreign import servers as foreign
 from tests.modelgen import build_test_repository
 from tests.pki import PKI, make_pki
 from tests.procs import ROOT, Service, start_service
@@ -136,16 +136,29 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
         local.down()
 
 
+def _foreign(kind: str, workdir: Path) -> Iterator[foreign.Foreign]:
+    """The digits MLP as `digits` on a foreign server (bench/foreign/). In CI it must run
+    (`./mesh test` makes the venvs); elsewhere, without its venv, its tests are skipped."""
+    if not foreign.available(kind):
+        message = f"{foreign.VENVS[kind].name} is missing (./mesh test makes it)"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the foreign-server tests: {message}")
+        pytest.skip(message)
+    server = foreign.start(kind, workdir, foreign.NAME, foreign.ONNX)
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="session")
 def mlserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[foreign.Foreign]:
     """MLServer (its own venv) serving the digits MLP as `digits` (tests/foreign/)."""
-    yield from foreign.serve("mlserver", tmp_path_factory.mktemp("mlserver"))
+    yield from _foreign("mlserver", tmp_path_factory.mktemp("mlserver"))
 
 
 @pytest.fixture(scope="session")
 def kserve_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[foreign.Foreign]:
     """KServe's model server (its own venv) serving the digits MLP as `digits`."""
-    yield from foreign.serve("kserve", tmp_path_factory.mktemp("kserve"))
+    yield from _foreign("kserve", tmp_path_factory.mktemp("kserve"))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

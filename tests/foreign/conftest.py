@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.foreign import servers
+from bench.foreign import servers
 
 
 @pytest.fixture(params=["mlserver", "kserve"])

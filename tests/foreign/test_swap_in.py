@@ -11,9 +11,9 @@ import httpx
 import numpy as np
 import pytest
 
+from bench.foreign.servers import NAME, Foreign
 from tests.conftest import Mesh
 from tests.e2e.test_digits import held_out, png
-from tests.foreign.servers import NAME, Foreign
 from tests.report import report
 
 TRANSPORTS = {"streams": {}, "unary": {"PROXY_TRANSPORT": "unary", "PROXY_MERGE": "false"}}

@@ -9,15 +9,15 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-import pytest
 
 from protos import pb, pb_grpc
-from tests.procs import LISTEN, ROOT
+
+ROOT = Path(__file__).resolve().parents[2]
+LISTEN = "0A"
 
 HERE = Path(__file__).resolve().parent
 VENVS = {"mlserver": ROOT / ".venv-mlserver", "kserve": ROOT / ".venv-kserve-server"}
@@ -129,16 +129,3 @@ def start(kind: str, workdir: Path, model: str, onnx: Path, timeout: float = 120
         proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
     port = _grpc_port(proc, log_path, timeout)
     return Foreign(kind, proc, port, log_path)
-
-
-def serve(kind: str, workdir: Path) -> Iterator[Foreign]:
-    """A fixture's body: the digits MLP as `digits` on a `kind` server. In CI it must run
-    (`./mesh test` makes the venvs); elsewhere, without its venv, the test is skipped."""
-    if not available(kind):
-        message = f"{VENVS[kind].name} is missing (./mesh test makes it)"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the foreign-server tests: {message}")
-        pytest.skip(message)
-    server = start(kind, workdir, NAME, ONNX)
-    yield server
-    server.stop()

@@ -1,0 +1,96 @@
+"""`python -m bench foreign`: the `digits` ensemble with a foreign fourth branch, beside the
+all-ours ensemble, in one run (rounds interleaved): MLServer and KServe's model server
+(bench/foreign/, from their own venvs made by `./mesh test` or `./mesh bench foreign`) each
+serve the digits MLP, our ONNX file in their runtime, under the name `digits`; a second
+proxy on the shipped mesh's services adds it as `PREDICTOR_DIGITS_FOREIGN_URL`, on the
+default transport. Reported: the share of requests answered 200 and the throughput, each
+against the all-ours ensemble's (three branches, the mesh's own proxy)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from bench.foreign import servers
+from bench.httpload import post_bytes
+from bench.loadgen import Stats
+from bench.mesh import ROOT, free_port, http_closed_loop, proxy_url, shipped_mesh, wait_http
+
+
+@contextlib.contextmanager
+def branch_proxy(env: dict[str, str], foreign: servers.Foreign) -> Iterator[str]:
+    """A second proxy on the mesh's services, with the foreign server as a fourth branch."""
+    port = free_port()
+    branch = {"PREDICTOR_DIGITS_FOREIGN_URL": f"{foreign.address}/{servers.NAME}"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "proxy"],
+        cwd=ROOT,
+        env={**os.environ, **env, **branch, "PROXY_PORT": str(port), "PROXY_GRPC_PORT": "off"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{url}/readyz", proc)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description="a foreign branch beside the all-ours ensemble")
+    parser.add_argument("--duration", type=float, default=5.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    args = parser.parse_args(argv)
+    from samples.images import encode, render_digit
+
+    missing = [k for k in servers.VENVS if not servers.available(k)]
+    if missing:
+        print(f"missing venvs for {missing}: run ./mesh bench foreign (it makes them)")
+        return 2
+    digit = encode(render_digit(np.eye(8) * 16, scale=4))
+    workdir = Path(tempfile.mkdtemp(prefix="bench-foreign-"))
+    with contextlib.ExitStack() as stack:
+        mesh = stack.enter_context(shipped_mesh("bench-foreign-mesh-"))
+        env = mesh.services["proxy"].env
+        urls = {"all ours (3 branches)": proxy_url(mesh)}
+        for kind in servers.VENVS:
+            server = servers.start(kind, workdir / kind, servers.NAME, servers.ONNX)
+            stack.callback(server.stop)
+            urls[f"+ {kind} branch"] = stack.enter_context(branch_proxy(env, server))
+        path = "/v1/pipelines/digits/infer"
+        runs: dict[tuple[str, int], list[Stats]] = {}
+        for _ in range(args.rounds):
+            for c in args.concurrency:
+                for label, url in urls.items():
+                    raw = post_bytes(url + path, digit, "image/png")
+                    stats = asyncio.run(http_closed_loop(url, raw, c, args.duration))
+                    runs.setdefault((label, c), []).append(stats)
+    print("| system | concurrency | answered | req/s | vs all ours | p50 ms | p99 ms |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for c in args.concurrency:
+        base = _median(runs[("all ours (3 branches)", c)])
+        for label in urls:
+            s = _median(runs[(label, c)])
+            total = sum(r.requests + r.errors for r in runs[(label, c)])
+            ok = sum(r.requests for r in runs[(label, c)])
+            print(
+                f"| {label} | {c} | {ok / total:.1%} of {total} | {s.rps:,.1f} | "
+                f"{s.rps / base.rps:.2f}x | {s.p50_ms:.2f} | {s.p99_ms:.2f} |"
+            )
+    return 0
+
+
+def _median(stats: list[Stats]) -> Stats:
+    return sorted(stats, key=lambda s: s.rps)[len(stats) // 2]
