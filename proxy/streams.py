@@ -176,11 +176,11 @@ class MuxStream:
                 outgoing.sent = True
                 await self._call.write(outgoing.data)
         except aio.AioRpcError as exc:
-            self._end(_broken(exc))
-        except (asyncio.InvalidStateError, aio.UsageError) as exc:
-            self._end(
-                CallFailed(grpc.StatusCode.UNAVAILABLE, f"stream closed ({exc})", stream=True)
-            )
+            self._end(_broken(exc.code(), exc.details()))
+        except (asyncio.InvalidStateError, aio.UsageError):
+            # The call is over (a server without streams answered UNIMPLEMENTED at once): its
+            # status, not the failed write, says why, and decides whether to go unary.
+            self._end(_broken(await self._call.code(), await self._call.details()))
 
     async def _read(self) -> None:
         failure = CallFailed(grpc.StatusCode.UNAVAILABLE, "stream ended", stream=True)
@@ -205,7 +205,7 @@ class MuxStream:
                 else:
                     future.set_result(answer.response)  # type: ignore[arg-type]
         except aio.AioRpcError as exc:
-            failure = _broken(exc)
+            failure = _broken(exc.code(), exc.details())
         finally:
             self._end(failure)
             self._writer.cancel()  # the call is over: nothing more can be written
@@ -250,12 +250,11 @@ class MuxStream:
         await asyncio.gather(self._reader, self._writer, return_exceptions=True)
 
 
-def _broken(exc: aio.AioRpcError) -> CallFailed:
-    """A stream's own failure, for the requests on it. A stream the service ended while a
-    request was being written fails the write with INTERNAL ("Internal error from Core"):
-    like a dead service, that is UNAVAILABLE, retried elsewhere or later."""
-    code = exc.code()
-    details = exc.details() or code.name
+def _broken(code: grpc.StatusCode, details: str | None) -> CallFailed:
+    """A stream's own failure (its call's status), for the requests on it. A stream the
+    service ended while a request was being written fails the write with INTERNAL ("Internal
+    error from Core"): like a dead service, that is UNAVAILABLE, retried elsewhere or later."""
+    details = details or code.name
     if code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED):
         return CallFailed(grpc.StatusCode.UNAVAILABLE, f"stream broken ({details})", stream=True)
     return CallFailed(code, details, stream=True)
