@@ -251,3 +251,20 @@ async def test_a_stalled_call_does_not_hold_up_the_calls_queued_behind_it() -> N
     assert (await stuck)["y"][0, 0] == 101.0
     await asyncio.sleep(0.01)
     assert lane.in_flight == 0
+
+
+@MERGED
+async def test_a_bad_member_is_found_by_halves_not_one_call_each(make_client) -> None:
+    """16 requests merged, one refused: the halves are sent again down to the bad one, in
+    about 2 log2(16) calls rather than 16."""
+    model = plus1(max_batch=64, bad=5.0, delay_s=0.2)
+    requests = [(body(float(i)), {}) for i in range(17)]  # the first occupies the lane
+    answers = await _run(make_client, model, requests)
+    assert [a.status_code for a in answers].count(400) == 1 and answers[5].status_code == 400
+    assert [a.json()["result"]["y"] for i, a in enumerate(answers) if i != 5] == [
+        [[i + 1.0]] for i in range(17) if i != 5
+    ]
+    merged = [r for r in model.rows if r > 1]  # type: ignore[attr-defined]
+    assert max(model.rows) >= 8  # type: ignore[attr-defined]
+    assert len(model.rows) <= 2 + 2 * 4 + 1, model.rows  # type: ignore[attr-defined]
+    assert merged
