@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
+import os
 import socket
 import subprocess
 import sys
@@ -79,6 +81,27 @@ def wait_http(url: str, proc: subprocess.Popen) -> None:
         except OSError:
             time.sleep(0.1)
     raise SystemExit("proxy not ready")
+
+
+@contextlib.contextmanager
+def second_proxy(env: dict[str, str]) -> Iterator[str]:
+    """Another proxy process beside a mesh's (`env`: the mesh proxy's environment with the
+    changes to measure), REST on a free port, no gRPC door; yields its URL once ready."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "proxy"],
+        cwd=ROOT,
+        env={**os.environ, **env, "PROXY_PORT": str(port), "PROXY_GRPC_PORT": "off"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{url}/readyz", proc)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 def cycle(items: list) -> Callable[[], object]:

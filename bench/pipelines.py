@@ -15,9 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
-import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,13 +27,12 @@ from bench.mesh import (
     HEADER,
     ROOT,
     cycle,
-    free_port,
     http_closed_loop,
     median,
     proxy_url,
     row,
+    second_proxy,
     shipped_mesh,
-    wait_http,
 )
 
 REPOSITORY = ROOT / "models" / "repository"
@@ -52,21 +48,8 @@ throughput at c=8 >= 3x; at c=32 >= 6x with p99 <= 1/8."""
 def old_path_proxy(env: dict[str, str]) -> Iterator[str]:
     """A second proxy beside the mesh's, on the same services, calling them the old way:
     both paths measured in one run. Yields its URL."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "proxy"],
-        cwd=ROOT,
-        env={**os.environ, **env, "PROXY_PORT": str(port), "PROXY_GRPC_PORT": "off", **OLD_PATH},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(f"{url}/readyz", proc)
+    with second_proxy({**env, **OLD_PATH}) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 def main(argv: list[str]) -> int:
@@ -163,7 +146,22 @@ def main(argv: list[str]) -> int:
         print("\n" + "\n".join(lines))
         if "digits" in args.pipelines:
             print("\n" + GOALS)
+            _foreign_branch(mesh, args)
     return 0
+
+
+def _foreign_branch(mesh, args: argparse.Namespace) -> None:
+    """`digits` with a foreign fourth branch beside the all-ours ensemble (bench/swapin.py),
+    where the foreign servers' venvs exist."""
+    from bench import swapin
+    from bench.foreign import servers
+
+    print("\n### `digits` with a foreign branch (MLServer, KServe), default transport\n")
+    if missing := [k for k in servers.VENVS if not servers.available(k)]:
+        print(f"left out: no venv for {missing} (./mesh bench foreign makes them)")
+        return
+    concurrency = [c for c in args.concurrency if c <= 8] or args.concurrency[:1]
+    print(swapin.table(mesh, concurrency, max(1, args.rounds - 1), args.duration))
 
 
 HOPS = "hops only (same topology, echo services)"

@@ -11,9 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,28 +20,16 @@ import numpy as np
 from bench.foreign import servers
 from bench.httpload import post_bytes
 from bench.loadgen import Stats
-from bench.mesh import ROOT, free_port, http_closed_loop, proxy_url, shipped_mesh, wait_http
+from bench.mesh import http_closed_loop, proxy_url, second_proxy, shipped_mesh
 
 
 @contextlib.contextmanager
 def branch_proxy(env: dict[str, str], foreign: servers.Foreign) -> Iterator[str]:
     """A second proxy on the mesh's services, with the foreign server as a fourth branch."""
-    port = free_port()
-    branch = {"PREDICTOR_DIGITS_FOREIGN_URL": f"{foreign.address}/{servers.NAME}"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "proxy"],
-        cwd=ROOT,
-        env={**os.environ, **env, **branch, "PROXY_PORT": str(port), "PROXY_GRPC_PORT": "off"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(f"{url}/readyz", proc)
+    with second_proxy(
+        {**env, "PREDICTOR_DIGITS_FOREIGN_URL": f"{foreign.address}/{servers.NAME}"}
+    ) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 def main(argv: list[str]) -> int:
@@ -53,16 +38,21 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     args = parser.parse_args(argv)
-    from samples.images import encode, render_digit
-
-    missing = [k for k in servers.VENVS if not servers.available(k)]
-    if missing:
+    if missing := [k for k in servers.VENVS if not servers.available(k)]:
         print(f"missing venvs for {missing}: run ./mesh bench foreign (it makes them)")
         return 2
+    with shipped_mesh("bench-foreign-mesh-") as mesh:
+        print(table(mesh, args.concurrency, args.rounds, args.duration))
+    return 0
+
+
+def table(mesh, concurrency: list[int], rounds: int, duration: float) -> str:
+    """The comparison on a running shipped mesh (also the end of `bench pipelines`)."""
+    from samples.images import encode, render_digit
+
     digit = encode(render_digit(np.eye(8) * 16, scale=4))
     workdir = Path(tempfile.mkdtemp(prefix="bench-foreign-"))
     with contextlib.ExitStack() as stack:
-        mesh = stack.enter_context(shipped_mesh("bench-foreign-mesh-"))
         env = mesh.services["proxy"].env
         urls = {"all ours (3 branches)": proxy_url(mesh)}
         for kind in servers.VENVS:
@@ -71,25 +61,27 @@ def main(argv: list[str]) -> int:
             urls[f"+ {kind} branch"] = stack.enter_context(branch_proxy(env, server))
         path = "/v1/pipelines/digits/infer"
         runs: dict[tuple[str, int], list[Stats]] = {}
-        for _ in range(args.rounds):
-            for c in args.concurrency:
+        for _ in range(rounds):
+            for c in concurrency:
                 for label, url in urls.items():
                     raw = post_bytes(url + path, digit, "image/png")
-                    stats = asyncio.run(http_closed_loop(url, raw, c, args.duration))
+                    stats = asyncio.run(http_closed_loop(url, raw, c, duration))
                     runs.setdefault((label, c), []).append(stats)
-    print("| system | concurrency | answered | req/s | vs all ours | p50 ms | p99 ms |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for c in args.concurrency:
+    lines = [
+        "| system | concurrency | answered | req/s | vs all ours | p50 ms | p99 ms |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for c in concurrency:
         base = _median(runs[("all ours (3 branches)", c)])
         for label in urls:
             s = _median(runs[(label, c)])
             total = sum(r.requests + r.errors for r in runs[(label, c)])
             ok = sum(r.requests for r in runs[(label, c)])
-            print(
+            lines.append(
                 f"| {label} | {c} | {ok / total:.1%} of {total} | {s.rps:,.1f} | "
                 f"{s.rps / base.rps:.2f}x | {s.p50_ms:.2f} | {s.p99_ms:.2f} |"
             )
-    return 0
+    return "\n".join(lines)
 
 
 def _median(stats: list[Stats]) -> Stats:

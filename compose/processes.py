@@ -89,3 +89,26 @@ def start_service(
         time.sleep(0.05)
     ports = json.loads(port_file.read_text())
     return Service(proc, ports["grpc"], ports["metrics"], log_path)
+
+
+def socket_inodes(pid: int) -> set[str]:
+    """The inodes of the sockets process `pid` holds (from /proc)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    return inodes
+
+
+def tcp_sockets() -> list[list[str]]:
+    """Every TCP socket of this network namespace, as the fields of /proc/net/tcp{,6} (IPv4
+    and IPv4-mapped: gRPC listens on an IPv6 socket)."""
+    return [
+        line.split()
+        for table in ("/proc/net/tcp", "/proc/net/tcp6")
+        for line in Path(table).read_text().splitlines()[1:]
+    ]

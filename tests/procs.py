@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import urllib.request
-from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from compose.processes import ROOT, Service, start_service
+from compose.processes import ROOT, Service, socket_inodes, start_service, tcp_sockets
 
 
 def metric(metrics_port: int | str, sample: str, **labels: str) -> float:
@@ -36,27 +34,12 @@ LISTEN, ESTABLISHED = "0A", "01"
 def established_on_port(pid: int, port: int, state: str = ESTABLISHED) -> int:
     """Connections accepted on `port` that process `pid` holds (from /proc, no psutil);
     `state=LISTEN`: its listening sockets on the port."""
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    count = 0
-    # gRPC listens on an IPv4-mapped IPv6 socket: its connections are in tcp6.
-    lines = [
-        line
-        for table in ("/proc/net/tcp", "/proc/net/tcp6")
-        for line in Path(table).read_text().splitlines()[1:]
-    ]
-    for line in lines:
-        fields = line.split()
-        local_port = int(fields[1].split(":")[1], 16)
-        if local_port == port and fields[3] == state and fields[9] in inodes:
-            count += 1
-    return count
+    inodes = socket_inodes(pid)
+    return sum(
+        1
+        for fields in tcp_sockets()
+        if int(fields[1].split(":")[1], 16) == port and fields[3] == state and fields[9] in inodes
+    )
 
 
 def run_module(module: str, args: list[str], timeout: float = 60.0) -> subprocess.CompletedProcess:

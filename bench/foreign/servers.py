@@ -14,9 +14,9 @@ from pathlib import Path
 
 import grpc
 
+from compose.processes import ROOT, socket_inodes, tcp_sockets
 from protos import pb, pb_grpc
 
-ROOT = Path(__file__).resolve().parents[2]
 LISTEN = "0A"
 
 HERE = Path(__file__).resolve().parent
@@ -56,21 +56,12 @@ class Foreign:
 
 def listening_ports(pid: int) -> set[int]:
     """TCP ports process `pid` listens on (from /proc)."""
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    ports = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[3] == LISTEN and fields[9] in inodes:
-                ports.add(int(fields[1].split(":")[1], 16))
-    return ports
+    inodes = socket_inodes(pid)
+    return {
+        int(fields[1].split(":")[1], 16)
+        for fields in tcp_sockets()
+        if fields[3] == LISTEN and fields[9] in inodes
+    }
 
 
 def _grpc_port(proc: subprocess.Popen[bytes], log_path: Path, timeout: float) -> int:

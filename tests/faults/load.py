@@ -47,17 +47,23 @@ async def run(
     margin_s: float = 1.0,
     on_progress: Callable[[int], None] | None = None,
     headers: dict[str, str] | None = None,
+    budget_ms: Callable[[], int] | None = None,
 ) -> Tally:
     """Closed loop over keep-alive connections (a lean client: httpx's own CPU cost would
     starve the mesh on two cores and show up as latency): at least `requests` requests, and
     for at least `min_duration_s` (a fault injected at a given second must find the load
-    still running, however fast the mesh answers)."""
+    still running, however fast the mesh answers). `budget_ms`: each request's own budget
+    (X-Request-Timeout-Ms) instead of `timeout_ms`."""
     tally = Tally()
     start = time.monotonic()
     next_index = 0
-    raw = post_bytes(
-        url + path, body, "image/png", {"X-Request-Timeout-Ms": str(timeout_ms), **(headers or {})}
-    )
+
+    def request() -> tuple[bytes, float]:
+        budget = timeout_ms if budget_ms is None else budget_ms()
+        extra = {"X-Request-Timeout-Ms": str(budget), **(headers or {})}
+        return post_bytes(url + path, body, "image/png", extra), budget / 1000 + margin_s
+
+    fixed = request() if budget_ms is None else None
 
     async def worker() -> None:
         nonlocal next_index
@@ -69,11 +75,10 @@ async def run(
                 if on_progress is not None:
                     on_progress(index)
                 tally.sent += 1
+                raw, wait_s = fixed or request()
                 t0 = time.monotonic()
                 try:
-                    status, _ = await asyncio.wait_for(
-                        conn.request(raw), timeout_ms / 1000 + margin_s
-                    )
+                    status, _ = await asyncio.wait_for(conn.request(raw), wait_s)
                 except TimeoutError:
                     tally.hung += 1
                     await conn.close()
@@ -105,38 +110,17 @@ async def impatient(
 ) -> Tally:
     """Clients whose every request carries a budget of a few milliseconds (drawn in
     `budgets_ms`), so that most end at their deadline somewhere inside the mesh."""
-    tally = Tally()
     rng = np.random.default_rng(seed)
-    start = time.monotonic()
-
-    async def client() -> None:
-        conn = await Connection.open(url)
-        try:
-            while time.monotonic() - start < duration_s:
-                budget = int(rng.integers(budgets_ms[0], budgets_ms[1] + 1))
-                raw = post_bytes(
-                    url + path, body, "image/png", {"X-Request-Timeout-Ms": str(budget)}
-                )
-                tally.sent += 1
-                t0 = time.monotonic()
-                try:
-                    status, _ = await asyncio.wait_for(conn.request(raw), budget / 1000 + 1.0)
-                except TimeoutError:
-                    tally.hung += 1
-                    await conn.close()
-                    conn = await Connection.open(url)
-                    continue
-                except (OSError, asyncio.IncompleteReadError, ValueError):
-                    tally.lost += 1
-                    conn = await Connection.open(url)
-                    continue
-                tally.by_status[status] += 1
-                tally.latencies.append(time.monotonic() - t0)
-        finally:
-            await conn.close()
-
-    await asyncio.gather(*(client() for _ in range(clients)))
-    return tally
+    return await run(
+        url,
+        path,
+        body,
+        requests=0,
+        concurrency=clients,
+        min_duration_s=duration_s,
+        timeout_ms=budgets_ms[1],
+        budget_ms=lambda: int(rng.integers(budgets_ms[0], budgets_ms[1] + 1)),
+    )
 
 
 async def hang_ups(
