@@ -75,6 +75,7 @@ class V2Server:
             ("grpc.max_receive_message_length", min(max_bytes, received)),
             ("grpc.max_send_message_length", max_bytes),
             ("grpc.server_handshake_timeout_ms", int(s.handshake_timeout_s * 1000)),
+            ("grpc.max_concurrent_streams", s.max_concurrent_streams),
             # Linux lets two servers share a port by default; a second one must fail
             # unless sharing is meant.
             ("grpc.so_reuseport", int(self._share_port)),
