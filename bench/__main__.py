@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from bench import capacity, mesh, pipelines, predictor, swapin
+from bench import capacity, mesh, pipelines, predictor, readiness, swapin
 
 BENCHMARKS = {
     "predictor": predictor.main,
@@ -13,6 +13,7 @@ BENCHMARKS = {
     "preprocess": mesh.preprocess_main,
     "capacity": capacity.main,
     "foreign": swapin.main,
+    "readiness": readiness.main,
 }
 
 
