@@ -32,7 +32,8 @@ from proxy.definitions import (
 )
 from proxy.endpoints import Target
 from proxy.errors import StepError
-from proxy.merging import Merger, Tensors
+from proxy.members import Tensors
+from proxy.merging import Merger
 from proxy.plan import Plan
 from proxy.results import render
 from proxy.retries import Call, infer_with_retries

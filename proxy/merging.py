@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
 import time
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,13 +39,12 @@ import grpc
 import numpy as np
 
 from proxy import metrics
-from proxy.chunks import HEADROOM, nbytes
+from proxy.chunks import HEADROOM
 from proxy.client import Infer
 from proxy.endpoints import Target
+from proxy.members import Member, Merged, Tensors, fail, rows_of, signature, size_of, split, tokens
 from proxy.stalls import InFlight, Pace
 from proxy.streams import CallFailed
-
-Tensors = dict[str, np.ndarray]
 
 SLOTS = 1
 """Calls one lane keeps in flight. On `digits` (bench pipelines), two sent 1.1-1.5 requests
@@ -58,26 +56,6 @@ MAX_LANES = 1024
 
 MAX_STALLED = 8
 """Stalled calls a lane leaves out before it waits for one of them to end."""
-
-_tokens = itertools.count()
-
-
-@dataclass(eq=False)
-class _Member:
-    inputs: Mapping[str, np.ndarray]
-    rows: int
-    size: int
-    deadline: float
-    request_id: str
-    answer: asyncio.Future[Tensors]
-    call: _Merged | None = None
-
-
-@dataclass(eq=False)
-class _Merged:
-    members: list[_Member]
-    token: int = field(default_factory=lambda: next(_tokens))
-    task: asyncio.Task[None] | None = None
 
 
 @dataclass(eq=False)
@@ -91,7 +69,7 @@ class Lane:
     max_bytes: int
     send: Infer
     slots: int = SLOTS
-    queue: list[_Member] = field(default_factory=list)
+    queue: list[Member] = field(default_factory=list)
     calls: InFlight = field(default_factory=InFlight)
     """The lane's calls out now (merged or direct)."""
     pace: Pace = field(default_factory=Pace)
@@ -131,9 +109,9 @@ class Lane:
         if self.solo:
             return await self._direct(send())
         loop = asyncio.get_running_loop()
-        rows = _rows(inputs)
-        member = _Member(
-            inputs, rows, _size(inputs), loop.time() + timeout, request_id, loop.create_future()
+        rows = rows_of(inputs)
+        member = Member(
+            inputs, rows, size_of(inputs), loop.time() + timeout, request_id, loop.create_future()
         )
         self.queue.append(member)
         if not self.gathering and len(self.queue) == 1 and self._free():
@@ -166,7 +144,7 @@ class Lane:
     async def _direct(self, call: Awaitable[Tensors]) -> Tensors:
         """A call sent alone, from its caller's task (already running: its `finally` runs
         however it ends)."""
-        token = next(_tokens)
+        token = next(tokens)
         self.calls.begin(token)
         metrics.MERGED_MEMBERS.labels(self.label).observe(1)
         answered = False
@@ -177,7 +155,7 @@ class Lane:
         finally:
             self._ended(token, answered)
 
-    def _leave(self, member: _Member) -> None:
+    def _leave(self, member: Member) -> None:
         if not member.answer.done():
             member.answer.cancel()
         if member.call is None:
@@ -192,7 +170,7 @@ class Lane:
             self.pace.observe(age)
         self._flush()
 
-    def _merged_done(self, merged: _Merged, task: asyncio.Task[None]) -> None:
+    def _merged_done(self, merged: Merged, task: asyncio.Task[None]) -> None:
         # A done callback, not the task's `finally`: a task cancelled before it started never
         # runs its body.
         answered = not task.cancelled() and any(
@@ -205,7 +183,7 @@ class Lane:
         if self.gathering:
             return  # the lane's first caller sends what gathered when its turn ends
         while self.queue and self._free():
-            taken: list[_Member] = []
+            taken: list[Member] = []
             rows = size = 0
             while self.queue:
                 member = self.queue[0]
@@ -221,7 +199,7 @@ class Lane:
                 size += member.size
             if not taken:
                 continue
-            merged = _Merged(taken)
+            merged = Merged(taken)
             for member in taken:
                 member.call = merged
             self.calls.begin(merged.token)
@@ -244,18 +222,18 @@ class Lane:
 
         self._wake = asyncio.get_running_loop().call_later(delay, wake)
 
-    async def _send_merged(self, merged: _Merged) -> None:
+    async def _send_merged(self, merged: Merged) -> None:
         try:
             await self._run(merged.members)
         except asyncio.CancelledError:
             for member in merged.members:
-                _fail(member, CallFailed(grpc.StatusCode.CANCELLED, "merged call cancelled"))
+                fail(member, CallFailed(grpc.StatusCode.CANCELLED, "merged call cancelled"))
             raise
         except Exception as exc:  # a bug here must not leave members waiting
             for member in merged.members:
-                _fail(member, CallFailed(grpc.StatusCode.INTERNAL, f"merged call: {exc!r}"))
+                fail(member, CallFailed(grpc.StatusCode.INTERNAL, f"merged call: {exc!r}"))
 
-    async def _run(self, members: list[_Member]) -> None:
+    async def _run(self, members: list[Member]) -> None:
         if not members:
             return
         try:
@@ -270,9 +248,9 @@ class Lane:
                 await asyncio.gather(self._run(live[:half]), self._run(live[half:]))
             else:
                 for member in members:
-                    _fail(member, exc)
+                    fail(member, exc)
             return
-        parts = _split(answer, [m.rows for m in members])
+        parts = split(answer, [m.rows for m in members])
         if parts is None:
             self.solo = True  # answers without a row per request: never merge this lane
             await self._alone(members)
@@ -281,7 +259,7 @@ class Lane:
             if not member.answer.done():
                 member.answer.set_result(part)
 
-    async def _call(self, members: list[_Member]) -> Tensors:
+    async def _call(self, members: list[Member]) -> Tensors:
         loop = asyncio.get_running_loop()
         timeout = max(m.deadline for m in members) - loop.time()
         if timeout <= 0:
@@ -303,12 +281,12 @@ class Lane:
             request_id=members[0].request_id + extra,
         )
 
-    async def _alone(self, members: list[_Member]) -> None:
-        async def one(member: _Member) -> None:
+    async def _alone(self, members: list[Member]) -> None:
+        async def one(member: Member) -> None:
             try:
                 answer = await self._call([member])
             except CallFailed as exc:
-                _fail(member, exc)
+                fail(member, exc)
             else:
                 if not member.answer.done():
                     member.answer.set_result(answer)
@@ -334,7 +312,7 @@ class Merger:
         max_batch: int,
     ) -> Lane:
         """The lane of this step's call with these inputs to a model taking `max_batch` rows."""
-        key = (label, target, tuple(outputs), _signature(inputs))
+        key = (label, target, tuple(outputs), signature(inputs))
         lane = self._lanes.get(key)
         if lane is None:
             if len(self._lanes) >= MAX_LANES:
@@ -345,33 +323,3 @@ class Merger:
                 label, target, tuple(outputs), max_batch, self._max_bytes, self._send, self._slots
             )
         return lane
-
-
-def _signature(inputs: Mapping[str, np.ndarray]) -> tuple:
-    """What members must share to be merged: names, types and every dimension but the first."""
-    return tuple(sorted((name, a.dtype.str, a.shape[1:]) for name, a in inputs.items()))
-
-
-def _rows(inputs: Mapping[str, np.ndarray]) -> int:
-    return max((a.shape[0] for a in inputs.values() if a.ndim), default=1)
-
-
-def _size(inputs: Mapping[str, np.ndarray]) -> int:
-    return sum(nbytes(a) for a in inputs.values())
-
-
-def _split(answer: Tensors, rows: list[int]) -> list[Tensors] | None:
-    """Each member's rows of every output; None when an output has no row per input row."""
-    total = sum(rows)
-    if any(a.ndim == 0 or a.shape[0] != total for a in answer.values()):
-        return None
-    bounds = np.cumsum([0, *rows])
-    return [
-        {name: a[start:stop] for name, a in answer.items()}
-        for start, stop in itertools.pairwise(bounds)
-    ]
-
-
-def _fail(member: _Member, exc: CallFailed) -> None:
-    if not member.answer.done():
-        member.answer.set_exception(exc)
