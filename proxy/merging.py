@@ -24,7 +24,8 @@ than its calls usually take): that call keeps its members, but no longer holds a
 the calls queued behind it leave (to another replica, proxy/balancing.py) instead of waiting
 for a replica that froze. A lane's accounting is kept by callbacks that run however a call
 ends, cancelled before it ever started included (a hang-up or a deadline in the very turn
-that sent it once left a lane's only slot taken for good).
+that sent it once left a lane's only slot taken for good); a call that ran settles itself as
+it ends, so the queue behind it leaves in the same turn.
 """
 
 from __future__ import annotations
@@ -171,9 +172,13 @@ class Lane:
         self._flush()
 
     def _merged_done(self, merged: Merged, task: asyncio.Task[None]) -> None:
-        # A done callback, not the task's `finally`: a task cancelled before it started never
-        # runs its body.
-        answered = not task.cancelled() and any(
+        # The task's own `finally` settles it at once (the queue leaves in the same turn); this
+        # done callback is for a task cancelled before it started, which runs no line of it.
+        if merged.token in self.calls.started:
+            self._settle(merged)
+
+    def _settle(self, merged: Merged) -> None:
+        answered = any(
             m.answer.done() and not m.answer.cancelled() and m.answer.exception() is None
             for m in merged.members
         )
@@ -232,6 +237,8 @@ class Lane:
         except Exception as exc:  # a bug here must not leave members waiting
             for member in merged.members:
                 fail(member, CallFailed(grpc.StatusCode.INTERNAL, f"merged call: {exc!r}"))
+        finally:
+            self._settle(merged)
 
     async def _run(self, members: list[Member]) -> None:
         if not members:
