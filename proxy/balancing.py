@@ -48,14 +48,17 @@ def names_replicas(target: str) -> bool:
 class Replica:
     address: str
     """host:port (an IPv6 host in brackets)."""
-    load: int = 0
-    """Calls in flight."""
     down_until: float = 0.0
     """Passed over until then after failing (longer each time in a row)."""
     failures: int = 0
     """Failures in a row; while any, also passed over until its connection is READY."""
     calls: InFlight = field(default_factory=InFlight)
     """Its calls out now, by when each left."""
+
+    @property
+    def load(self) -> int:
+        """Calls in flight."""
+        return len(self.calls)
 
 
 class Replicas:
@@ -113,9 +116,7 @@ class Replicas:
             self._resolving = asyncio.ensure_future(self._resolve())
         replicas = list(self._replicas.values())
         up = [r for r in replicas if r.down_until <= now and self._usable(r)]
-        # A replica that failed gets one call at a time until one succeeds (half-open):
-        # a burst must not all land on it the moment its pause ends.
-        flowing = [r for r in up if not self.stalled(r) and not (r.failures and r.load)]
+        flowing = [r for r in up if self._flowing(r)]
         candidates = flowing or up or sorted(replicas, key=lambda r: r.down_until)[:1]
         # Fewest in flight; equal loads in turn (so calls one at a time alternate).
         self._turn += 1
@@ -123,17 +124,21 @@ class Replicas:
         rotated = candidates[start:] + candidates[:start]
         return min(rotated, key=lambda r: r.load)
 
-    def stalled(self, replica: Replica) -> bool:
-        """Its oldest call in flight has been out longer than this name's calls stall."""
-        return replica.calls.stalled(time.monotonic(), self.pace.stall_after())
+    def _flowing(self, replica: Replica) -> bool:
+        """Up, and neither stalled (its oldest call in flight out longer than this name's
+        calls stall) nor failing with a call already on it (half-open: after its pause a
+        failed replica gets one call at a time until one succeeds, so that a burst does not
+        all land on it the moment its pause ends)."""
+        stalled = replica.calls.stalled(time.monotonic(), self.pace.stall_after())
+        return not stalled and not (replica.failures and replica.load)
 
     def alternative(self, replica: Replica) -> Replica | None:
-        """Another replica that is up and not stalled (the least busy), if any."""
+        """Another replica that is up and flowing (the least busy), if any."""
         now = asyncio.get_running_loop().time()
         others = [
             r
             for r in self._replicas.values()
-            if r is not replica and r.down_until <= now and self._usable(r) and not self.stalled(r)
+            if r is not replica and r.down_until <= now and self._usable(r) and self._flowing(r)
         ]
         return min(others, key=lambda r: r.load) if others else None
 

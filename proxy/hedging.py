@@ -30,19 +30,18 @@ _tokens = itertools.count()
 
 
 class _Attempt:
-    """One attempt on one replica: its load and call counted from the moment it is made
-    (a burst of calls picked in one turn must see each other), settled however it ends."""
+    """One attempt on one replica: its call (the replica's load) counted from the moment it
+    is made (a burst of calls picked in one turn must see each other), settled however it
+    ends."""
 
     def __init__(self, replicas: Replicas, replica: Replica) -> None:
         self.replicas, self.replica = replicas, replica
         self.token = next(_tokens)
         self.stall_after = replicas.pace.stall_after()
-        replica.load += 1
         replica.calls.begin(self.token)
 
     def settle(self, failure: BaseException | None, cancelled: bool = False) -> None:
         replica, replicas = self.replica, self.replicas
-        replica.load -= 1
         age = replica.calls.end(self.token)
         if cancelled:
             return

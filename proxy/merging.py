@@ -214,12 +214,10 @@ class Lane:
             self._wake_when_stalled()
 
     def _wake_when_stalled(self) -> None:
-        """Flush again when the youngest busy call turns stalled (a slot frees then)."""
-        now, stall = time.monotonic(), self.pace.stall_after()
-        busy = [t for t in self.calls.started.values() if now - t < stall]
-        if not busy or len(self.calls) >= self.slots + MAX_STALLED:
+        """Flush again when the oldest busy call turns stalled (a slot frees then)."""
+        delay = self.calls.until_next_stall(time.monotonic(), self.pace.stall_after())
+        if delay is None or len(self.calls) >= self.slots + MAX_STALLED:
             return  # an ending call flushes
-        delay = min(busy) + stall - now
 
         def wake() -> None:
             self._wake = None

@@ -59,13 +59,14 @@ class InFlight:
         began = self.started.pop(token, None)
         return 0.0 if began is None else time.monotonic() - began
 
-    def age(self, token: int) -> float:
-        began = self.started.get(token)
-        return 0.0 if began is None else time.monotonic() - began
-
     def busy(self, now: float, stall_after: float) -> int:
         """Calls out that are not (yet) stalled."""
         return sum(1 for began in self.started.values() if now - began < stall_after)
+
+    def until_next_stall(self, now: float, stall_after: float) -> float | None:
+        """Seconds until the oldest call that has not stalled yet does; None: none is out."""
+        busy = [began for began in self.started.values() if now - began < stall_after]
+        return min(busy) + stall_after - now if busy else None
 
     def oldest(self) -> float | None:
         """When the oldest call still out left."""

@@ -112,13 +112,7 @@ class V2Endpoints:
                 }
             )
         try:
-            meta = await self.state.channels.unary(
-                self.host(model),
-                "ModelMetadata",
-                pb.ModelMetadataRequest(name=model, version=version),
-                pb.ModelMetadataResponse,
-                self.timeout_s,
-            )
+            meta = await self._service_metadata(self.host(model), model, version, self.timeout_s)
         except aio.AioRpcError as exc:
             raise _downstream(exc, model) from None
         body = MessageToDict(meta, preserving_proto_field_name=True)
@@ -144,6 +138,15 @@ class V2Endpoints:
         body = {"name": model, "ready": ok, **({"error": why} if why else {})}
         return json_response(body, 200 if ok else 503)
 
+    async def _service_metadata(
+        self, address: str, model: str, version: str, timeout: float
+    ) -> pb.ModelMetadataResponse:
+        """A forwarded model's ModelMetadata from its service; raises aio.AioRpcError."""
+        request = pb.ModelMetadataRequest(name=model, version=version)
+        return await self.state.channels.unary(
+            address, "ModelMetadata", request, pb.ModelMetadataResponse, timeout
+        )
+
     async def _forwarded_inputs(
         self, address: str, model: str, version: str
     ) -> v2json.Expected | None:
@@ -153,13 +156,7 @@ class V2Endpoints:
         key = (address, model, version)
         if key not in self._inputs:
             try:
-                meta = await self.state.channels.unary(
-                    address,
-                    "ModelMetadata",
-                    pb.ModelMetadataRequest(name=model, version=version),
-                    pb.ModelMetadataResponse,
-                    self.ready_timeout_s,
-                )
+                meta = await self._service_metadata(address, model, version, self.ready_timeout_s)
             except aio.AioRpcError:
                 return None
             # A server that declares no inputs (MLServer may not) leaves the check to itself.

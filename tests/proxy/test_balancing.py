@@ -23,8 +23,9 @@ async def test_equal_loads_take_turns_and_the_least_busy_wins() -> None:
     assert sorted(picked) == sorted(replicas.addresses * 2)
     busy = {a: 5 for a in replicas.addresses}
     busy["10.0.0.2:1"] = 1
-    for replica in replicas._replicas.values():
-        replica.load = busy[replica.address]
+    for i, replica in enumerate(replicas._replicas.values()):
+        for call in range(busy[replica.address]):
+            replica.calls.begin(10 * i + call)
     assert {(await replicas.pick()).address for _ in range(4)} == {"10.0.0.2:1"}
 
 
@@ -104,7 +105,7 @@ async def test_a_failed_replica_gets_one_call_at_a_time_until_one_succeeds() -> 
     bad, good = replicas._replicas.values()
     replicas.failed(bad)
     await asyncio.sleep(0.15)  # past its pause
-    bad.load = 1  # the one probing call
+    bad.calls.begin(1)  # the one probing call
     assert {(await replicas.pick()).address for _ in range(6)} == {good.address}
-    bad.load = 0
+    bad.calls.end(1)
     assert bad.address in {(await replicas.pick()).address for _ in range(4)}

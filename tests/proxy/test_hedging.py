@@ -35,8 +35,8 @@ async def test_a_replica_with_a_stalled_call_is_passed_over() -> None:
     late, fine = replicas._replicas.values()
     replicas.pace.observe(0.002)
     late.calls.begin(1, now=time.monotonic() - 1.0)  # out for a second: stalled
-    fine.calls.begin(2)
-    fine.load = 3  # busier, but answering
+    for call in (2, 3, 4):
+        fine.calls.begin(call)  # busier, but answering
     assert {(await replicas.pick()).address for _ in range(4)} == {fine.address}
     assert replicas.alternative(late) is fine and replicas.alternative(fine) is None
     late.calls.end(1)
