@@ -19,9 +19,10 @@ from tests.proxy.scripted import ScriptedModel, serve
 TRANSPORTS = pytest.mark.parametrize("streams", [2, 0], ids=["streams", "unary"])
 
 
-def _model(frozen: asyncio.Event, served: list[int]) -> ScriptedModel:
+def _model(frozen: asyncio.Event, served: list[int], stuck: list[int]) -> ScriptedModel:
     async def fn(inputs, deadline):
         if frozen.is_set():
+            stuck.append(1)
             await asyncio.sleep(3600)  # frozen: it never answers
         served.append(1)
         await asyncio.sleep(0.002)
@@ -47,9 +48,11 @@ async def test_a_replica_with_a_stalled_call_is_passed_over() -> None:
 async def test_calls_stalled_on_one_replica_are_answered_by_the_other(streams: int) -> None:
     frozen, healthy = asyncio.Event(), asyncio.Event()
     served: dict[str, list[int]] = {"127.0.0.1": [], "127.0.0.2": []}
+    stuck: list[int] = []
+    """Calls that reached the frozen replica."""
     servers = {
-        "127.0.0.1": await serve(_model(healthy, served["127.0.0.1"]), host="127.0.0.1"),
-        "127.0.0.2": await serve(_model(frozen, served["127.0.0.2"]), host="127.0.0.2"),
+        "127.0.0.1": await serve(_model(healthy, served["127.0.0.1"], []), host="127.0.0.1"),
+        "127.0.0.2": await serve(_model(frozen, served["127.0.0.2"], stuck), host="127.0.0.2"),
     }
     name = "ipv4:" + ",".join(f"{h}:{s.port}" for h, s in servers.items())
     channels = Channels(streams=streams)
@@ -70,6 +73,7 @@ async def test_calls_stalled_on_one_replica_are_answered_by_the_other(streams: i
         frozen.set()
         before = len(served["127.0.0.2"])
         one_by_one = [await one(i) for i in range(40)]
+        probes = len(stuck)
         burst = await asyncio.gather(*(one(i) for i in range(40)))
     finally:
         await channels.close()
@@ -78,10 +82,9 @@ async def test_calls_stalled_on_one_replica_are_answered_by_the_other(streams: i
     waits = one_by_one + burst
     assert max(waits) < 1.0, "a call waited on the frozen replica instead of going elsewhere"
     assert len(served["127.0.0.2"]) == before
-    # Passed over once late: after the freeze, a few probes one by one (its pause doubles
-    # each time). A burst should send it one call at a time while it is failing, but once, in
-    # a full-suite run, 18 of the 40 went there, each answered by the other after one stall
-    # period (not reproduced alone, under load or not): bounded here at half, open.
-    late = [sum(1 for w in phase if w > 0.04) for phase in (one_by_one, burst)]
-    assert late[0] <= 8, sorted(one_by_one)[-10:]
-    assert late[1] <= 20, sorted(burst)[-10:]
+    # Passed over once late, counted where the calls arrived (not by their time, which a
+    # loaded machine stretches: in full-suite runs healthy burst calls took 48-54 ms): after
+    # the freeze a few probes one by one (its pause doubles each time), and a burst sends it
+    # one call at a time while it is failing.
+    assert probes <= 8, probes
+    assert len(stuck) - probes <= 1, len(stuck) - probes
