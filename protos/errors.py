@@ -61,3 +61,12 @@ class Unsupported(MeshError):
     """The server does not offer what was asked (e.g. an extension turned off)."""
 
     code = grpc.StatusCode.UNIMPLEMENTED
+
+
+class Downstream(MeshError):
+    """An error another server answered, passed on with its own status and message (the
+    proxy forwarding a call to the service that hosts the model)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code

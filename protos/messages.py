@@ -212,12 +212,16 @@ def build_request_bytes(
     request_id: str = "",
     outputs: Sequence[str] = (),
     timeout_us: int = 0,
+    classification: Mapping[str, int] | None = None,
 ) -> bytes:
     """The serialized ModelInferRequest; tensors already little-endian are not re-encoded.
-    `timeout_us` > 0: Triton's `timeout` parameter (the request's own deadline)."""
+    `timeout_us` > 0: Triton's `timeout` parameter (the request's own deadline);
+    `classification`: output -> k, those outputs asked as their top k (Triton's extension)."""
     head = pb.ModelInferRequest(model_name=model_name, model_version=model_version, id=request_id)
     for name in outputs:
-        head.outputs.add(name=name)
+        asked = head.outputs.add(name=name)
+        if classification and classification.get(name, 0) > 0:
+            asked.parameters["classification"].int64_param = classification[name]
     if timeout_us > 0:
         head.parameters["timeout"].int64_param = timeout_us
     return _with_raw_tensors(head, head.inputs, wire.RAW_INPUT_FIELD, inputs)

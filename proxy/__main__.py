@@ -13,8 +13,8 @@ from protos import logs
 from protos.tls import TLSConfigError
 from proxy import workers
 from proxy.app import create_app
+from proxy.doors.protocol import GuardedHttpToolsProtocol
 from proxy.errors import DefinitionError
-from proxy.protocol import GuardedHttpToolsProtocol
 from proxy.settings import ProxySettings
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -12,14 +13,17 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from protos.version import VERSION
-from proxy import routes, schemas
-from proxy.api import HealthEndpoints, PipelineEndpoints
-from proxy.grpc_door import grpc_door
-from proxy.middleware import RequestContext
-from proxy.problems import Problem, error_response
+from proxy import workers
+from proxy.doors import routes, schemas, v2plane
+from proxy.doors.grpc_door import grpc_door
+from proxy.doors.health import HealthEndpoints
+from proxy.doors.middleware import RequestContext
+from proxy.doors.responses import error_response
+from proxy.doors.rest import PipelineEndpoints
+from proxy.doors.v2rest import V2Endpoints
+from proxy.errors import Problem
 from proxy.settings import ProxySettings
 from proxy.state import ProxyState
-from proxy.v2api import V2Endpoints
 
 TITLE = "inference-mesh proxy"
 DESCRIPTION = "Runs REST requests through pipelines of v2 gRPC services."
@@ -31,16 +35,21 @@ def create_app(
     """The app; pipelines are loaded (and checked) here, so a bad definition fails at once."""
     settings = settings or ProxySettings()
     state = ProxyState.build(settings, environ)
-    pipelines, health, v2 = PipelineEndpoints(state), HealthEndpoints(state), V2Endpoints(state)
-    door = None if settings.grpc_port is None else grpc_door(state, settings.grpc_port)
+    plane = v2plane.build(state)
+    pipelines, health = PipelineEndpoints(state), HealthEndpoints(state)
+    v2 = V2Endpoints(state, plane)
+    # Each of several workers serves the same port.
+    shared = workers.SUPERVISED in os.environ
+    door = (
+        None if settings.grpc_port is None else grpc_door(state, settings.grpc_port, plane, shared)
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if door is not None:
-            await door.start()
+        # The door's server starts the plane's pipelines; without a door, they start here.
+        await (plane.registry.start() if door is None else door.start())
         yield
-        if door is not None:
-            await door.stop()
+        await (plane.registry.stop() if door is None else door.stop())
         await state.channels.close()
 
     app = FastAPI(title=TITLE, version=VERSION, lifespan=lifespan, description=DESCRIPTION)
@@ -58,7 +67,8 @@ def create_app(
     for kind in (Problem, StarletteHTTPException):
         app.add_exception_handler(kind, on_error)
 
-    enums = {"name": sorted(state.plans), "model": sorted([*state.plans, *state.models()])}
+    plans = state.engine.plans
+    enums = {"name": sorted(plans), "model": sorted([*plans, *state.engine.models()])}
     documented = routes.pipeline_route(pipelines)
     doc_only = APIRoute(
         documented.path, documented.endpoint, methods=[documented.method], **documented.docs
@@ -72,7 +82,7 @@ def create_app(
                 description=app.description,
                 routes=[doc_only, *app.routes],
             )
-            schemas.add_components(document, schemas.InferenceRequest)
+            schemas.add_components(document, schemas.InferenceRequest, schemas.IndexRequest)
             schemas.enumerate_path_parameters(document, enums)
             app.openapi_schema = document
         return app.openapi_schema

@@ -1,6 +1,16 @@
-"""Errors of the proxy and the one table from gRPC status to HTTP status."""
+"""The proxy's errors, shared by its three rooms (doors, engine, transport), and the one
+table from gRPC status to HTTP status.
+
+- Problem: an answer with an HTTP status and a message, raised wherever a request is refused
+  (unknown pipeline, capacity, a body too large); every door turns it into its own error.
+- StepError: a pipeline step failed; the step, the gRPC status and a safe message.
+- ClientGone: the client left before its answer was ready.
+- DefinitionError: a pipeline definition cannot be used (raised at start-up).
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import grpc
 
@@ -53,6 +63,23 @@ def grpc_code(http: int) -> grpc.StatusCode:
     return HTTP_TO_GRPC.get(http, grpc.StatusCode.INTERNAL)
 
 
+class Problem(Exception):
+    """An error answer: its HTTP status and a message naming the reason (the REST doors
+    answer it as JSON, the gRPC door as the status HTTP_TO_GRPC gives)."""
+
+    def __init__(self, status: int, message: str, *, close: bool = False, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.close = close
+        """The client's connection is closed after the answer (e.g. a body left unread)."""
+        self.extra = extra
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its answer was ready."""
+
+
 class StepError(Exception):
     """A pipeline step failed; carries the step, the gRPC status and a safe message."""
 
@@ -70,6 +97,12 @@ class StepError(Exception):
     @property
     def http_status(self) -> int:
         return self._http if self._http is not None else http_status(self.code)
+
+    def problem(self, pipeline: str) -> Problem:
+        """The failed step as every door answers it: its status, step, code and pipeline."""
+        return Problem(
+            self.http_status, str(self), step=self.step, code=self.code.name, pipeline=pipeline
+        )
 
 
 class DefinitionError(ValueError):

@@ -9,7 +9,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from protos.cli import with_env_names
-from proxy.uploads import UploadLimits
+from proxy.doors.uploads import UploadLimits
 
 DEFAULT_PIPELINES = Path(__file__).resolve().parent / "pipelines.yaml"
 
@@ -33,7 +33,7 @@ class ProxySettings(BaseSettings):
     port: int = 8080
     """The REST API's port."""
     grpc_port: int | None = 8081
-    """The v2 gRPC door: every pipeline a v2 model (proxy/grpc_door.py). `off` (or empty):
+    """The v2 gRPC door: every pipeline a v2 model (proxy/doors/grpc_door.py). `off` (or empty):
     no gRPC door; 0 picks a free port."""
     grpc_grace_s: float = 10.0
     """On shutdown, how long the gRPC door's calls in flight may take to finish."""
@@ -68,7 +68,11 @@ class ProxySettings(BaseSettings):
     max_request_mb: float = 512.0
     """Bytes one request's upload and tensors may hold; more gets 413."""
     v2_timeout_ms: float = 30_000
-    """Budget of a v2 REST call forwarded to a service."""
+    """Budget of a v2 call forwarded to a service (when its caller sets none)."""
+    v2_models: Literal["all", "pipelines"] = "all"
+    """What the v2 doors (REST /v2 and gRPC) serve: `all`, every pipeline and every model a
+    pipeline calls (forwarded to its service); `pipelines`, the pipelines only. The same
+    on both doors."""
     ready_timeout_ms: float = 1000
     """Per-endpoint timeout of the /readyz checks."""
     ready_cache_ms: float = Field(default=1000, ge=0)
@@ -89,7 +93,7 @@ class ProxySettings(BaseSettings):
     balance: Literal["proxy", "grpc"] = "proxy"
     """For an endpoint naming replicas (`dns:///name:port`, `ipv4:a:port,b:port`): `proxy`
     resolves the name and spreads calls and streams over the replicas by load, passing over
-    failed ones (proxy/balancing.py); `grpc` leaves it to gRPC's round_robin (per call on
+    failed ones (proxy/transport/balancing.py); `grpc` leaves it to gRPC's round_robin (per call on
     unary calls; a stream stays on the replica it opened on)."""
     connections_per_endpoint: int = Field(default=1, ge=1, le=16)
     """Connections to each plain `host:port` endpoint, each with its own streams, calls to
@@ -106,7 +110,7 @@ class ProxySettings(BaseSettings):
     connection after two pings)."""
     merge: bool = True
     """Caller-side batching: calls of requests in flight together to the same step of a
-    batching model (max_batch_size > 0) merged into one call (proxy/merging.py)."""
+    batching model (max_batch_size > 0) merged into one call (proxy/transport/merging.py)."""
     tls_ca: Path | None = None
     """PEM CA that signed the services' certificates: calls them over TLS. Unset: plaintext."""
     tls_cert: Path | None = None

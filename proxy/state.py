@@ -1,4 +1,5 @@
-"""Everything the proxy's handlers share, built once from the settings and environment."""
+"""Everything the proxy's doors share, built once from the settings and environment: the
+engine (pipelines, executor, admission) on the transport (channels), and the upload limits."""
 
 from __future__ import annotations
 
@@ -7,21 +8,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from protos.tls import channel_credentials
-from proxy import definitions, plan
-from proxy.admission import Admission, PipelineLimits
-from proxy.client import Channels
-from proxy.executor import Executor
+from proxy.doors.uploads import UploadLimits
+from proxy.engine import definitions, plan
+from proxy.engine.admission import Admission, PipelineLimits
+from proxy.engine.executor import Executor
+from proxy.engine.runner import Engine
 from proxy.settings import ProxySettings
-from proxy.uploads import UploadLimits
+from proxy.transport.calls import Calls
+from proxy.transport.channels import Channels
+from proxy.transport.services import Services
 
 
 @dataclass
 class ProxyState:
     settings: ProxySettings
-    plans: dict[str, plan.Plan]
+    engine: Engine
     channels: Channels
-    executor: Executor
-    admission: Admission
+    services: Services
     uploads: UploadLimits
 
     @classmethod
@@ -45,16 +48,10 @@ class ProxyState:
             int(settings.max_request_mb * 2**20),
             {name: _limits(plan.pipeline) for name, plan in plans.items()},
         )
-        executor = Executor(channels, merge=settings.merge)
-        return cls(settings, plans, channels, executor, admission, settings.upload_limits())
-
-    def models(self) -> dict[str, str]:
-        """Model name -> address of the first endpoint any pipeline uses for it."""
-        hosts: dict[str, str] = {}
-        for resolved in self.plans.values():
-            for target in resolved.targets.values():
-                hosts.setdefault(target.model, target.address)
-        return hosts
+        services = Services(channels)
+        executor = Executor(Calls(channels, services, merge=settings.merge))
+        engine = Engine(plans, executor, admission)
+        return cls(settings, engine, channels, services, settings.upload_limits())
 
 
 def _limits(pipeline: definitions.Pipeline) -> PipelineLimits:

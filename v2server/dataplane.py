@@ -1,10 +1,15 @@
-"""What every v2 service does, free of gRPC: inference, metadata, readiness, Triton's
-views of its models. The servicer (v2server/servicer.py) only translates calls to it."""
+"""What every v2 door does, free of the wire: inference, metadata, readiness, Triton's views of
+its models (configuration, statistics, repository index, classification). The gRPC servicer
+(v2server/servicer.py) and the proxy's REST door (proxy/doors/v2rest.py) only translate
+calls to it; the proxy's doors extend it with the models its pipelines call, forwarded
+(proxy/doors/v2plane.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -12,13 +17,55 @@ from protos import codec, messages, pb, wire
 from protos.codec import TensorLimits
 from protos.errors import DeadlineExceeded, InvalidInput, NotFound, Unavailable
 from v2server import triton
-from v2server.model import Served, TensorSpec
+from v2server.model import TensorSpec
 from v2server.registry import Registry
 from v2server.shm import SharedMemory
 from v2server.validation import check_declared
 
 
-def _tensor_metadata(specs: list[TensorSpec] | tuple[TensorSpec, ...]) -> list:
+@dataclass(frozen=True)
+class Requested:
+    """An output a request asks for; `classification` > 0: its top k as Triton classifies."""
+
+    name: str
+    classification: int = 0
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What a model takes: checked against what a request declares before it is decoded."""
+
+    model: str
+    inputs: Sequence[TensorSpec]
+    max_batch: int = 0
+    outputs: Sequence[TensorSpec] = ()
+
+
+@dataclass
+class Inference:
+    """One request, as every door hands it over."""
+
+    model: str
+    version: str
+    declared: Sequence[tuple[str, str, Sequence[int]]]
+    """Each input's name, datatype and shape, as the request says (checked first)."""
+    decode: Callable[[], dict[str, np.ndarray]]
+    """The input tensors, decoded once the declaration passed."""
+    requested: Sequence[Requested] = ()
+    """Outputs asked for; none: every output."""
+    remaining: float | None = None
+    """Seconds left of the caller's deadline."""
+    id: str = ""
+
+
+@dataclass
+class Answer:
+    model: str
+    version: str
+    outputs: dict[str, np.ndarray]
+
+
+def _tensor_metadata(specs: Sequence[TensorSpec]) -> list:
     return [
         pb.ModelMetadataResponse.TensorMetadata(name=s.name, datatype=s.datatype, shape=s.shape)
         for s in specs
@@ -45,25 +92,25 @@ class DataPlane:
 
     # ------------------------------------------------------------ health and metadata
 
-    def ready(self) -> bool:
+    async def ready(self) -> bool:
         return self.registry.ready and not self.draining
 
-    def model_ready(self, name: str, version: str = "") -> bool:
+    async def model_ready(self, name: str, version: str = "") -> bool:
         try:
             model = self.registry.resolve(name, version)
         except (NotFound, Unavailable):
             return False
         return model.ready and not self.draining
 
-    def server_metadata(self) -> pb.ServerMetadataResponse:
-        extensions = [
-            e for e in triton.EXTENSIONS if self.shared.enabled or e != "system_shared_memory"
-        ]
+    def extensions(self) -> list[str]:
+        return [e for e in triton.EXTENSIONS if self.shared.enabled or e != "system_shared_memory"]
+
+    async def server_metadata(self) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(
-            name=self.name, version=self.version, extensions=extensions
+            name=self.name, version=self.version, extensions=self.extensions()
         )
 
-    def model_metadata(self, name: str, version: str = "") -> pb.ModelMetadataResponse:
+    async def model_metadata(self, name: str, version: str = "") -> pb.ModelMetadataResponse:
         model = self.registry.resolve(name, version)
         return pb.ModelMetadataResponse(
             name=model.name,
@@ -73,16 +120,18 @@ class DataPlane:
             outputs=_tensor_metadata(tuple(model.outputs)),
         )
 
-    def model_config(self, name: str, version: str = "") -> pb.ModelConfigResponse:
+    async def model_config(self, name: str, version: str = "") -> pb.ModelConfigResponse:
         return pb.ModelConfigResponse(
             config=triton.model_config(self.registry.resolve(name, version))
         )
 
-    def model_statistics(self, name: str = "", version: str = "") -> pb.ModelStatisticsResponse:
+    async def model_statistics(
+        self, name: str = "", version: str = ""
+    ) -> pb.ModelStatisticsResponse:
         models = self.registry.loaded(name, version)
         return pb.ModelStatisticsResponse(model_stats=[triton.model_statistics(m) for m in models])
 
-    def repository_index(self, ready_only: bool) -> pb.RepositoryIndexResponse:
+    async def repository_index(self, ready_only: bool) -> pb.RepositoryIndexResponse:
         response = pb.RepositoryIndexResponse()
         for model in self.registry.loaded():
             ready = model.ready and not self.draining
@@ -95,27 +144,64 @@ class DataPlane:
                 )
         return response
 
+    async def signature(self, name: str, version: str = "") -> Signature | None:
+        """The model's declared inputs (None: it declares none it can be held to)."""
+        model = self.registry.resolve(name, version)
+        return Signature(
+            model.name, tuple(model.inputs), model.scheduling.max_batch_size, tuple(model.outputs)
+        )
+
     # ------------------------------------------------------------ inference
 
     async def infer(self, request: wire.ParsedInferRequest, remaining: float | None) -> bytes:
-        """One inference, serialized; `remaining`: seconds left of the caller's deadline."""
-        arrived = time.perf_counter_ns()
-        if self.draining:
-            raise Unavailable("server is shutting down")
+        """One gRPC inference, serialized; `remaining`: seconds left of the caller's deadline."""
         if request.error:  # a message that does not parse has no model to charge
             raise InvalidInput(f"request does not parse: {request.error}")
         message = request.message
-        model = self.registry.resolve(message.model_name, message.model_version)
         remaining = triton.with_request_timeout(message, remaining)
+        # Checked before the model runs, like every other part of the request.
+        refs = {o.name: messages.shared_ref(o.parameters, o.name) for o in message.outputs}
+        answer = await self.run(
+            Inference(
+                message.model_name,
+                message.model_version,
+                [(t.name, t.datatype, t.shape) for t in message.inputs],
+                lambda: messages.request_inputs(request, self.limits, self.shared.read),
+                [Requested(o.name, _classification(o.parameters)) for o in message.outputs],
+                remaining,
+                message.id,
+            )
+        )
+        outputs, shared = answer.outputs, {}
+        for name, ref in refs.items():
+            if ref is not None:
+                array = outputs.pop(name)
+                self.shared.write(ref, name, codec.to_raw_view(np.asarray(array))[1])
+                shared[name] = (array, ref)
+        return messages.build_response_bytes(
+            answer.model, answer.version, outputs, message.id, shared
+        )
+
+    async def run(self, request: Inference) -> Answer:
+        """One inference from any door: declared inputs checked, decoded, run within the
+        deadline, requested outputs picked and classified; counted in the model's statistics."""
+        arrived = time.perf_counter_ns()
+        if self.draining:
+            raise Unavailable("server is shutting down")
+        model = self.registry.resolve(request.model, request.version)
         try:
             # What each input declares, checked before any of it is decoded.
-            declared = [(t.name, t.datatype, t.shape) for t in message.inputs]
-            check_declared(model.name, model.inputs, declared, model.scheduling.max_batch_size)
-            inputs = messages.request_inputs(request, self.limits, self.shared.read)
+            check_declared(
+                model.name, model.inputs, request.declared, model.scheduling.max_batch_size
+            )
+            wanted = requested_outputs(model.name, model.outputs, request.requested)
+            inputs = request.decode()
             # Work past the caller's deadline is for nobody: a streamed request has no
             # call for gRPC to cancel, so the deadline is kept here for every request.
+            remaining = request.remaining
+            deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining
             async with asyncio.timeout(remaining):
-                answer = await self._infer(model, inputs, message, remaining)
+                outputs = await model.infer(inputs, deadline)
         except TimeoutError:
             model.statistics.request(False, time.perf_counter_ns() - arrived)
             raise DeadlineExceeded(f"model '{model.name}': deadline passed") from None
@@ -123,44 +209,39 @@ class DataPlane:
             model.statistics.request(False, time.perf_counter_ns() - arrived)
             raise
         model.statistics.request(True, time.perf_counter_ns() - arrived)
-        return answer
-
-    async def _infer(
-        self,
-        model: Served,
-        inputs: dict[str, np.ndarray],
-        message: pb.ModelInferRequest,
-        remaining: float | None,
-    ) -> bytes:
-        wanted = _requested_outputs(model, message)
-        # Checked before the model runs, like every other part of the request.
-        refs = {o.name: messages.shared_ref(o.parameters, o.name) for o in message.outputs}
-        deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining
-        outputs = await model.infer(inputs, deadline)
-        if wanted is not None:
-            outputs = {name: outputs[name] for name in wanted}
-        shared = {}
-        for requested in message.outputs:
-            name = requested.name
-            param = requested.parameters.get("classification")
-            if param is not None and param.int64_param > 0:
-                outputs[name] = triton.classify(outputs[name], param.int64_param, model.labels)
-            ref = refs[name]
-            if ref is not None:
-                array = outputs.pop(name)
-                self.shared.write(ref, name, codec.to_raw_view(np.asarray(array))[1])
-                shared[name] = (array, ref)
-        return messages.build_response_bytes(model.name, model.version, outputs, message.id, shared)
+        return Answer(model.name, model.version, pick(outputs, wanted, model.labels))
 
 
-def _requested_outputs(model: Served, request: pb.ModelInferRequest) -> list[str] | None:
-    if not request.outputs:
+def pick(
+    outputs: dict[str, np.ndarray], wanted: Sequence[Requested] | None, labels: list[str] | None
+) -> dict[str, np.ndarray]:
+    """The outputs asked for (all when None), those asked with `classification` classified."""
+    if wanted is None:
+        return outputs
+    picked = {}
+    for asked in wanted:
+        value = outputs[asked.name]
+        if asked.classification > 0:
+            value = triton.classify(value, asked.classification, labels)
+        picked[asked.name] = value
+    return picked
+
+
+def _classification(parameters: Mapping[str, pb.InferParameter]) -> int:
+    param = parameters.get("classification")
+    return param.int64_param if param is not None and param.int64_param > 0 else 0
+
+
+def requested_outputs(
+    model: str, specs: Sequence[TensorSpec], requested: Sequence[Requested]
+) -> list[Requested] | None:
+    if not requested:
         return None
-    known = {s.name for s in model.outputs}
-    wanted = [o.name for o in request.outputs]
-    for name in wanted:
-        if name not in known:
+    known = {s.name for s in specs}
+    for asked in requested:
+        if asked.name not in known:
             raise InvalidInput(
-                f"model '{model.name}' has no output '{name}' (expected {', '.join(sorted(known))})"
+                f"model '{model}' has no output '{asked.name}' "
+                f"(expected {', '.join(sorted(known))})"
             )
-    return wanted
+    return list(requested)

@@ -36,16 +36,22 @@ class Registry:
 
     @classmethod
     def of(cls, *models: Served, noun: str = "model") -> Registry:
-        """A registry of models already built (tests, embedding)."""
-        return cls(lambda: models, noun=noun)
+        """A registry of models already built (tests, embedding, the proxy's pipelines):
+        they resolve at once; start() starts them."""
+        registry = cls(lambda: models, noun=noun)
+        registry._install(models)
+        return registry
 
-    async def start(self) -> None:
+    def _install(self, loaded: Iterable[Served]) -> None:
         models: dict[str, dict[str, Served]] = {}
-        for model in await asyncio.to_thread(lambda: list(self._load())):
+        for model in loaded:
             models.setdefault(model.name, {})[model.version] = model
         self._models = models
         self._loaded = True
         self._newest = {name: self.resolve(name, self.versions(name)[-1]) for name in models}
+
+    async def start(self) -> None:
+        self._install(await asyncio.to_thread(lambda: list(self._load())))
         await asyncio.gather(*(m.start() for m in self.loaded()))
         self._ready = True
         for name in self.names():

@@ -39,13 +39,15 @@ class V2Server:
         server_version: str,
         interceptors: Sequence[aio.ServerInterceptor] = (),
         share_port: bool = False,
+        plane: DataPlane | None = None,
     ) -> None:
         """`interceptors` run before the error mapping (e.g. the proxy's API key);
-        `share_port`: several processes serve the port (the proxy's workers)."""
+        `share_port`: several processes serve the port (the proxy's workers); `plane`: a data
+        plane over `registry` that serves more than it (the proxy's forwarded models)."""
         self.settings = settings
         self.registry = registry
         self._in_flight = InFlight()
-        self.plane = DataPlane(
+        self.plane = plane or DataPlane(
             registry,
             server_name=server_name,
             server_version=server_version,

@@ -51,25 +51,26 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request: pb.ServerReadyRequest, context: Context):
-        return pb.ServerReadyResponse(ready=self.plane.ready())
+        return pb.ServerReadyResponse(ready=await self.plane.ready())
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Context):
-        return pb.ModelReadyResponse(ready=self.plane.model_ready(request.name, request.version))
+        ready = await self.plane.model_ready(request.name, request.version)
+        return pb.ModelReadyResponse(ready=ready)
 
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Context):
-        return self.plane.server_metadata()
+        return await self.plane.server_metadata()
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Context):
-        return self.plane.model_metadata(request.name, request.version)
+        return await self.plane.model_metadata(request.name, request.version)
 
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: Context):
-        return self.plane.model_config(request.name, request.version)
+        return await self.plane.model_config(request.name, request.version)
 
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Context):
-        return self.plane.model_statistics(request.name, request.version)
+        return await self.plane.model_statistics(request.name, request.version)
 
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Context):
-        return self.plane.repository_index(request.ready)
+        return await self.plane.repository_index(request.ready)
 
     async def SystemSharedMemoryStatus(
         self, request: pb.SystemSharedMemoryStatusRequest, context: Context

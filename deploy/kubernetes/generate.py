@@ -7,7 +7,7 @@ run it).
 
 What differs from compose, on purpose: the proxy's endpoints are `dns:///<service>:<port>`
 (each Service is headless, so the name resolves to every ready pod and the proxy spreads
-calls and streams over them, proxy/balancing.py); the pipeline file comes from a
+calls and streams over them, proxy/transport/balancing.py); the pipeline file comes from a
 ConfigMap; the model repository from an init container (below); healthchecks become
 native probes (grpc.health.v1 for the services, /readyz and /healthz for the proxy).
 

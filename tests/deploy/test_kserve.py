@@ -11,7 +11,7 @@ import yaml
 
 from predictors.settings import TRITON_FLAGS, PredictorSettings
 from protos.cli import renamed
-from proxy import plan
+from proxy.engine import plan
 from tests.deploy.test_kubernetes import container, env_of, objects
 from tests.procs import ROOT
 

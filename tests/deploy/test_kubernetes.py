@@ -19,7 +19,7 @@ import yaml
 
 from compose.topology import interpolate, merged_specs
 from deploy.kubernetes import generate
-from proxy import plan
+from proxy.engine import plan
 from tests.pki import PKI
 from tests.procs import ROOT, start_service
 

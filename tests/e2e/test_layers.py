@@ -1,6 +1,7 @@
-"""The proxy stands on the protocol library, and on the server core only for its v2 gRPC
-door (pipelines as models): never on the services or on the batcher, and its /metrics
-lists what it records only (it used to list the services' batching metrics too)."""
+"""The proxy (its own rooms: tests/unit/test_rooms.py) stands on the protocol library, and
+on the server core only for its v2 gRPC door (pipelines as models): never on the services
+or on the batcher, and its /metrics lists what it records only (it used to list the
+services' batching metrics too)."""
 
 from __future__ import annotations
 

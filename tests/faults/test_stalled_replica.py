@@ -2,7 +2,7 @@
 vanished (its packets dropped inside its own network namespace), a frozen process (SIGSTOP),
 or a host that refuses (TCP resets): the pipeline keeps at least half its healthy throughput
 in every 2 s of the fault, at most 1% of requests fail, and the replica is used again once
-it heals. Before proxy/hedging.py and a 1 s keepalive, a blackholed replica of two took
+it heals. Before proxy/transport/hedging.py and a 1 s keepalive, a blackholed replica of two took
 `digits` from ~540 to ~3 requests/s for ~18 s."""
 
 from __future__ import annotations

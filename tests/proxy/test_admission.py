@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.admission import Admission, PipelineLimits
-from proxy.problems import Problem
+from proxy.engine.admission import Admission, PipelineLimits
+from proxy.errors import Problem
 
 
 async def test_a_pipelines_megapixels_bound_what_it_takes() -> None:

@@ -1,4 +1,4 @@
-"""Which replica the proxy calls next (proxy/balancing.py); tests/e2e/test_balancing.py
+"""Which replica the proxy calls next (proxy/transport/balancing.py); tests/e2e/test_balancing.py
 runs it against real replicas."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import socket
 import grpc
 import pytest
 
-from proxy.balancing import Replicas
+from proxy.transport.balancing import Replicas
 
 
 def _replicas(target: str, states: dict[str, grpc.ChannelConnectivity] | None = None) -> Replicas:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from proxy import chunks
 from proxy.errors import StepError
+from proxy.transport import chunks
 from tests.proxy.scripted import ScriptedModel
 from tests.proxy.test_pipelines import post
 from v2server.model import Scheduling, TensorSpec

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from proxy.combine import combine
-from proxy.definitions import Combine
+from proxy.engine.combine import combine
+from proxy.engine.definitions import Combine
 
 BRANCHES = {
     "a": {"p": np.array([[0.7, 0.2, 0.1]], np.float32), "label": np.array([0])},

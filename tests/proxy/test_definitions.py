@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from proxy import endpoints, plan
+from proxy.engine import endpoints, plan
 from proxy.errors import DefinitionError
 
 ENV = {"A_URL": "127.0.0.1:1", "B_URL": "127.0.0.1:2/model_b/3"}

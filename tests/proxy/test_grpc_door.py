@@ -15,8 +15,8 @@ from grpc import aio
 
 from protos import messages, pb, pb_grpc
 from protos.errors import InvalidInput
+from proxy.doors.grpc_door import grpc_door
 from proxy.errors import DefinitionError
-from proxy.grpc_door import grpc_door
 from proxy.settings import ProxySettings
 from proxy.state import ProxyState
 from tests.proxy.scripted import ScriptedModel, affine
@@ -91,8 +91,20 @@ async def test_a_pipeline_is_a_v2_model(door) -> None:
         ("y", "FP32", [1, -1]),
     ]
     assert ready.ready and server.name == "inference-mesh-proxy"
-    assert sorted(m.name for m in index.models) == ["chain", "plain"]
+    # The pipelines, and the models they call (PROXY_V2_MODELS=all), forwarded.
+    assert sorted(m.name for m in index.models) == ["chain", "double", "parse", "plain", "plus1"]
+    assert {m.state for m in index.models} == {"READY"}
     assert stats.model_stats[0].inference_stats.success.count == 1
+
+
+async def test_the_door_may_serve_the_pipelines_only(door) -> None:
+    async with door(PIPES, chain_models(), v2_models="pipelines") as stub:
+        index = await stub.RepositoryIndex(pb.RepositoryIndexRequest(), timeout=5)
+        with pytest.raises(aio.AioRpcError) as hidden:
+            await stub.ModelMetadata(pb.ModelMetadataRequest(name="plus1"), timeout=5)
+    assert sorted(m.name for m in index.models) == ["chain", "plain"]
+    assert hidden.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "served: chain, plain" in (hidden.value.details() or "")
 
 
 async def test_the_answer_is_the_same_as_v1s(door, servers, make_client, tmp_path) -> None:

@@ -9,11 +9,13 @@ import pytest
 import yaml
 from starlette.requests import Request
 
-from proxy.api import HealthEndpoints, PipelineEndpoints, budget_s
-from proxy.problems import Problem
+from proxy.doors import v2plane
+from proxy.doors.health import HealthEndpoints
+from proxy.doors.rest import PipelineEndpoints, budget_s
+from proxy.doors.v2rest import V2Endpoints
+from proxy.errors import Problem
 from proxy.settings import ProxySettings
 from proxy.state import ProxyState
-from proxy.v2api import V2Endpoints
 from tests.proxy.test_pipelines import call, pipeline
 
 
@@ -65,7 +67,8 @@ async def test_pipeline_list_and_unknown_names(tmp_path: Path) -> None:
     with pytest.raises(Problem) as unknown_pipeline:
         await PipelineEndpoints(state).infer(request_with({}), "nope")
     with pytest.raises(Problem) as unknown_model:
-        V2Endpoints(state).host("nope")
+        await V2Endpoints(state, v2plane.build(state)).metadata("nope")
     assert unknown_pipeline.value.status == 404 and "known: p" in unknown_pipeline.value.message
-    assert unknown_model.value.status == 404 and "parse, plus1" in unknown_model.value.message
+    assert unknown_model.value.status == 404
+    assert "served: p, parse, plus1" in unknown_model.value.message
     await state.channels.close()

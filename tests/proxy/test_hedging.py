@@ -1,6 +1,6 @@
 """A replica that stalls (answers nothing, no error) behind a name of two replicas: calls
 late on it are sent to the other one too, the first answer wins, and the stalled replica is
-passed over while it stays late (proxy/hedging.py, proxy/balancing.py), on streams and on
+passed over while it stays late (proxy/transport/: hedging.py, balancing.py), on streams and on
 unary calls. Real gRPC servers on 127.0.0.1 and 127.0.0.2."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import time
 import numpy as np
 import pytest
 
-from proxy.balancing import Replicas
-from proxy.client import Channels
-from proxy.endpoints import Target
+from proxy.transport.balancing import Replicas
+from proxy.transport.channels import Channels
+from proxy.transport.target import Target
 from tests.proxy.scripted import ScriptedModel, serve
 
 TRANSPORTS = pytest.mark.parametrize("streams", [2, 0], ids=["streams", "unary"])

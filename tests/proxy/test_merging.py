@@ -1,4 +1,4 @@
-"""Caller-side batching (proxy/merging.py) against real gRPC servers: requests in flight
+"""Caller-side batching (proxy/transport/merging.py) against real gRPC servers: requests in flight
 together reach a batching model in fewer calls, each still gets its own rows, its own error
 and its own deadline; a model that does not batch is never sent merged calls."""
 
@@ -144,8 +144,8 @@ async def test_a_model_that_does_not_batch_gets_one_call_per_request(make_client
 async def test_idle_lanes_are_dropped_when_there_are_many(monkeypatch) -> None:
     """A lane per input signature: callers sending ever new sizes must not grow them without
     bound."""
-    from proxy import merging
-    from proxy.endpoints import Target
+    from proxy.transport import merging
+    from proxy.transport.target import Target
 
     monkeypatch.setattr(merging, "MAX_LANES", 8)
 
@@ -163,8 +163,8 @@ async def test_idle_lanes_are_dropped_when_there_are_many(monkeypatch) -> None:
 
 
 def _lane(send):
-    from proxy import merging
-    from proxy.endpoints import Target
+    from proxy.transport import merging
+    from proxy.transport.target import Target
 
     target = Target("M_URL", "127.0.0.1:1", "m")
     x = np.zeros((1, 2), np.float32)

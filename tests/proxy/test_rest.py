@@ -80,7 +80,7 @@ async def test_other_methods_and_paths_near_the_infer_route(env, make_client) ->
 async def test_a_bug_answers_500_in_our_shape_and_the_proxy_goes_on(
     env, make_client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from proxy.executor import Executor
+    from proxy.engine.executor import Executor
 
     def broken(self: Executor, run: object) -> object:
         raise RuntimeError("a bug")
@@ -218,7 +218,7 @@ async def test_a_bug_is_answered_inside_the_server_so_the_connection_survives() 
     """An exception no handler knows becomes our 500 in RequestContext, and the ASGI call
     returns normally: uvicorn closes a keep-alive connection when the app raises, and
     the client's next request on it would fail."""
-    from proxy.middleware import RequestContext
+    from proxy.doors.middleware import RequestContext
 
     async def broken(scope, receive, send):
         raise RuntimeError("a bug")

@@ -1,4 +1,4 @@
-"""The stream transport (proxy/streams.py) against real gRPC servers: streams are what is
+"""The stream transport (proxy/transport/streams.py) against real gRPC servers: streams are what is
 used, a server without them is called unary, a dying server fails only what was in flight
 (each request answered once) and a new stream is opened when it is back."""
 
@@ -15,7 +15,7 @@ from grpc import aio
 from protos import messages, pb, pb_grpc, wire
 from protos.channels import SERVICE_NAME, channel_options
 from protos.errors import InvalidInput
-from proxy.streams import CallFailed, StreamPool
+from proxy.transport.streams import CallFailed, StreamPool
 from tests.proxy.scripted import ScriptedModel, affine, serve
 from tests.proxy.test_pipelines import body, call, parse_model, pipeline, post
 from v2server import metrics

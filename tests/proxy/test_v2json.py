@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protos.errors import InvalidInput
-from proxy import v2json
+from proxy.doors import v2json
 
 LIMIT = 1 << 20
 

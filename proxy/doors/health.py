@@ -1,0 +1,54 @@
+"""Health and metrics: liveness, readiness (every endpoint any pipeline calls), and the
+proxy's Prometheus metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from proxy import metrics
+from proxy.doors.fresh import Fresh
+from proxy.doors.responses import json_response
+from proxy.state import ProxyState
+
+
+class HealthEndpoints:
+    def __init__(self, state: ProxyState) -> None:
+        self.state = state
+        self._readiness = Fresh(self.readiness, state.settings.ready_cache_ms / 1000)
+
+    async def live(self) -> Response:
+        """GET /healthz and /v2/health/live."""
+        return json_response({"live": True})
+
+    async def ready(self) -> Response:
+        """GET /readyz: every (endpoint, model) any pipeline calls, checked at once (at
+        most once per PROXY_READY_CACHE_MS, whoever asks: fresh.py)."""
+        report = await self._readiness.get()
+        ready = all(item["ready"] for item in report.values())
+        return json_response({"ready": ready, "endpoints": report}, 200 if ready else 503)
+
+    async def readiness(self) -> dict[str, dict[str, Any]]:
+        state = self.state
+        pairs: dict[tuple[str, str], str] = {}
+        for plan in state.engine.plans.values():
+            for target in plan.targets.values():
+                pairs[(target.address, target.model)] = target.endpoint
+        timeout = state.settings.ready_timeout_ms / 1000
+        checks = await asyncio.gather(*(state.services.ready(a, m, timeout) for a, m in pairs))
+        report: dict[str, dict[str, Any]] = {}
+        for ((address, model), variable), (ok, why) in zip(pairs.items(), checks, strict=True):
+            report[f"{variable}/{model}"] = {
+                "address": address,
+                "model": model,
+                "ready": ok,
+                **({"error": why} if why else {}),
+            }
+        return report
+
+    async def metrics(self) -> Response:
+        """GET /metrics: the proxy's own Prometheus metrics."""
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,134 @@
+"""Pipelines as v2 models: what the proxy's gRPC door (the shared v2 server core) and its
+/v2 REST routes serve. Input: the image, BYTES [1]; outputs: as the definition declares
+(`outputs`), or one BYTES `result` holding the /v1 result as JSON."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import numpy as np
+import orjson
+
+from protos.codec import datatype_of, dtype_of
+from protos.errors import InvalidInput, MeshError
+from protos.logs import REQUEST_ID
+from proxy.engine.executor import Run
+from proxy.engine.plan import Plan
+from proxy.engine.runner import Engine
+from proxy.errors import Problem, StepError, grpc_code
+from v2server.model import Scheduling, TensorSpec
+from v2server.statistics import ModelStatistics
+from v2server.validation import shape_matches
+
+RESULT = "result"
+"""The one output of a pipeline whose definition declares none."""
+
+
+class PipelineFailed(MeshError):
+    """A pipeline request failed as the REST door answers `problem`; on gRPC its status is
+    the one the table gives for that HTTP status."""
+
+    def __init__(self, problem: Problem) -> None:
+        super().__init__(problem.message)
+        self.code = grpc_code(problem.status)
+        self.problem = problem
+
+
+class PipelineModel:
+    """One pipeline, `Served` (v2server/model.py) so the server core can host it."""
+
+    version = "1"
+    platform = "pipeline"
+    labels: list[str] | None = None
+    scheduling = Scheduling(max_batch_size=0)
+    """Inputs are full shapes: one image a request (the proxy merges calls downstream)."""
+
+    def __init__(self, plan: Plan, engine: Engine, max_timeout_ms: float) -> None:
+        self.plan = plan
+        self.engine = engine
+        self.max_timeout_s = max_timeout_ms / 1000
+        self.name = plan.name
+        self.input = plan.pipeline.input
+        self.inputs = (TensorSpec(self.input, "BYTES", (1,)),)
+        declared = plan.pipeline.outputs
+        self.outputs = (
+            tuple(TensorSpec(n, o.datatype, tuple(o.shape)) for n, o in declared.items())
+            if declared
+            else (TensorSpec(RESULT, "BYTES", (1,)),)
+        )
+        self.statistics = ModelStatistics()
+
+    @property
+    def ready(self) -> bool:
+        """Loaded; whether the services answer is /readyz's question (as a Triton ensemble
+        stays ready while a model it calls is down)."""
+        return True
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    async def infer(
+        self, inputs: dict[str, np.ndarray], deadline: float | None
+    ) -> dict[str, np.ndarray]:
+        """Run the pipeline on the image; `deadline` (loop time) is the caller's, or None:
+        the pipeline's own budget. Either is capped by PROXY_MAX_TIMEOUT_MS."""
+        body = inputs[self.input].reshape(-1)[0]
+        if not isinstance(body, bytes):
+            raise InvalidInput(f"pipeline '{self.name}': input '{self.input}' must hold bytes")
+        now = asyncio.get_running_loop().time()
+        cap = now + self.max_timeout_s
+        if deadline is None:
+            deadline = now + self.plan.pipeline.timeout_ms / 1000
+        deadline = min(deadline, cap)
+        request_id = REQUEST_ID.get() or uuid.uuid4().hex
+        started = time.perf_counter_ns()
+        try:
+            async with self.engine.ticket(self.plan, deadline) as ticket:
+                ticket.ledger.hold(len(body))
+                run = await ticket.run(body, request_id)
+                outputs = self.tensors(run)
+            # One execution of one row, no queue, the whole run its compute time: Triton's
+            # counters, which perf_analyzer reads (it finds the model's version by the
+            # queue count that grew during its window) to split the request's time.
+            self.statistics.queue.add(0)
+            self.statistics.execution(1, 1, 0, time.perf_counter_ns() - started, 0)
+            return outputs
+        except StepError as exc:
+            raise PipelineFailed(exc.problem(self.name)) from None
+        except Problem as exc:
+            raise PipelineFailed(exc) from None
+
+    def tensors(self, run: Run) -> dict[str, np.ndarray]:
+        declared = self.plan.pipeline.outputs
+        if not declared:
+            result = self.engine.result(run)
+            return {RESULT: np.array([orjson.dumps(result)], dtype=object)}
+        out = {}
+        for spec in self.outputs:
+            value = run.tensors.get(declared[spec.name].tensor)
+            out[spec.name] = self._checked(spec, value)
+        return out
+
+    def _checked(self, spec: TensorSpec, value: np.ndarray | None) -> np.ndarray:
+        if value is None:  # a step a switch skipped: nothing found is an empty answer
+            if -1 not in spec.shape:
+                raise self._broken(f"output '{spec.name}' was not produced")
+            shape = tuple(0 if d == -1 else d for d in spec.shape)
+            return np.empty(shape, dtype=dtype_of(spec.datatype, spec.name))
+        got = datatype_of(value)
+        if got != spec.datatype or not shape_matches(spec.shape, value.shape):
+            raise self._broken(
+                f"output '{spec.name}' came as {got} {list(value.shape)}, declared "
+                f"{spec.datatype} {list(spec.shape)}"
+            )
+        return value
+
+    def _broken(self, what: str) -> PipelineFailed:
+        return PipelineFailed(
+            Problem(502, f"pipeline '{self.name}': {what} (check its `outputs` definition)")
+        )

@@ -1,0 +1,79 @@
+"""The /v1 REST door: an image through a pipeline, and the list of pipelines."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import asdict
+
+from fastapi import Request, Response
+
+from proxy.doors.disconnect import until_disconnect
+from proxy.doors.responses import json_response
+from proxy.doors.uploads import read_image
+from proxy.errors import Problem, StepError
+from proxy.state import ProxyState
+
+
+def budget_s(request: Request, default_ms: float, cap_ms: float) -> float:
+    """The request's budget: X-Request-Timeout-Ms, or the pipeline's, capped."""
+    raw = request.headers.get("x-request-timeout-ms")
+    if raw is None:
+        return min(default_ms, cap_ms) / 1000
+    try:
+        value = float(raw)
+    except ValueError:
+        raise Problem(
+            400, f"X-Request-Timeout-Ms must be a number of milliseconds, not {raw!r}"
+        ) from None
+    if not value > 0:
+        raise Problem(400, "X-Request-Timeout-Ms must be positive")
+    return min(value, cap_ms) / 1000
+
+
+class PipelineEndpoints:
+    def __init__(self, state: ProxyState) -> None:
+        self.state = state
+        self.engine = state.engine
+
+    async def infer(self, request: Request, name: str) -> Response:
+        """POST /v1/pipelines/{name}/infer: an image through a pipeline."""
+        state, engine = self.state, self.engine
+        plan = engine.plan(name)
+        request_id = request.state.request_id
+        started = time.perf_counter()
+        # The budget starts now: it covers the upload too.
+        deadline = asyncio.get_running_loop().time() + budget_s(
+            request, plan.pipeline.timeout_ms, state.settings.max_timeout_ms
+        )
+        try:
+            async with engine.ticket(plan, deadline) as ticket:
+                body = await read_image(request, state.uploads, deadline, ticket.ledger)
+                run = await until_disconnect(request, ticket.run(body, request_id))
+                result = engine.result(run)
+        except StepError as exc:
+            raise exc.problem(name) from None
+        return json_response(
+            {
+                "id": request_id,
+                "pipeline": name,
+                "result": result,
+                "partial": run.partial,
+                "steps": [s.__dict__ for s in run.steps],
+                "latency_ms": round((time.perf_counter() - started) * 1000, 3),
+            }
+        )
+
+    async def list_pipelines(self) -> Response:
+        """GET /v1/pipelines."""
+        return json_response(
+            {
+                name: {
+                    "description": plan.pipeline.description,
+                    "timeout_ms": plan.pipeline.timeout_ms,
+                    "targets": {k: asdict(t) for k, t in plan.targets.items()},
+                    "definition": plan.pipeline.model_dump(mode="json", exclude_defaults=True),
+                }
+                for name, plan in self.engine.plans.items()
+            }
+        )

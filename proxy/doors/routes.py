@@ -1,0 +1,234 @@
+"""Every route the proxy answers, in one table: path, method, handler, documentation."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi.responses import PlainTextResponse
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from proxy.doors import schemas
+from proxy.doors.health import HealthEndpoints
+from proxy.doors.responses import error_response
+from proxy.doors.rest import PipelineEndpoints
+from proxy.doors.v2rest import V2Endpoints
+from proxy.errors import ClientGone
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    endpoint: Callable[..., Awaitable[Response]]
+    docs: dict[str, Any] = field(default_factory=dict)
+
+
+PIPELINE_INFER = "/v1/pipelines/{name}/infer"
+
+
+def table(pipelines: PipelineEndpoints, health: HealthEndpoints, v2: V2Endpoints) -> list[Route]:
+    """The routes FastAPI serves (the pipeline route is served by PipelineRoute, below)."""
+    v2_infer = {
+        "tags": ["v2"],
+        "response_model": schemas.InferenceResponse,
+        "responses": {
+            # The binary tensor extension: the JSON header, then the outputs' raw bytes.
+            200: {"content": {"application/octet-stream": {}}},
+            **schemas.errors(400, 401, 404, 408, 413, 429, 501, 502, 503, 504),
+        },
+        "openapi_extra": schemas.json_body(schemas.InferenceRequest),
+    }
+    v2_model = {
+        "tags": ["v2"],
+        "response_model": schemas.ModelMetadata,
+        "responses": schemas.errors(401, 404, 429, 501, 502, 503, 504),
+    }
+    v2_ready = {
+        "tags": ["v2"],
+        "response_model": schemas.ModelReadiness,
+        "responses": {503: {"model": schemas.ModelReadiness}, **schemas.errors(401, 404)},
+    }
+    v2_config = {
+        "tags": ["v2"],
+        "summary": "The model's configuration as Triton's HTTP server writes it",
+        "response_model": dict[str, Any],
+        "responses": schemas.errors(401, 404, 429, 501, 502, 503, 504),
+    }
+    v2_stats = {
+        "tags": ["v2"],
+        "summary": "Triton's inference statistics",
+        "response_model": schemas.Statistics,
+        "responses": schemas.errors(401, 404, 429, 501, 502, 503, 504),
+    }
+    return [
+        Route(
+            "GET",
+            "/v1/pipelines",
+            pipelines.list_pipelines,
+            {
+                "summary": "Pipelines and their resolved endpoints",
+                "response_model": dict[str, schemas.PipelineInfo],
+                "responses": schemas.errors(401),
+            },
+        ),
+        Route(
+            "GET",
+            "/healthz",
+            health.live,
+            {
+                "summary": "Liveness",
+                "response_model": schemas.Liveness,
+                "responses": schemas.errors(401),
+            },
+        ),
+        Route(
+            "GET",
+            "/readyz",
+            health.ready,
+            {
+                "summary": "Every endpoint ready (v2 ServerReady/ModelReady)",
+                "response_model": schemas.Readiness,
+                "responses": {503: {"model": schemas.Readiness}, **schemas.errors(401)},
+            },
+        ),
+        Route(
+            "GET",
+            "/metrics",
+            health.metrics,
+            {
+                "summary": "Prometheus metrics",
+                "response_class": PlainTextResponse,
+                "responses": schemas.errors(401),
+            },
+        ),
+        Route(
+            "GET",
+            "/v2/health/live",
+            health.live,
+            {
+                "tags": ["v2"],
+                "response_model": schemas.Liveness,
+                "responses": schemas.errors(401),
+            },
+        ),
+        Route(
+            "GET",
+            "/v2/health/ready",
+            v2.ready,
+            {
+                "tags": ["v2"],
+                "response_model": schemas.ServerReady,
+                "responses": {503: {"model": schemas.ServerReady}, **schemas.errors(401)},
+            },
+        ),
+        Route(
+            "GET",
+            "/v2",
+            v2.server_metadata,
+            {
+                "tags": ["v2"],
+                "response_model": schemas.ServerMetadata,
+                "responses": schemas.errors(401),
+            },
+        ),
+        Route(
+            "POST",
+            "/v2/repository/index",
+            v2.repository_index,
+            {
+                "tags": ["v2"],
+                "summary": "Every model served, with its version and state (Triton's extension)",
+                "response_model": list[schemas.IndexEntry],
+                "responses": schemas.errors(400, 401, 413),
+                "openapi_extra": schemas.json_body(schemas.IndexRequest, required=False),
+            },
+        ),
+        Route("GET", "/v2/models/stats", v2.statistics, v2_stats),
+        *per_model("", v2.metadata, v2_model),
+        *per_model("/ready", v2.model_ready, v2_ready),
+        *per_model("/config", v2.config, v2_config),
+        *per_model("/stats", v2.statistics, v2_stats),
+        *per_model("/infer", v2.infer, v2_infer, method="POST"),
+    ]
+
+
+def per_model(
+    suffix: str,
+    endpoint: Callable[..., Awaitable[Response]],
+    docs: dict[str, Any],
+    method: str = "GET",
+) -> list[Route]:
+    """The route at /v2/models/{model}<suffix> and at .../versions/{version}<suffix>: the
+    handler takes `version` (default: the newest), which the first path does not have."""
+    takes_request = "request" in inspect.signature(endpoint).parameters
+    if takes_request:
+
+        async def newest(request: Request, model: str) -> Response:
+            return await endpoint(request, model)
+
+    else:
+
+        async def newest(model: str) -> Response:  # type: ignore[misc]
+            return await endpoint(model)
+
+    newest.__doc__, newest.__name__ = endpoint.__doc__, endpoint.__name__
+    return [
+        Route(method, f"/v2/models/{{model}}{suffix}", newest, docs),
+        Route(method, f"/v2/models/{{model}}/versions/{{version}}{suffix}", endpoint, docs),
+    ]
+
+
+def pipeline_route(pipelines: PipelineEndpoints) -> Route:
+    """Documented in the OpenAPI document; served by PipelineRoute, never by the router."""
+    return Route(
+        "POST",
+        PIPELINE_INFER,
+        pipelines.infer,
+        {
+            "summary": "Run an image through a pipeline",
+            "response_model": schemas.PipelineAnswer,
+            "responses": schemas.errors(400, 401, 404, 408, 413, 415, 422, 429, 501, 502, 503, 504),
+            "openapi_extra": schemas.IMAGE_BODY,
+        },
+    )
+
+
+class PipelineRoute:
+    """Answers POST /v1/pipelines/{name}/infer before FastAPI's router, dependency and
+    exception layers (0.2-0.45 ms of a ~8 ms digits request at concurrency 1 on two cores,
+    measured A/B)."""
+
+    PREFIX, SUFFIX = PIPELINE_INFER.split("{name}")
+
+    def __init__(
+        self, app: ASGIApp, handler: Callable[[Request, str], Awaitable[Response]]
+    ) -> None:
+        self.app = app
+        self.handler = handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        name = path[len(self.PREFIX) : -len(self.SUFFIX)]
+        if (
+            scope["type"] != "http"
+            or not (path.startswith(self.PREFIX) and path.endswith(self.SUFFIX))
+            or not name
+            or "/" in name
+        ):
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        try:
+            if scope["method"] != "POST":
+                raise HTTPException(405, "Method Not Allowed", headers={"Allow": "POST"})
+            response = await self.handler(request, name)
+        except ClientGone:
+            return  # nobody to answer; the pipeline's calls were cancelled
+        except Exception as exc:
+            response = error_response(exc, request.state.request_id)
+        await response(scope, receive, send)

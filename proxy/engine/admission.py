@@ -1,0 +1,113 @@
+"""What the proxy lets in: requests in flight, the bytes they hold, and per pipeline the
+requests and image pixels it works on at once.
+
+Bytes count from the first byte of an upload to the last tensor a request keeps, so a
+flood of large requests is shed at the door (503 + Retry-After) while the proxy still
+has the memory to answer the requests it took. A pipeline's own limits keep what it
+takes within its budget: 32 clients sending 3000x3000 pages used to be taken all at once
+and 3 of 65 were answered in time; beyond a pipeline's megapixels in flight the rest are
+told at once to come back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+
+from proxy import metrics
+from proxy.errors import Problem
+
+
+@dataclass(frozen=True)
+class PipelineLimits:
+    max_in_flight: int | None = None
+    max_pixels: int | None = None
+
+
+class Admission:
+    def __init__(
+        self,
+        max_requests: int,
+        max_bytes: int,
+        max_request_bytes: int,
+        pipelines: Mapping[str, PipelineLimits] | None = None,
+    ) -> None:
+        self.max_requests = max_requests
+        self.max_bytes = max_bytes
+        self.max_request_bytes = max_request_bytes
+        self.bytes_in_flight = 0
+        self._requests = 0
+        self._limits = dict(pipelines or {})
+        self._in_flight: dict[str, int] = {}
+        self._pixels: dict[str, int] = {}
+
+    def check_room(self) -> None:
+        """Before taking a request on: 503 when the proxy holds its budget of bytes."""
+        if self.bytes_in_flight >= self.max_bytes:
+            raise Problem(
+                503,
+                f"proxy at capacity ({self.bytes_in_flight >> 20} MiB of requests in flight, "
+                f"limit {self.max_bytes >> 20} MiB)",
+            )
+
+    @contextlib.asynccontextmanager
+    async def admit(self, pipeline: str, pixels: int) -> AsyncIterator[None]:
+        """Room for one request of `pipeline` with an image of `pixels`, for as long as it
+        runs; 503 at once when the proxy's or the pipeline's limits are reached (an image
+        larger than the whole pixel budget may still pass alone)."""
+        limits = self._limits.get(pipeline, PipelineLimits())
+        if self._requests >= self.max_requests:
+            raise Problem(503, f"proxy at capacity ({self.max_requests} requests in flight)")
+        running = self._in_flight.get(pipeline, 0)
+        if limits.max_in_flight is not None and running >= limits.max_in_flight:
+            raise Problem(503, f"pipeline '{pipeline}' at capacity ({running} requests in flight)")
+        held = self._pixels.get(pipeline, 0)
+        if limits.max_pixels is not None and held and held + pixels > limits.max_pixels:
+            raise Problem(
+                503,
+                f"pipeline '{pipeline}' at capacity ({held / 1e6:.1f} of "
+                f"{limits.max_pixels / 1e6:g} megapixels in flight)",
+            )
+        self._requests += 1
+        self._in_flight[pipeline] = running + 1
+        self._pixels[pipeline] = held + pixels
+        metrics.IN_FLIGHT.inc()
+        try:
+            yield
+        finally:
+            metrics.IN_FLIGHT.dec()
+            self._requests -= 1
+            self._in_flight[pipeline] -= 1
+            self._pixels[pipeline] -= pixels
+
+    def ledger(self) -> Ledger:
+        return Ledger(self)
+
+
+class Ledger:
+    """The bytes one request holds; released together when it ends."""
+
+    def __init__(self, admission: Admission) -> None:
+        self.admission = admission
+        self.held = 0
+
+    def hold(self, nbytes: int) -> None:
+        if self.held + nbytes > self.admission.max_request_bytes:
+            raise Problem(
+                413,
+                f"the request's tensors would exceed {self.admission.max_request_bytes >> 20} "
+                "MiB (PROXY_MAX_REQUEST_MB)",
+            )
+        self.held += nbytes
+        self.admission.bytes_in_flight += nbytes
+        metrics.BYTES_IN_FLIGHT.set(self.admission.bytes_in_flight)
+
+    def release(self, nbytes: int) -> None:
+        nbytes = min(nbytes, self.held)
+        self.held -= nbytes
+        self.admission.bytes_in_flight -= nbytes
+        metrics.BYTES_IN_FLIGHT.set(self.admission.bytes_in_flight)
+
+    def close(self) -> None:
+        self.release(self.held)

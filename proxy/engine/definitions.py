@@ -1,0 +1,208 @@
+"""Pipeline definitions (YAML): declarative steps, checked once at start-up.
+
+A reference names a tensor: `request.<input>` for the uploaded body, or
+`<step>.<tensor>` for an output of an earlier step (tensor names may contain
+dots; step names may not). Referring only to earlier steps rules out cycles.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, model_validator
+
+from protos.strict import Strict
+from proxy.errors import DefinitionError
+
+_NAME = r"^[A-Za-z0-9_\-]+$"
+
+
+class Step(Strict):
+    """What every kind of step has. A new kind is a subclass, an `Entry` (its YAML key), and
+    a case in the two places that `match` on the kinds: Plan._walk (engine/plan.py) and
+    Executor._steps (engine/executor.py)."""
+
+    name: str = Field(pattern=_NAME)
+
+    def reads(self) -> list[str]:
+        """The references this step reads before it runs."""
+        raise NotImplementedError
+
+
+class CallingStep(Step):
+    """A step that calls models: what to send, what to ask for, how long, how often."""
+
+    inputs: dict[str, str] = Field(min_length=1)
+    """Model input name -> reference."""
+    outputs: list[str] = []
+    """Outputs to ask for; empty: all of them."""
+    timeout_ms: float | None = Field(default=None, gt=0)
+    retries: int = Field(default=1, ge=0, le=5)
+    """Extra attempts when the endpoint is UNAVAILABLE (inference is idempotent)."""
+
+    def reads(self) -> list[str]:
+        return list(self.inputs.values())
+
+
+class CallStep(CallingStep):
+    endpoint: str
+    """Environment variable holding host:port[/model[/version]]."""
+    model: str | None = None
+    version: str = ""
+
+
+class Branch(Strict):
+    name: str = Field(pattern=_NAME)
+    endpoint: str
+    model: str | None = None
+    version: str = ""
+
+
+class BranchesFrom(Strict):
+    prefix: str
+    """Every `<prefix><BRANCH>_URL` variable becomes a branch named `<branch>`."""
+    model: str = "{branch}"
+    """Model name template; `{branch}` is replaced (the URL may name the model instead)."""
+
+
+class Combine(Strict):
+    op: Literal["collect", "mean", "vote", "argmax"] = "collect"
+    tensor: str | None = None
+    """The branch output to combine (mean/argmax: scores; vote: labels)."""
+    labels: list[str] | None = None
+    """Class names for the combined label (argmax/mean); default: the index."""
+
+
+class ParallelStep(CallingStep):
+    branches: list[Branch] = []
+    branches_from: BranchesFrom | None = None
+    aggregation: Literal["all_or_nothing", "partial"] = "all_or_nothing"
+    combine: Combine = Combine()
+
+
+class Condition(Strict):
+    empty: bool | None = None
+    """True: the tensor has no rows."""
+    equals: Any = None
+    one_of: list[Any] | None = None
+
+
+class Case(Strict):
+    when: Condition
+    steps: list[Entry] = []
+
+
+class SwitchStep(Step):
+    input: str
+    """Reference to the tensor the cases look at (its first element for equals/one_of)."""
+    cases: list[Case] = Field(min_length=1)
+    default: list[Entry] = []
+
+    def reads(self) -> list[str]:
+        return [self.input]
+
+    def paths(self) -> list[list[Entry]]:
+        """Every list of steps the switch may run: each case's, then the default."""
+        return [*(case.steps for case in self.cases), self.default]
+
+
+class CallEntry(Strict):
+    call: CallStep
+
+    @property
+    def step(self) -> CallStep:
+        return self.call
+
+
+class ParallelEntry(Strict):
+    parallel: ParallelStep
+
+    @property
+    def step(self) -> ParallelStep:
+        return self.parallel
+
+
+class SwitchEntry(Strict):
+    switch: SwitchStep
+
+    @property
+    def step(self) -> SwitchStep:
+        return self.switch
+
+
+Entry = CallEntry | ParallelEntry | SwitchEntry
+"""One item of a `steps:` list in YAML: `call:`, `parallel:` or `switch:`."""
+Case.model_rebuild()
+SwitchStep.model_rebuild()
+
+
+class OutputTensor(Strict):
+    """One output of the pipeline as a v2 model (the proxy's gRPC and /v2 REST door)."""
+
+    tensor: str
+    """Reference to the tensor: `<step>.<tensor>`."""
+    datatype: Literal[
+        "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+        "FP16", "FP32", "FP64", "BYTES",
+    ]  # fmt: skip
+    shape: list[int] = Field(min_length=1)
+    """Full shape, -1 for a dimension that varies; a tensor a switch skipped is answered
+    empty (its -1 dimensions 0)."""
+
+
+class Pipeline(Strict):
+    description: str = ""
+    input: str = Field(default="image", pattern=_NAME)
+    """Name of the request tensor (BYTES [1]) holding the uploaded body."""
+    accept: list[Literal["png", "jpeg", "bmp", "webp", "tiff"]] | None = None
+    """Image formats the upload may be, told by its first bytes (protos/media.py); any
+    other upload gets 415. Unset: the body is passed on whatever it is."""
+    timeout_ms: float = Field(default=5000, gt=0)
+    """Budget of a request unless X-Request-Timeout-Ms asks for less (or more, up to the cap)."""
+    max_in_flight: int | None = Field(default=None, ge=1)
+    """Requests of this pipeline served at once; more get 503 with Retry-After at once.
+    Beyond what the services can finish within the budget, a queue only turns every
+    answer into a 504: shedding the excess keeps the admitted ones in time."""
+    max_inflight_mpx: float | None = Field(default=None, gt=0)
+    """Megapixels of uploaded images (as their headers declare them) this pipeline may
+    work on at once; more get 503 with Retry-After at once. An image's cost grows with its
+    pixels: a page photo costs what a hundred text lines do, so a count of requests alone
+    cannot keep a crowd of large pages within the budget."""
+    steps: list[Entry] = Field(min_length=1)
+    result: dict[str, Any]
+    """The /v1 answer's `result`, shaped from the tensors (results.py)."""
+    outputs: dict[str, OutputTensor] | None = None
+    """The pipeline's outputs as a v2 model. Unset: one BYTES output `result` holding the
+    /v1 `result` as JSON."""
+
+
+class PipelineFile(Strict):
+    pipelines: dict[str, Pipeline] = Field(min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_extensions(cls, data: Any) -> Any:
+        """Top-level `x-*` keys hold YAML anchors, as in compose files."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if not str(k).startswith("x-")}
+        return data
+
+
+def _explain(exc: ValidationError) -> str:
+    lines = [
+        f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False)
+    ]
+    return "\n  ".join(["invalid pipeline definition:", *lines])
+
+
+def parse(path: Path) -> PipelineFile:
+    """The pipeline file, checked against the schema (DefinitionError naming each problem)."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+        return PipelineFile.model_validate(raw or {})
+    except (OSError, yaml.YAMLError) as exc:
+        raise DefinitionError(f"{path}: {exc}") from exc
+    except ValidationError as exc:
+        raise DefinitionError(f"{path}: {_explain(exc)}") from exc

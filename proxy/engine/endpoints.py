@@ -1,0 +1,85 @@
+"""Downstream addresses come from environment variables, one per endpoint.
+
+Convention: the pipeline file names a variable (`PREPROCESS_URL`,
+`PREDICTOR_DIGITS_LOGREG_URL`, ...) whose value is `host:port`, optionally
+followed by `/model` and `/model/version` to point the step at a differently
+named model on another v2 server. Changing the variable re-points the step.
+Replicas of a service: `dns:///name:port` (e.g. a Kubernetes headless Service) or
+`ipv4:host:port,host:port`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from proxy.errors import DefinitionError
+
+_ADDRESS = re.compile(
+    r"^(?P<host>[A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:.]+\]|[0-9A-Fa-f:.]+?):(?P<port>\d{1,5})$"
+)
+_SCHEMES = ("dns:", "ipv4:", "ipv6:")
+"""gRPC's name syntax for a service with several replicas: `dns:///name:port` (every address
+the name resolves to) or `ipv4:a:port,b:port` (a list). proxy/transport/balancing.py spreads the
+calls over them."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    variable: str
+    address: str
+    """host:port of a v2 gRPC server, or a gRPC name for its replicas (dns:///, ipv4:)."""
+    model: str | None = None
+    version: str = ""
+
+
+def parse(variable: str, value: str) -> Endpoint:
+    text = value.strip().removeprefix("grpc://")
+    scheme = next((s for s in _SCHEMES if text.startswith(s)), "")
+    rest = text[len(scheme) :]
+    if scheme == "dns:":
+        if rest.startswith("//") and not rest.startswith("///"):
+            raise DefinitionError(
+                f"{variable}={value!r}: a DNS server in the name (dns://server/) is not "
+                "supported; write dns:///name:port"
+            )
+        rest = rest.removeprefix("///")
+    addresses, _, path = rest.partition("/")
+    model, _, version = path.rstrip("/").partition("/")
+    listed = addresses.split(",")
+    if "/" in version or (len(listed) > 1 and scheme not in ("ipv4:", "ipv6:")):
+        raise DefinitionError(_expected(variable, value))
+    for address in listed:
+        match = _ADDRESS.match(address)
+        if not match:
+            raise DefinitionError(_expected(variable, value))
+        if not 0 < int(match["port"]) < 65536:
+            raise DefinitionError(f"{variable}={value!r}: port out of range")
+    named = "dns:///" if scheme == "dns:" else scheme
+    return Endpoint(variable, named + ",".join(listed), model or None, version)
+
+
+def _expected(variable: str, value: str) -> str:
+    return (
+        f"{variable}={value!r} is not host:port[/model[/version]] "
+        "(or dns:///name:port, ipv4:host:port,host:port... for replicas)"
+    )
+
+
+def resolve(variable: str, environ: Mapping[str, str]) -> Endpoint:
+    value = environ.get(variable)
+    if not value:
+        raise DefinitionError(f"endpoint variable {variable} is not set (expected host:port)")
+    return parse(variable, value)
+
+
+def with_prefix(prefix: str, environ: Mapping[str, str]) -> dict[str, Endpoint]:
+    """Every `<prefix><BRANCH>_URL` variable, keyed by the branch name in lower case."""
+    found = {}
+    for variable in sorted(environ):
+        if variable.startswith(prefix) and variable.endswith("_URL"):
+            branch = variable[len(prefix) : -len("_URL")].lower()
+            if branch:
+                found[branch] = parse(variable, environ[variable])
+    return found

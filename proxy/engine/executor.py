@@ -1,0 +1,229 @@
+"""Runs one request through a pipeline plan: serial, parallel and switch steps.
+
+One absolute deadline per request (loop time); every call gets what is left
+of it (or less, its own timeout_ms). A failing all_or_nothing branch cancels
+its siblings; a finished or failed request leaves no call running. A request keeps a
+tensor only while a later step or its result still reads it, and every byte it keeps
+is on its ledger (admission.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+
+from proxy import metrics
+from proxy.engine.admission import Ledger
+from proxy.engine.combine import combine
+from proxy.engine.definitions import (
+    CallingStep,
+    CallStep,
+    Condition,
+    Entry,
+    ParallelStep,
+    SwitchStep,
+)
+from proxy.engine.plan import Plan
+from proxy.engine.results import render
+from proxy.errors import StepError
+from proxy.transport.calls import Call, Calls
+from proxy.transport.target import Target
+
+
+@dataclass
+class StepStatus:
+    name: str
+    status: str
+    latency_ms: float
+    error: str | None = None
+
+
+@dataclass
+class Run:
+    """The state of one request."""
+
+    plan: Plan
+    request_id: str
+    deadline: float
+    ledger: Ledger
+    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    branches: dict[str, dict[str, dict[str, np.ndarray]]] = field(default_factory=dict)
+    steps: list[StepStatus] = field(default_factory=list)
+    partial: bool = False
+
+    def remaining(self) -> float:
+        return self.deadline - asyncio.get_running_loop().time()
+
+    def put(self, ref: str, value: np.ndarray) -> None:
+        self.ledger.hold(_nbytes(value))
+        self.tensors[ref] = value
+
+    def put_branches(self, step: str, outputs: dict[str, dict[str, np.ndarray]]) -> None:
+        self.ledger.hold(sum(_nbytes(v) for out in outputs.values() for v in out.values()))
+        self.branches[step] = outputs
+
+    def keep_only(self, producers: frozenset[str]) -> None:
+        """Drop every tensor no later step or the result reads (its bytes leave the ledger)."""
+        for ref in [r for r in self.tensors if r.partition(".")[0] not in producers]:
+            self.ledger.release(_nbytes(self.tensors.pop(ref)))
+        for step in [s for s in self.branches if s not in producers]:
+            outputs = self.branches.pop(step)
+            self.ledger.release(sum(_nbytes(v) for out in outputs.values() for v in out.values()))
+
+    def resolve(self, ref: str, step: str) -> np.ndarray:
+        try:
+            return self.tensors[ref]
+        except KeyError:
+            raise StepError(
+                step,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"input '{ref}' was not produced by an earlier step",
+            ) from None
+
+
+class Executor:
+    def __init__(self, calls: Calls) -> None:
+        self.calls = calls
+        """The transport's seam: how each call travels is decided behind it."""
+
+    async def run(
+        self, plan: Plan, body: bytes, request_id: str, deadline: float, ledger: Ledger
+    ) -> Run:
+        """`deadline` is absolute (loop time); the upload is already on `ledger`."""
+        run = Run(plan, request_id, deadline, ledger)
+        upload = np.empty(1, dtype=object)
+        upload[0] = body
+        run.tensors[f"request.{plan.pipeline.input}"] = upload
+        await self._steps(plan.pipeline.steps, run)
+        return run
+
+    def result(self, run: Run) -> object:
+        return render(run.plan.pipeline.result, run.tensors, run.branches)
+
+    async def _steps(self, entries: list[Entry], run: Run) -> None:
+        for entry in entries:
+            step = entry.step
+            match step:
+                case CallStep():
+                    await self._call(step, run)
+                case ParallelStep():
+                    await self._parallel(step, run)
+                case SwitchStep():
+                    await self._switch(step, run)
+                case _:
+                    raise TypeError(f"no executor for step kind {type(step).__name__}")
+            run.keep_only(run.plan.keep_after[id(step)])
+
+    async def _invoke(
+        self, run: Run, step: CallingStep, label: str, target: Target
+    ) -> dict[str, np.ndarray]:
+        """One call of a step (`label`: the step, or `<parallel step>/<branch>`), timed and
+        recorded under the status it ends with."""
+        feeds = {name: run.resolve(ref, label) for name, ref in step.inputs.items()}
+        per_call_s = None if step.timeout_ms is None else step.timeout_ms / 1000
+        spec = Call(label, target, step.outputs, per_call_s, step.retries)
+        start = time.perf_counter()
+        status, error = "ok", None
+        try:
+            return await self.calls.call(spec, feeds, run.deadline, run.request_id)
+        except StepError as exc:
+            status, error = exc.code.name.lower(), exc.message
+            raise
+        except asyncio.CancelledError:
+            status, error = "cancelled", "cancelled: the request ended first"
+            raise
+        finally:
+            latency = (time.perf_counter() - start) * 1000
+            run.steps.append(StepStatus(label, status, round(latency, 3), error))
+            metrics.STEP_LATENCY.labels(run.plan.name, step.name, status).observe(latency / 1000)
+
+    async def _call(self, step: CallStep, run: Run) -> None:
+        out = await self._invoke(run, step, step.name, run.plan.targets[step.name])
+        for name, value in out.items():
+            run.put(f"{step.name}.{name}", value)
+
+    async def _parallel(self, step: ParallelStep, run: Run) -> None:
+        branches = run.plan.branches(step)
+        start = time.perf_counter()
+
+        tasks = {
+            name: asyncio.ensure_future(self._invoke(run, step, f"{step.name}/{name}", target))
+            for name, target in branches.items()
+        }
+        try:
+            if step.aggregation == "all_or_nothing":
+                done, _ = await asyncio.wait(tasks.values(), return_when=asyncio.FIRST_EXCEPTION)
+                failed = [t for t in done if t.exception() is not None]
+                if failed:
+                    raise failed[0].exception()  # type: ignore[misc]
+            else:
+                await asyncio.wait(tasks.values())
+        finally:
+            for task in tasks.values():
+                task.cancel()
+            # Cancelled siblings must finish (and record their status) before we go on.
+            await asyncio.gather(*tasks.values(), return_exceptions=True)
+        succeeded = {
+            n: t.result() for n, t in tasks.items() if not t.cancelled() and t.exception() is None
+        }
+        if not succeeded:
+            first = next(t.exception() for t in tasks.values() if not t.cancelled())
+            raise StepError(step.name, first.code, f"every branch failed; {first}")  # type: ignore[union-attr]
+        if len(succeeded) < len(tasks):
+            run.partial = True
+        run.put_branches(step.name, succeeded)
+        for name, value in combine(step.combine, succeeded).items():
+            run.put(f"{step.name}.{name}", value)
+        latency = (time.perf_counter() - start) * 1000
+        status = "ok" if len(succeeded) == len(tasks) else "partial"
+        failed_names = sorted(set(tasks) - set(succeeded))
+        run.steps.append(
+            StepStatus(
+                step.name,
+                status,
+                round(latency, 3),
+                f"failed branches: {', '.join(failed_names)}" if failed_names else None,
+            )
+        )
+
+    async def _switch(self, step: SwitchStep, run: Run) -> None:
+        value = run.resolve(step.input, step.name)
+        for case in step.cases:
+            if _matches(case.when, value):
+                chosen = case.steps
+                break
+        else:
+            chosen = step.default
+        run.steps.append(StepStatus(step.name, "ok", 0.0, None))
+        await self._steps(chosen, run)
+
+
+def _nbytes(value: np.ndarray) -> int:
+    if value.dtype == object:
+        return sum(len(v) if isinstance(v, bytes | str) else 8 for v in value.reshape(-1))
+    return value.nbytes
+
+
+def _matches(cond: Condition, value: np.ndarray) -> bool:
+    if cond.empty is not None and (value.shape[0] == 0 if value.ndim else False) != cond.empty:
+        return False
+    if cond.equals is not None or cond.one_of is not None:
+        if value.size == 0:
+            return False
+        first = value.reshape(-1)[0]
+        first = (
+            first.decode()
+            if isinstance(first, bytes)
+            else first.item()
+            if isinstance(first, np.generic)
+            else first
+        )
+        if cond.equals is not None and first != cond.equals:
+            return False
+        if cond.one_of is not None and first not in cond.one_of:
+            return False
+    return True

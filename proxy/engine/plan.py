@@ -1,0 +1,177 @@
+"""A pipeline resolved for this process: every endpoint variable read, every reference
+checked, and what each step leaves for later steps worked out once."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from proxy.engine import endpoints
+from proxy.engine.definitions import (
+    CallStep,
+    Entry,
+    ParallelStep,
+    Pipeline,
+    SwitchStep,
+    parse,
+)
+from proxy.engine.endpoints import Endpoint
+from proxy.errors import DefinitionError
+from proxy.transport.target import Target
+
+
+def _target(
+    variable: str, model: str | None, version: str, env: Mapping[str, str], where: str
+) -> Target:
+    try:
+        ep: Endpoint = endpoints.resolve(variable, env)
+    except DefinitionError as exc:
+        raise DefinitionError(f"{where}: {exc}") from None
+    chosen = ep.model or model
+    if not chosen:
+        raise DefinitionError(
+            f"{where}: no model named (give `model` or {variable}=host:port/model)"
+        )
+    return Target(
+        endpoint=variable, address=ep.address, model=chosen, version=ep.version or version
+    )
+
+
+def _check_ref(ref: str, known: set[str], inputs: set[str], where: str) -> None:
+    step, _, tensor = ref.partition(".")
+    if not tensor:
+        raise DefinitionError(f"{where}: reference '{ref}' must be <step>.<tensor>")
+    if step == "request":
+        if tensor not in inputs:
+            raise DefinitionError(f"{where}: the request has no tensor '{tensor}'")
+        return
+    if step not in known:
+        raise DefinitionError(
+            f"{where}: reference '{ref}' names no earlier step "
+            f"(known: {', '.join(sorted(known)) or 'none'}); steps may only use earlier outputs"
+        )
+
+
+class Plan:
+    """A pipeline with every endpoint resolved and every reference checked."""
+
+    def __init__(self, name: str, pipeline: Pipeline, env: Mapping[str, str]) -> None:
+        self.name = name
+        self.pipeline = pipeline
+        self.targets: dict[str, Target] = {}
+        """Call step name, or `<parallel step>/<branch>`, -> target."""
+        self._known: set[str] = set()
+        self._inputs = {pipeline.input}
+        self._env = env
+        self._walk(pipeline.steps)
+        self.keep_after: dict[int, frozenset[str]] = {}
+        """id(step) -> producers ("request" or a step name) whose tensors a later step or
+        the result still reads: everything else is dropped once the step is done."""
+        for name, output in (pipeline.outputs or {}).items():
+            where = f"pipeline '{self.name}', output '{name}'"
+            if output.tensor.partition(".")[0] == "request":
+                raise DefinitionError(f"{where}: outputs name a step's tensor, not the request")
+            _check_ref(output.tensor, self._known, set(), where)
+        read_later = _producers(pipeline.result) | {
+            _producers(o.tensor).pop() for o in (pipeline.outputs or {}).values()
+        }
+        self._liveness(pipeline.steps, frozenset(read_later))
+
+    def branches(self, step: ParallelStep) -> dict[str, Target]:
+        prefix = f"{step.name}/"
+        return {k[len(prefix) :]: t for k, t in self.targets.items() if k.startswith(prefix)}
+
+    def _walk(self, entries: list[Entry]) -> None:
+        for entry in entries:
+            step = entry.step
+            where = self._claim(step.name)
+            for ref in step.reads():
+                _check_ref(ref, self._known, self._inputs, where)
+            match step:
+                case CallStep():
+                    self._call(step, where)
+                case ParallelStep():
+                    self._parallel(step, where)
+                case SwitchStep():
+                    self._switch(step, where)
+                case _:
+                    raise DefinitionError(f"{where}: no plan for step kind {type(step).__name__}")
+
+    def _claim(self, name: str) -> str:
+        where = f"pipeline '{self.name}', step '{name}'"
+        if name in self._known or name == "request":
+            raise DefinitionError(f"{where}: step names must be unique")
+        return where
+
+    def _call(self, step: CallStep, where: str) -> None:
+        self.targets[step.name] = _target(step.endpoint, step.model, step.version, self._env, where)
+        self._known.add(step.name)
+
+    def _parallel(self, step: ParallelStep, where: str) -> None:
+        branches = {
+            b.name: _target(b.endpoint, b.model, b.version, self._env, where) for b in step.branches
+        }
+        if step.branches_from is not None:
+            found = endpoints.with_prefix(step.branches_from.prefix, self._env)
+            for branch, ep in found.items():
+                model = step.branches_from.model.replace("{branch}", branch)
+                branches[branch] = _target(ep.variable, model, "", self._env, where)
+        if not branches:
+            prefix = step.branches_from.prefix if step.branches_from else None
+            raise DefinitionError(
+                f"{where}: no branches"
+                + (f" (no {prefix}<NAME>_URL variable is set)" if prefix else "")
+            )
+        if step.combine.op != "collect" and not step.combine.tensor:
+            raise DefinitionError(f"{where}: combine '{step.combine.op}' needs `tensor`")
+        for branch, target in branches.items():
+            self.targets[f"{step.name}/{branch}"] = target
+        self._known.add(step.name)
+
+    def _switch(self, step: SwitchStep, where: str) -> None:
+        self._known.add(step.name)
+        before = set(self._known)
+        for path in step.paths():
+            self._known = set(before)
+            self._walk(path)
+        # After a switch only what every path defines is certain; results tolerate the rest.
+        self._known = before | {n.split("/")[0] for n in self.targets}
+
+    def _liveness(self, entries: list[Entry], after: frozenset[str]) -> frozenset[str]:
+        """Fill keep_after for the steps, given what is needed after them; return what is
+        needed before them."""
+        for entry in reversed(entries):
+            step = entry.step
+            self.keep_after[id(step)] = after
+            needed = {p for ref in step.reads() for p in _producers(ref)}
+            if isinstance(step, SwitchStep):
+                for path in step.paths():
+                    needed |= self._liveness(path, after)
+            after = after | needed
+        return after
+
+
+def _producers(template: Any) -> set[str]:
+    """Step names (or "request") a reference or a result template reads from."""
+    if isinstance(template, str):
+        step, dot, _ = template.partition(".")
+        return {step} if dot else set()
+    if isinstance(template, list):
+        return {p for item in template for p in _producers(item)}
+    if isinstance(template, dict):
+        found = {p for value in template.values() for p in _producers(value)}
+        if isinstance(template.get("per_branch"), str):
+            found.add(template["per_branch"])
+        return found
+    return set()
+
+
+def load(path: Path, env: Mapping[str, str]) -> dict[str, Plan]:
+    plans = {}
+    for name, pipeline in parse(path).pipelines.items():
+        try:
+            plans[name] = Plan(name, pipeline, env)
+        except DefinitionError as exc:
+            raise DefinitionError(f"{path}: {exc}") from exc
+    return plans

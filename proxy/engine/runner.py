@@ -1,0 +1,131 @@
+"""The engine's one way in, whichever door a request came by (REST /v1, v2 REST, v2 gRPC):
+the pipeline looked up, admission decided (room for the body before it is read, the
+pipeline's own limits once its image is known), the run, and the request's metrics.
+
+A door opens a `Ticket` before it reads the body (so a full proxy refuses before a byte is
+taken), reads the body onto the ticket's ledger, and runs it:
+
+    async with engine.ticket(plan, deadline) as ticket:
+        body = await read(..., ticket.ledger)
+        run = await ticket.run(body, request_id)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+
+from protos import media
+from proxy import metrics
+from proxy.engine.admission import Admission, Ledger
+from proxy.engine.executor import Executor, Run
+from proxy.engine.plan import Plan
+from proxy.errors import ClientGone, Problem, StepError
+
+log = logging.getLogger("proxy")
+
+
+class Engine:
+    """The pipelines of this process and what runs them."""
+
+    def __init__(self, plans: dict[str, Plan], executor: Executor, admission: Admission) -> None:
+        self.plans = plans
+        self.executor = executor
+        self.admission = admission
+
+    def plan(self, name: str) -> Plan:
+        plan = self.plans.get(name)
+        if plan is None:
+            known = ", ".join(sorted(self.plans))
+            raise Problem(404, f"unknown pipeline '{name}' (known: {known})")
+        return plan
+
+    def models(self) -> dict[str, str]:
+        """Model name -> address of the first endpoint any pipeline uses for it."""
+        hosts: dict[str, str] = {}
+        for plan in self.plans.values():
+            for target in plan.targets.values():
+                hosts.setdefault(target.model, target.address)
+        return hosts
+
+    def result(self, run: Run) -> object:
+        """The pipeline's answer as its `result` template shapes it."""
+        return self.executor.result(run)
+
+    @contextlib.asynccontextmanager
+    async def ticket(self, plan: Plan, deadline: float) -> AsyncIterator[Ticket]:
+        """One request of `plan`, counted under the status it ends with; 503 at once when the
+        proxy holds its budget of bytes. Every byte the request held is released on exit."""
+        with recorded(plan.name, deadline):
+            self.admission.check_room()
+            ticket = Ticket(self, plan, deadline, self.admission.ledger())
+            try:
+                yield ticket
+            finally:
+                ticket.ledger.close()
+
+
+@dataclass
+class Ticket:
+    engine: Engine
+    plan: Plan
+    deadline: float
+    """Absolute, loop time."""
+    ledger: Ledger
+    """The bytes the request holds, its body's from the first byte read."""
+
+    async def run(self, body: bytes, request_id: str) -> Run:
+        """The body through the pipeline, once its format is accepted and the pipeline has
+        room for its image (503 at once when it has not); `body` is already on the ledger."""
+        plan = self.plan
+        _check_format(body, plan.pipeline.accept, plan.name)
+        width, height = media.declared_size(body) or (0, 0)
+        async with self.engine.admission.admit(plan.name, width * height):
+            return await self.engine.executor.run(
+                plan, body, request_id, self.deadline, self.ledger
+            )
+
+
+def _check_format(body: bytes, accepted: list[str] | None, pipeline: str) -> None:
+    if accepted is not None and media.sniff(body) not in accepted:
+        raise Problem(
+            415,
+            f"the upload is {media.describe(body)}; pipeline '{pipeline}' takes "
+            + ", ".join(media.ACCEPTED[k] for k in accepted),
+        )
+
+
+@contextlib.contextmanager
+def recorded(pipeline: str, deadline: float) -> Iterator[None]:
+    """Count the request under the status it ends with (499: the client left; a request
+    cancelled at its `deadline`, loop time, by whoever enforces it: 504) and time it; a
+    failed step is logged with its code."""
+    started = time.perf_counter()
+    status = "500"
+    try:
+        yield
+        status = "200"
+    except StepError as exc:
+        status = str(exc.http_status)
+        log.info(
+            "step failed",
+            extra={"fields": {"pipeline": pipeline, "step": exc.step, "code": exc.code.name}},
+        )
+        raise
+    except Problem as exc:
+        status = str(exc.status)
+        raise
+    except (ClientGone, asyncio.CancelledError):
+        if asyncio.get_running_loop().time() >= deadline:
+            status = "504"
+            raise
+        status = "499"  # nginx's "client closed request": recorded, never sent
+        log.info("client went away", extra={"fields": {"pipeline": pipeline}})
+        raise
+    finally:
+        metrics.REQUESTS.labels(pipeline, status).inc()
+        metrics.LATENCY.labels(pipeline).observe(time.perf_counter() - started)

@@ -1,0 +1,131 @@
+"""The seam between the engine and the transport: one step's call, however it travels.
+
+The engine hands over what to send and what time is left; `Calls.call` chooses how the call
+goes (one message, merged with other requests' calls to the same model (merging.py), or in
+chunks along the batch axis (chunks.py)) and retries it within the request's deadline:
+UNAVAILABLE (or CANCELLED: the endpoint restarting) with jittered backoff. Every failure is
+the StepError that names the step and the endpoint (proxy/errors.py maps it to a status)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+
+from proxy.errors import StepError
+from proxy.transport import chunks
+from proxy.transport.channels import RETRYABLE, Channels, Infer
+from proxy.transport.members import Tensors
+from proxy.transport.merging import Merger
+from proxy.transport.services import Services
+from proxy.transport.streams import CallFailed
+from proxy.transport.target import Target
+
+
+@dataclass(frozen=True)
+class Call:
+    """One step's (or branch's) call: where it goes, what it asks for, how long each
+    attempt may take and how many more attempts UNAVAILABLE earns."""
+
+    label: str
+    """The step, or `<parallel step>/<branch>`: errors name it."""
+    target: Target
+    outputs: Sequence[str]
+    per_call_s: float | None
+    retries: int
+
+
+class Calls:
+    """Every step's calls of this process: one place decides how each travels."""
+
+    def __init__(self, channels: Channels, services: Services, merge: bool = False) -> None:
+        self.channels = channels
+        self.services = services
+        self.merger = Merger(channels.infer, channels.max_message) if merge else None
+
+    async def call(
+        self, call: Call, inputs: Mapping[str, np.ndarray], deadline: float, request_id: str
+    ) -> Tensors:
+        """`call` with `inputs`, within `deadline` (absolute, loop time)."""
+        channels, target = self.channels, call.target
+
+        async def send(feeds: Mapping[str, np.ndarray], via: Infer | None = None) -> Tensors:
+            return await infer_with_retries(channels, call, feeds, deadline, request_id, via)
+
+        one_call = (
+            max(a.shape[0] if a.ndim else 1 for a in inputs.values()) <= 1
+            and sum(chunks.nbytes(a) for a in inputs.values())
+            <= chunks.HEADROOM * channels.max_message
+        )
+        if one_call and self.merger is None:
+            return await send(inputs)  # one row that fits: the common case, no lookup
+        remaining = deadline - asyncio.get_running_loop().time()
+        max_batch = await self.services.batch_size(
+            target.address, target.model, target.version, max(0.05, remaining)
+        )
+        if one_call and self.merger is not None and max_batch > 0:
+            lane = self.merger.lane(call.label, target, call.outputs, inputs, max_batch)
+            return await send(inputs, lane.infer)
+        if one_call:
+            return await send(inputs)
+        rows = chunks.plan(inputs, max_batch, channels.max_message, call.label)
+        return (
+            await send(inputs) if rows is None else await chunks.call_in_chunks(send, inputs, rows)
+        )
+
+
+async def infer_with_retries(
+    channels: Channels,
+    call: Call,
+    inputs: Mapping[str, np.ndarray],
+    deadline: float,
+    request_id: str,
+    via: Infer | None = None,
+) -> dict[str, np.ndarray]:
+    """ModelInfer within the request's deadline, retrying UNAVAILABLE with jittered backoff;
+    `via` sends each attempt (default: channels.infer; a merging lane, merging.py)."""
+    send = channels.infer if via is None else via
+    loop = asyncio.get_running_loop()
+    step, address = call.label, call.target.address
+    attempt = 0
+    while True:
+        remaining = deadline - loop.time()
+        if remaining <= 0.001:
+            raise StepError(
+                step, grpc.StatusCode.DEADLINE_EXCEEDED, "no time left in the request's budget"
+            )
+        timeout = remaining if call.per_call_s is None else min(call.per_call_s, remaining)
+        try:
+            return await send(
+                call.target, inputs, outputs=call.outputs, timeout=timeout, request_id=request_id
+            )
+        except CallFailed as exc:
+            code = exc.code()
+            if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in (
+                exc.details() or ""
+            ):
+                raise StepError(
+                    step,
+                    code,
+                    f"a message to or from {address} is over the size limit ({exc.details()})",
+                    http=413,
+                ) from None
+            if code in RETRYABLE and attempt < call.retries:
+                attempt += 1
+                backoff = min(0.05 * 2**attempt, 0.5) * (0.5 + random.random() / 2)
+                if deadline - loop.time() > backoff:
+                    await asyncio.sleep(backoff)
+                    continue
+            raise StepError(step, code, _describe(code, exc.details(), address)) from None
+
+
+def _describe(code: grpc.StatusCode, details: str | None, address: str) -> str:
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return f"endpoint {address} unavailable ({details})"
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return f"endpoint {address} did not answer in time"
+    return details or code.name
