@@ -27,9 +27,9 @@ from grpc import aio
 
 from bench.mesh import free_port
 from protos.channels import METHOD_PREFIX, SERVICE_NAME
+from proxy.doors.middleware import Receive, Scope, Send
 from proxy.engine.definitions import CallStep, Entry, ParallelStep
 from proxy.engine.endpoints import parse
-from proxy.doors.middleware import Receive, Scope, Send
 from proxy.engine.plan import Plan, load
 
 MODEL_INFER = METHOD_PREFIX + "ModelInfer"

@@ -159,3 +159,60 @@ async def test_a_pipeline_may_bear_the_name_of_a_model_it_calls(servers, make_cl
     assert meta["platform"] == "pipeline" and meta["inputs"][0]["datatype"] == "BYTES"
     assert v2.status_code == 200, v2.text
     assert ready.status_code == 200
+
+
+async def test_triton_extensions_on_the_rest_door(client) -> None:
+    """Configuration, statistics, the repository index and classification over REST, for a
+    pipeline and for a model it calls (forwarded), as tritonclient.http reads them."""
+    x = {"name": "x", "datatype": "FP32", "shape": [1, 3], "data": [1.0, 5.0, 3.0]}
+    classified = await client.post(
+        "/v2/models/plus1/infer",
+        json={"inputs": [x], "outputs": [{"name": "y", "parameters": {"classification": 2}}]},
+    )
+    await client.post("/v2/models/chain/infer", json=base64_request(body(1)))
+    pipeline_config = (await client.get("/v2/models/chain/config")).json()
+    model_config = (await client.get("/v2/models/plus1/versions/1/config")).json()
+    stats = (await client.get("/v2/models/chain/stats")).json()["model_stats"]
+    every = (await client.get("/v2/models/stats")).json()["model_stats"]
+    index = (await client.post("/v2/repository/index", json={"ready": True})).json()
+    server = (await client.get("/v2")).json()
+    assert classified.status_code == 200, classified.text
+    answer = classified.json()
+    assert answer["model_version"] == "1"  # a forwarded answer names its version
+    assert answer["outputs"][0]["data"] == ["6.000000:1", "4.000000:2"]  # top 2 of x + 1
+    assert pipeline_config["name"] == "chain" and pipeline_config["max_batch_size"] == 0
+    assert pipeline_config["input"][0]["name"] == "raw"
+    assert model_config["name"] == "plus1" and model_config["platform"] == "scripted"
+    (chain,) = stats
+    assert chain["inference_stats"]["success"]["count"] == 1  # a number, as Triton writes it
+    assert {s["name"] for s in every} >= {"chain", "plain", "plus1", "double", "parse"}
+    assert {(m["name"], m["state"]) for m in index} == {
+        (n, "READY") for n in ("chain", "plain", "plus1", "double", "parse")
+    }
+    assert set(server["extensions"]) == {
+        "binary_tensor_data",
+        "classification",
+        "model_configuration",
+        "statistics",
+    }
+
+
+async def test_forwarded_errors_and_unknown_names_read_as_on_the_grpc_door(client) -> None:
+    bad = await client.post(
+        "/v2/models/plus1/infer",
+        json={"inputs": [{"name": "z", "datatype": "FP32", "shape": [1, 1], "data": [1.0]}]},
+    )
+    unknown = await client.get("/v2/models/nope/config")
+    assert bad.status_code == 400 and bad.json()["code"] == "INVALID_ARGUMENT"
+    assert bad.json()["error"].count("model 'plus1'") == 1, bad.text  # said once
+    assert unknown.status_code == 404
+    assert "served: chain, double, parse, plain, plus1" in unknown.json()["error"]
+
+
+async def test_the_rest_door_may_serve_the_pipelines_only(servers, make_client) -> None:
+    env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": await servers(*chain_models())}
+    async with make_client(PIPES, env, v2_models="pipelines") as c:
+        hidden = await c.get("/v2/models/plus1")
+        index = (await c.post("/v2/repository/index")).json()
+    assert hidden.status_code == 404 and "served: chain, plain" in hidden.json()["error"]
+    assert sorted(m["name"] for m in index) == ["chain", "plain"]
