@@ -55,6 +55,12 @@ class InProcess:
         mean = np.mean(np.stack(list(probs.values())), axis=0)
         return {"label": int(mean.argmax()), "probabilities": mean.tolist()}
 
+    def digits_features(self, features: np.ndarray) -> dict:
+        """The `digits-features` pipeline: rows of 64 features through the same ensemble."""
+        x = np.asarray(features, dtype=np.float32).reshape(-1, 64)
+        mean = np.mean(np.stack([self._run(n, x)[1] for n in DIGITS_MODELS]), axis=0)
+        return {"label": mean.argmax(axis=1).tolist(), "probabilities": mean}
+
     def ocr(self, image: bytes) -> dict:
         r = self.recipes
         det_in = r["ocr_det_input"].run({"image_bytes": _bytes(image)})

@@ -51,7 +51,12 @@ class PipelineModel:
         self.max_timeout_s = max_timeout_ms / 1000
         self.name = plan.name
         self.input = plan.pipeline.input
-        self.inputs = (TensorSpec(self.input, "BYTES", (1,)),)
+        taken = plan.pipeline.inputs
+        self.inputs = (
+            tuple(TensorSpec(n, i.datatype, tuple(i.shape)) for n, i in taken.items())
+            if taken is not None
+            else (TensorSpec(self.input, "BYTES", (1,)),)
+        )
         declared = plan.pipeline.outputs
         self.outputs = (
             tuple(TensorSpec(n, o.datatype, tuple(o.shape)) for n, o in declared.items())
@@ -75,9 +80,11 @@ class PipelineModel:
     async def infer(
         self, inputs: dict[str, np.ndarray], deadline: float | None
     ) -> dict[str, np.ndarray]:
-        """Run the pipeline on the image; `deadline` (loop time) is the caller's, or None:
-        the pipeline's own budget. Either is capped by PROXY_MAX_TIMEOUT_MS."""
-        body = inputs[self.input].reshape(-1)[0]
+        """Run the pipeline on the image (or its declared `inputs`); `deadline` (loop time)
+        is the caller's, or None: the pipeline's own budget. Either is capped by
+        PROXY_MAX_TIMEOUT_MS."""
+        tensors = self.plan.pipeline.inputs is not None
+        body = b"" if tensors else inputs[self.input].reshape(-1)[0]
         if not isinstance(body, bytes):
             raise InvalidInput(f"pipeline '{self.name}': input '{self.input}' must hold bytes")
         now = asyncio.get_running_loop().time()
@@ -89,8 +96,11 @@ class PipelineModel:
         started = time.perf_counter_ns()
         try:
             async with self.engine.ticket(self.plan, deadline) as ticket:
-                ticket.ledger.hold(len(body))
-                run = await ticket.run(body, request_id)
+                if tensors:
+                    run = await ticket.run_tensors(inputs, request_id)
+                else:
+                    ticket.ledger.hold(len(body))
+                    run = await ticket.run(body, request_id)
                 outputs = self.tensors(run)
             # One execution of one row, no queue, the whole run its compute time: Triton's
             # counters, which perf_analyzer reads (it finds the model's version by the

@@ -6,13 +6,20 @@ import asyncio
 import time
 from dataclasses import asdict
 
+import numpy as np
 from fastapi import Request, Response
 
+from proxy.doors import tensor_bodies
 from proxy.doors.disconnect import until_disconnect
 from proxy.doors.responses import json_response
-from proxy.doors.uploads import read_image
+from proxy.doors.uploads import read_body, read_image
+from proxy.engine.admission import Ledger
+from proxy.engine.plan import Plan
 from proxy.errors import Problem, StepError
 from proxy.state import ProxyState
+
+PARSE_IN_THREAD = 256 * 1024
+"""JSON bodies larger than this are parsed in a worker thread."""
 
 
 def budget_s(request: Request, default_ms: float, cap_ms: float) -> float:
@@ -37,7 +44,8 @@ class PipelineEndpoints:
         self.engine = state.engine
 
     async def infer(self, request: Request, name: str) -> Response:
-        """POST /v1/pipelines/{name}/infer: an image through a pipeline."""
+        """POST /v1/pipelines/{name}/infer: an image (or the tensors a pipeline declares as
+        its `inputs`) through a pipeline."""
         state, engine = self.state, self.engine
         plan = engine.plan(name)
         request_id = request.state.request_id
@@ -48,8 +56,13 @@ class PipelineEndpoints:
         )
         try:
             async with engine.ticket(plan, deadline) as ticket:
-                body = await read_image(request, state.uploads, deadline, ticket.ledger)
-                run = await until_disconnect(request, ticket.run(body, request_id))
+                if plan.pipeline.inputs is None:
+                    body = await read_image(request, state.uploads, deadline, ticket.ledger)
+                    running = ticket.run(body, request_id)
+                else:
+                    inputs = await self._tensors(request, plan, deadline, ticket.ledger)
+                    running = ticket.run_tensors(inputs, request_id)
+                run = await until_disconnect(request, running)
                 result = engine.result(run)
         except StepError as exc:
             raise exc.problem(name) from None
@@ -63,6 +76,30 @@ class PipelineEndpoints:
                 "latency_ms": round((time.perf_counter() - started) * 1000, 3),
             }
         )
+
+    async def _tensors(
+        self, request: Request, plan: Plan, deadline: float, ledger: Ledger
+    ) -> dict[str, np.ndarray]:
+        """The body of a pipeline taking tensors (tensor_bodies.py); its bytes on the ledger
+        while it is read, then replaced there by the tensors'."""
+        declared = plan.pipeline.inputs or {}
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if kind not in ("application/json", "multipart/form-data"):
+            raise Problem(
+                415,
+                f"pipeline '{plan.name}' takes tensors ({', '.join(declared)}): send them as "
+                "application/json (an object of nested lists) or multipart/form-data",
+            )
+        limits = self.state.uploads
+        raw = await read_body(request, limits, deadline, ledger)
+        if kind == "multipart/form-data":
+            inputs = await tensor_bodies.from_form(request, raw, declared, limits.max_bytes)
+        elif len(raw) > PARSE_IN_THREAD:  # a long number list once held the loop for seconds
+            inputs = await asyncio.to_thread(tensor_bodies.from_json, raw, declared)
+        else:
+            inputs = tensor_bodies.from_json(raw, declared)
+        ledger.release(len(raw))
+        return inputs
 
     async def list_pipelines(self) -> Response:
         """GET /v1/pipelines."""

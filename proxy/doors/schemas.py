@@ -190,6 +190,14 @@ IMAGE_BODY: dict[str, Any] = {
             "multipart/form-data": {
                 "schema": {"type": "object", "required": ["file"], "properties": {"file": BINARY}}
             },
+            # A pipeline declaring `inputs` (e.g. digits-features): name -> nested lists.
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "additionalProperties": {"type": "array"},
+                    "example": {"features": [[0, 0, 5, 13, 9, 1, 0, 0] * 8]},
+                }
+            },
         },
     },
     "parameters": [

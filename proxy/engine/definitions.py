@@ -7,6 +7,7 @@ dots; step names may not). Referring only to earlier steps rules out cycles.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -138,15 +139,26 @@ Case.model_rebuild()
 SwitchStep.model_rebuild()
 
 
+DataType = Literal[
+    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+    "FP16", "FP32", "FP64", "BYTES",
+]  # fmt: skip
+
+
+class InputTensor(Strict):
+    """One tensor a pipeline takes (`inputs`), as v2 declares a model's input."""
+
+    datatype: DataType
+    shape: list[int] = Field(min_length=1)
+    """Full shape, -1 for a dimension that varies."""
+
+
 class OutputTensor(Strict):
     """One output of the pipeline as a v2 model (the proxy's gRPC and /v2 REST door)."""
 
     tensor: str
     """Reference to the tensor: `<step>.<tensor>`."""
-    datatype: Literal[
-        "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
-        "FP16", "FP32", "FP64", "BYTES",
-    ]  # fmt: skip
+    datatype: DataType
     shape: list[int] = Field(min_length=1)
     """Full shape, -1 for a dimension that varies; a tensor a switch skipped is answered
     empty (its -1 dimensions 0)."""
@@ -156,6 +168,11 @@ class Pipeline(Strict):
     description: str = ""
     input: str = Field(default="image", pattern=_NAME)
     """Name of the request tensor (BYTES [1]) holding the uploaded body."""
+    inputs: dict[str, InputTensor] | None = None
+    """Tensors the pipeline takes instead of one uploaded file (`input`): several named
+    inputs of any datatype and shape. /v1 takes them as a JSON object (name -> the tensor as
+    nested lists, BYTES elements as strings) or as multipart fields (a file or text per
+    BYTES input); the v2 doors as v2 tensors. `request.<name>` refers to one."""
     accept: list[Literal["png", "jpeg", "bmp", "webp", "tiff"]] | None = None
     """Image formats the upload may be, told by its first bytes (protos/media.py); any
     other upload gets 415. Unset: the body is passed on whatever it is."""
@@ -176,6 +193,22 @@ class Pipeline(Strict):
     outputs: dict[str, OutputTensor] | None = None
     """The pipeline's outputs as a v2 model. Unset: one BYTES output `result` holding the
     /v1 `result` as JSON."""
+
+    @model_validator(mode="after")
+    def _one_kind_of_request(self) -> Pipeline:
+        if self.inputs is not None:
+            if self.accept is not None:
+                raise ValueError("`accept` is for a pipeline taking an upload, not `inputs`")
+            if not self.inputs:
+                raise ValueError("`inputs` names no tensor")
+            bad = [n for n in self.inputs if not re.match(_NAME, n)]
+            if bad:
+                raise ValueError(f"input names must match {_NAME}: {bad}")
+        return self
+
+    def input_names(self) -> list[str]:
+        """The request's tensors: the declared `inputs`, or the one upload."""
+        return list(self.inputs) if self.inputs is not None else [self.input]
 
 
 class PipelineFile(Strict):

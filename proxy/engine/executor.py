@@ -91,13 +91,18 @@ class Executor:
         """The transport's seam: how each call travels is decided behind it."""
 
     async def run(
-        self, plan: Plan, body: bytes, request_id: str, deadline: float, ledger: Ledger
+        self,
+        plan: Plan,
+        inputs: dict[str, np.ndarray],
+        request_id: str,
+        deadline: float,
+        ledger: Ledger,
     ) -> Run:
-        """`deadline` is absolute (loop time); the upload is already on `ledger`."""
+        """The request's tensors through the plan; `deadline` is absolute (loop time), the
+        inputs are already on `ledger`."""
         run = Run(plan, request_id, deadline, ledger)
-        upload = np.empty(1, dtype=object)
-        upload[0] = body
-        run.tensors[f"request.{plan.pipeline.input}"] = upload
+        for name, value in inputs.items():
+            run.tensors[f"request.{name}"] = value
         await self._steps(plan.pipeline.steps, run)
         return run
 

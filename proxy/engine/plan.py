@@ -62,7 +62,7 @@ class Plan:
         self.targets: dict[str, Target] = {}
         """Call step name, or `<parallel step>/<branch>`, -> target."""
         self._known: set[str] = set()
-        self._inputs = {pipeline.input}
+        self._inputs = set(pipeline.input_names())
         self._env = env
         self._walk(pipeline.steps)
         self.keep_after: dict[int, frozenset[str]] = {}

@@ -19,12 +19,18 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
+import numpy as np
+
 from protos import media
+from protos.errors import InvalidInput
 from proxy import metrics
 from proxy.engine.admission import Admission, Ledger
 from proxy.engine.executor import Executor, Run
 from proxy.engine.plan import Plan
 from proxy.errors import ClientGone, Problem, StepError
+from proxy.transport.chunks import nbytes
+from v2server.model import TensorSpec
+from v2server.validation import check_inputs
 
 log = logging.getLogger("proxy")
 
@@ -79,14 +85,32 @@ class Ticket:
     """The bytes the request holds, its body's from the first byte read."""
 
     async def run(self, body: bytes, request_id: str) -> Run:
-        """The body through the pipeline, once its format is accepted and the pipeline has
-        room for its image (503 at once when it has not); `body` is already on the ledger."""
+        """The uploaded body through the pipeline, once its format is accepted and the
+        pipeline has room for its image (503 at once when it has not); `body` is already
+        on the ledger."""
         plan = self.plan
         _check_format(body, plan.pipeline.accept, plan.name)
         width, height = media.declared_size(body) or (0, 0)
-        async with self.engine.admission.admit(plan.name, width * height):
+        upload = np.empty(1, dtype=object)
+        upload[0] = body
+        return await self._run({plan.pipeline.input: upload}, width * height, request_id)
+
+    async def run_tensors(self, inputs: dict[str, np.ndarray], request_id: str) -> Run:
+        """A pipeline's declared `inputs` through it: each checked against its declaration
+        (400 naming the tensor), then held on the ledger."""
+        declared = self.plan.pipeline.inputs or {}
+        specs = [TensorSpec(n, t.datatype, tuple(t.shape)) for n, t in declared.items()]
+        try:
+            check_inputs(self.plan.name, specs, inputs)
+        except InvalidInput as exc:
+            raise Problem(400, str(exc)) from None
+        self.ledger.hold(sum(nbytes(a) for a in inputs.values()))
+        return await self._run(inputs, 0, request_id)
+
+    async def _run(self, inputs: dict[str, np.ndarray], pixels: int, request_id: str) -> Run:
+        async with self.engine.admission.admit(self.plan.name, pixels):
             return await self.engine.executor.run(
-                plan, body, request_id, self.deadline, self.ledger
+                self.plan, inputs, request_id, self.deadline, self.ledger
             )
 
 

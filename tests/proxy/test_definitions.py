@@ -36,8 +36,9 @@ def test_the_shipped_pipelines_load() -> None:
         )
     }
     plans = plan.load(Path("proxy/pipelines.yaml"), env)
-    assert set(plans) == {"digits", "digits-partial", "ocr"}
+    assert set(plans) == {"digits", "digits-partial", "digits-features", "ocr"}
     assert plans["digits"].targets["ensemble/a"].model == "digits_a"
+    assert plans["digits-features"].pipeline.input_names() == ["features"]
 
 
 @pytest.mark.parametrize(
@@ -114,3 +115,28 @@ def test_endpoints_may_name_replicas(value: str, address: str, model: str | None
 def test_bad_endpoint_values(value: str) -> None:
     with pytest.raises(DefinitionError):
         endpoints.resolve("X_URL", {"X_URL": value})
+
+
+@pytest.mark.parametrize(
+    ("change", "complaint"),
+    [
+        ({"accept": ["png"]}, "`accept` is for a pipeline taking an upload"),
+        ({"inputs": {}}, "`inputs` names no tensor"),
+        ({"inputs": {"a b": {"datatype": "FP32", "shape": [1]}}}, "input names must match"),
+        ({"inputs": {"x": {"datatype": "FP33", "shape": [1]}}}, "inputs.x.datatype"),
+    ],
+)
+def test_declared_inputs_are_checked(tmp_path: Path, change: dict, complaint: str) -> None:
+    spec = {
+        "inputs": {"x": {"datatype": "FP32", "shape": [-1, 2]}},
+        "steps": [
+            {"call": {"name": "a", "endpoint": "E_URL", "model": "m", "inputs": {"x": "request.x"}}}
+        ],
+        "result": {"y": "a.y"},
+        **change,
+    }
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({"pipelines": {"p": spec}}))
+    with pytest.raises(DefinitionError) as refused:
+        plan.load(path, {"E_URL": "127.0.0.1:1"})
+    assert complaint in str(refused.value)
