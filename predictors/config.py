@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
+from protos import pb
 from protos.strict import Strict
 from v2server.config import TensorConfig
 from v2server.model import LoadError
@@ -85,6 +86,9 @@ class ModelTensor(TensorConfig):
     """The shape the graph takes (an input) or gives (an output), without the batch
     dimension when the model batches; `shape` is what callers send or get (Triton's
     `reshape`)."""
+    labels: str | None = None
+    """An output's class names: a file beside the config, one per line (Triton's
+    `label_filename`). Only outputs that name one have labels."""
 
 
 class ModelConfig(Strict):
@@ -106,7 +110,9 @@ class ModelConfig(Strict):
     inputs: list[ModelTensor] = []
     outputs: list[ModelTensor] = []
     labels: str | None = None
-    """A file beside config.yaml, one class label per line."""
+    """A file beside config.yaml, one class label per line: the labels of every float output
+    whose last dimension has that many entries (class scores); an output's own `labels`
+    wins. At least one output must match."""
     warmup: dict[str, list[int]] = {}
     """Shapes of the warm-up inference's inputs; default: dynamic dimensions become 1."""
     warmup_random: list[str] = []
@@ -114,6 +120,9 @@ class ModelConfig(Strict):
     onnxruntime: OrtOptions = OrtOptions()
     ragged: Ragged | None = None
     """Present: rows of `ragged.input` run one at a time at their own length."""
+
+    _triton: pb.ModelConfig | None = PrivateAttr(default=None)
+    """The config.pbtxt this was read from: what the model reports (predictors/reported.py)."""
 
     @model_validator(mode="after")
     def _batching_needs_a_size(self) -> ModelConfig:

@@ -8,11 +8,10 @@ import numpy as np
 import onnxruntime as ort
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
 
-from predictors import ragged
-from predictors.config import ModelConfig
+from predictors import ragged, reported
+from predictors.config import ModelConfig, ModelTensor
 from protos.codec import dtype_of
 from protos.errors import InvalidInput
-from v2server.config import TensorConfig
 from v2server.model import Scheduling, TensorSpec
 
 ORT_TYPE_TO_DATATYPE = {
@@ -39,11 +38,18 @@ _OPT_LEVELS = {
 }
 
 
-def _specs(nodes: list, overrides: list[TensorConfig], where: str) -> tuple[TensorSpec, ...]:
+def _specs(
+    nodes: list, overrides: list[ModelTensor], where: str, kind: str, batching: bool
+) -> tuple[TensorSpec, ...]:
+    """The graph's tensors as the config declares them; the config checked against the
+    graph first (names, datatypes, dims), each mismatch named by its field."""
     by_name = {o.name: o for o in overrides}
     unknown = set(by_name) - {n.name for n in nodes}
     if unknown:
-        raise ValueError(f"{where}: config names tensors the graph lacks: {sorted(unknown)}")
+        raise ValueError(
+            f"{where}: config {kind} {sorted(unknown)} not in the graph "
+            f"(its {kind}s: {', '.join(n.name for n in nodes)})"
+        )
     specs = []
     for node in nodes:
         datatype = ORT_TYPE_TO_DATATYPE.get(node.type)
@@ -52,10 +58,37 @@ def _specs(nodes: list, overrides: list[TensorConfig], where: str) -> tuple[Tens
         shape = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in node.shape)
         override = by_name.get(node.name)
         if override is not None:
-            datatype = override.datatype or datatype
+            field = f"{where}: {kind} '{node.name}'"
+            if override.datatype is not None and override.datatype != datatype:
+                raise ValueError(
+                    f"{field}: data_type {override.datatype} in the config, the graph's is "
+                    f"{datatype}"
+                )
+            if override.reshape is not None:
+                _check_dims(
+                    field,
+                    "reshape",
+                    [-1, *override.reshape] if batching else override.reshape,
+                    shape,
+                )
+            elif override.shape is not None:
+                _check_dims(field, "dims", override.shape, shape)
             shape = tuple(override.shape) if override.shape is not None else shape
         specs.append(TensorSpec(node.name, datatype, shape))
     return tuple(specs)
+
+
+def _check_dims(field: str, what: str, declared: list[int], graph: tuple[int, ...]) -> None:
+    """The config's shape (batch dimension included) against the graph's: the same rank, and
+    each dimension the graph fixes fixed to the same size."""
+    agree = len(declared) == len(graph) and all(
+        g == -1 or d == g for d, g in zip(declared, graph, strict=True)
+    )
+    if not agree:
+        raise ValueError(
+            f"{field}: {what} {list(declared)} in the config (batch dimension included), the "
+            f"graph's shape is {list(graph)}"
+        )
 
 
 def session_options(config: ModelConfig) -> ort.SessionOptions:
@@ -79,19 +112,24 @@ class OnnxModel:
         version: int,
         path: Path,
         config: ModelConfig,
-        labels: list[str] | None = None,
+        label_files: dict[str, list[str]] | None = None,
     ) -> None:
         self.name = name
         self.version = str(version)
         self.config = config
-        self.labels = labels
-        """Class names (config `labels`), used by the classification extension."""
         where = f"{name}/{version}"
         self._session = ort.InferenceSession(
             str(path), session_options(config), providers=["CPUExecutionProvider"]
         )
-        self.inputs = _specs(self._session.get_inputs(), config.inputs, where)
-        self.outputs = _specs(self._session.get_outputs(), config.outputs, where)
+        batching = config.max_batch_size > 0
+        nodes_in, nodes_out = self._session.get_inputs(), self._session.get_outputs()
+        self.inputs = _specs(nodes_in, config.inputs, where, "input", batching)
+        self.outputs = _specs(nodes_out, config.outputs, where, "output", batching)
+        files = label_files or {}
+        counts = {name: len(lines) for name, lines in files.items()}
+        self._label_files = reported.assign_labels(config, self.outputs, counts, where)
+        self.labels = {out: files[file] for out, file in self._label_files.items()}
+        """Class names by output, used by the classification extension."""
         if config.ragged is not None:
             self.inputs = (*self.inputs, _ragged_lengths(config, self.inputs, self.outputs, where))
         self._output_names = [s.name for s in self.outputs]
@@ -104,6 +142,10 @@ class OnnxModel:
             for t in config.outputs
             if t.reshape is not None
         }
+        self.reported_config = reported.config(
+            name, config, self.inputs, self.outputs, self._label_files
+        )
+        """The Triton config this model reports: the one it serves (reported.py)."""
         batching = config.dynamic_batching
         self.scheduling = Scheduling(
             max_batch_size=config.max_batch_size,

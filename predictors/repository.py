@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from predictors.config import ConfigError, ModelConfig, load_config
+from predictors.config import CONFIG_FILES, ConfigError, ModelConfig, load_config
 from predictors.onnx_model import OnnxModel
 from v2server.registry import Registry
 from v2server.served import ServedModel
@@ -20,20 +20,27 @@ def _version_dirs(model_dir: Path) -> dict[int, Path]:
     }
 
 
-def _labels(model_dir: Path, config: ModelConfig) -> list[str] | None:
-    if config.labels is None:
-        return None
-    path = model_dir / config.labels
-    if not path.is_file():
-        raise ConfigError(f"{model_dir}: labels file {config.labels} not found")
-    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+def _label_files(model_dir: Path, config: ModelConfig) -> dict[str, list[str]]:
+    """Every label file the config names (the model's and its outputs'), by file name."""
+    names = {config.labels, *(t.labels for t in config.outputs)} - {None}
+    files = {}
+    for name in sorted(names):  # type: ignore[type-var]
+        path = model_dir / name
+        if not path.is_file():
+            raise ConfigError(f"{model_dir}: labels file {name} not found")
+        files[name] = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    return files
 
 
 def _load(
-    name: str, version: int, path: Path, config: ModelConfig, labels: list[str] | None
+    name: str, version: int, path: Path, config: ModelConfig, labels: dict[str, list[str]]
 ) -> OnnxModel:
     try:
         return OnnxModel(name, version, path, config, labels)
+    except ValueError as exc:  # ours: the config disagrees with the graph
+        folder = path.parent.parent
+        written = next((folder / f for f in CONFIG_FILES if (folder / f).exists()), folder)
+        raise ConfigError(f"{written}: {exc}") from exc
     except Exception as exc:  # onnxruntime raises several unrelated types
         raise ConfigError(f"{path}: cannot load: {exc}") from exc
 
@@ -62,7 +69,7 @@ def discover(root: Path, only: list[str] | None = None) -> list[OnnxModel]:
             chosen = config.version_policy.select(list(available))
         except ValueError as exc:
             raise ConfigError(f"{model_dir}: {exc}") from exc
-        labels = _labels(model_dir, config)
+        labels = _label_files(model_dir, config)
         models += [_load(name, v, available[v], config, labels) for v in chosen]
     if not models:
         raise ConfigError(f"model repository {root} holds no model")

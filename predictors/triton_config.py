@@ -43,9 +43,11 @@ def read(path: Path) -> ModelConfig:
             ) from None
         raise ConfigError(f"{path}: {exc}") from None
     try:
-        return convert(message)
+        config = convert(message)
     except ValueError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    config._triton = message
+    return config
 
 
 def convert(config: pb.ModelConfig) -> ModelConfig:
@@ -61,7 +63,6 @@ def convert(config: pb.ModelConfig) -> ModelConfig:
         max_batch_size=batch,
         inputs=[_input(t, batch) for t in config.input],
         outputs=[_output(t, batch) for t in config.output],
-        labels=_labels(config),
         version_policy=_versions(config),
         instance_count=_instances(config),
         **_batching(config),
@@ -100,14 +101,8 @@ def _output(tensor: pb.ModelOutput, batch: int) -> ModelTensor:
         datatype=_datatype(tensor.data_type, where),
         shape=_shape(list(tensor.dims), batch),
         reshape=list(tensor.reshape.shape) if tensor.HasField("reshape") else None,
+        labels=tensor.label_filename or None,
     )
-
-
-def _labels(config: pb.ModelConfig) -> str | None:
-    files = [o.label_filename for o in config.output if o.label_filename]
-    if len(files) > 1:
-        raise ValueError(f"label_filename on {len(files)} outputs: this server takes one")
-    return files[0] if files else None
 
 
 def _versions(config: pb.ModelConfig) -> VersionPolicy:

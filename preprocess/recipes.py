@@ -34,7 +34,7 @@ class Recipe:
 
     platform = "opencv_recipe"
     version = "1"
-    labels = None
+    labels: dict[str, list[str]] = {}
 
     def __init__(
         self,

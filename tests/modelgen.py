@@ -248,6 +248,83 @@ output [
 """
 
 
+def simple_model() -> onnx.ModelProto:
+    """Triton's `simple` example model: OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1."""
+    spec = [-1, 16]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
+            helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"]),
+        ],
+        "simple",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, spec) for n in ("INPUT0", "INPUT1")],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, spec) for n in ("OUTPUT0", "OUTPUT1")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+# As Triton's own tests write the `simple` model's config (qa/python_models, docs): labels on
+# OUTPUT0 only, a specific version, a warm-up sample, a queue bound.
+SIMPLE_PBTXT = """name: "simple"
+backend: "onnxruntime"
+max_batch_size: 8
+version_policy: { specific: { versions: [ 2 ] } }
+input [
+  {
+    name: "INPUT0"
+    data_type: TYPE_FP32
+    format: FORMAT_NONE
+    dims: [ 16 ]
+  },
+  {
+    name: "INPUT1"
+    data_type: TYPE_FP32
+    dims: [ 16 ]
+  }
+]
+output [
+  {
+    name: "OUTPUT0"
+    data_type: TYPE_FP32
+    dims: [ 16 ]
+    label_filename: "output0_labels.txt"
+  },
+  {
+    name: "OUTPUT1"
+    data_type: TYPE_FP32
+    dims: [ 16 ]
+  }
+]
+dynamic_batching {
+  preferred_batch_size: [ 2, 4 ]
+  max_queue_delay_microseconds: 100
+  default_queue_policy { max_queue_size: 32 }
+}
+model_warmup [
+  {
+    name: "zero_value"
+    batch_size: 1
+    inputs {
+      key: "INPUT0"
+      value: {
+        data_type: TYPE_FP32
+        dims: [ 16 ]
+        zero_data: true
+      }
+    }
+    inputs {
+      key: "INPUT1"
+      value: {
+        data_type: TYPE_FP32
+        dims: [ 16 ]
+        zero_data: true
+      }
+    }
+  }
+]
+"""
+
+
 def build_triton_repository(root: Path) -> Path:
     """Two models configured as Triton's documentation shows (config.pbtxt)."""
     for v in (1, 2):
@@ -259,4 +336,10 @@ def build_triton_repository(root: Path) -> Path:
     (root / "channel_means" / "1").mkdir(parents=True)
     onnx.save(channel_means_model(), root / "channel_means" / "1" / "model.onnx")
     (root / "channel_means" / "config.pbtxt").write_text(DENSENET_STYLE_PBTXT)
+    for v in (1, 2):
+        (root / "simple" / str(v)).mkdir(parents=True)
+        onnx.save(simple_model(), root / "simple" / str(v) / "model.onnx")
+    (root / "simple" / "config.pbtxt").write_text(SIMPLE_PBTXT)
+    labels = "".join(f"label{i}\n" for i in range(16))
+    (root / "simple" / "output0_labels.txt").write_text(labels)
     return root

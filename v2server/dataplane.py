@@ -213,7 +213,9 @@ class DataPlane:
 
 
 def pick(
-    outputs: dict[str, np.ndarray], wanted: Sequence[Requested] | None, labels: list[str] | None
+    outputs: dict[str, np.ndarray],
+    wanted: Sequence[Requested] | None,
+    labels: Mapping[str, list[str]],
 ) -> dict[str, np.ndarray]:
     """The outputs asked for (all when None), those asked with `classification` classified."""
     if wanted is None:
@@ -222,7 +224,7 @@ def pick(
     for asked in wanted:
         value = outputs[asked.name]
         if asked.classification > 0:
-            value = triton.classify(value, asked.classification, labels)
+            value = triton.classify(value, asked.classification, labels.get(asked.name))
         picked[asked.name] = value
     return picked
 

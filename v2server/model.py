@@ -7,7 +7,7 @@ them in one `Registry`. The data plane talks to anything that is `Served`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -59,8 +59,9 @@ class Described(Protocol):
     platform: str
     inputs: Sequence[TensorSpec]
     outputs: Sequence[TensorSpec]
-    labels: list[str] | None
-    """Class names for the classification extension, if the model has them."""
+    labels: Mapping[str, list[str]]
+    """Class names for the classification extension, by output: only an output that
+    declares them has them (Triton's label_filename is per output)."""
     scheduling: Scheduling
 
 

@@ -9,7 +9,7 @@ from protos import pb
 from protos.channels import STREAM_CANCEL_EXTENSION
 from protos.codec import CONFIG_DATA_TYPE
 from protos.errors import InvalidInput
-from v2server.model import Served
+from v2server.model import Served, TensorSpec
 from v2server.statistics import Compute, Duration
 
 EXTENSIONS = [
@@ -27,31 +27,20 @@ _BACKENDS = {"onnxruntime_onnx": "onnxruntime"}
 
 
 def model_config(model: Served) -> pb.ModelConfig:
-    """Triton's view of a model: with max_batch_size > 0 the dims leave out the batch one."""
+    """Triton's view of a model: the config it was loaded from when it reports one (a
+    predictor's `reported_config`: every honoured field as written, predictors/reported.py),
+    else one built from what it serves; with max_batch_size > 0 dims leave out the batch."""
+    reported = getattr(model, "reported_config", None)
+    if reported is not None:
+        return reported
     scheduling = model.scheduling
-    skip = 1 if scheduling.max_batch_size else 0
     config = pb.ModelConfig(
         name=model.name,
         platform=model.platform,
         backend=_BACKENDS.get(model.platform, ""),
         max_batch_size=scheduling.max_batch_size,
-        input=[
-            pb.ModelInput(
-                name=s.name,
-                data_type=CONFIG_DATA_TYPE.get(s.datatype, pb.TYPE_INVALID),
-                dims=s.shape[skip:],
-                optional=s.optional,
-            )
-            for s in model.inputs
-        ],
-        output=[
-            pb.ModelOutput(
-                name=s.name,
-                data_type=CONFIG_DATA_TYPE.get(s.datatype, pb.TYPE_INVALID),
-                dims=s.shape[skip:],
-            )
-            for s in model.outputs
-        ],
+        input=[model_input(s, scheduling.max_batch_size) for s in model.inputs],
+        output=[model_output(s, scheduling.max_batch_size) for s in model.outputs],
         instance_group=[
             pb.ModelInstanceGroup(
                 name=model.name, kind=pb.ModelInstanceGroup.KIND_CPU, count=scheduling.instances
@@ -65,6 +54,39 @@ def model_config(model: Served) -> pb.ModelConfig:
         if scheduling.preferred_batch_size:
             config.dynamic_batching.preferred_batch_size.append(scheduling.preferred_batch_size)
     return config
+
+
+def _dims(spec: TensorSpec, max_batch_size: int) -> tuple[list[int], bool]:
+    """Dims as Triton writes them: without the batch dimension when the model batches, and a
+    tensor with no other dimension as dims [1] reshaped to [] (Triton's own convention);
+    True when that reshape applies."""
+    dims = list(spec.shape[1:] if max_batch_size else spec.shape)
+    if max_batch_size and not dims:
+        return [1], True
+    return dims, False
+
+
+def model_input(spec: TensorSpec, max_batch_size: int) -> pb.ModelInput:
+    dims, reshape = _dims(spec, max_batch_size)
+    entry = pb.ModelInput(
+        name=spec.name,
+        data_type=CONFIG_DATA_TYPE.get(spec.datatype, pb.TYPE_INVALID),
+        dims=dims,
+        optional=spec.optional,
+    )
+    if reshape:
+        entry.reshape.SetInParent()
+    return entry
+
+
+def model_output(spec: TensorSpec, max_batch_size: int) -> pb.ModelOutput:
+    dims, reshape = _dims(spec, max_batch_size)
+    entry = pb.ModelOutput(
+        name=spec.name, data_type=CONFIG_DATA_TYPE.get(spec.datatype, pb.TYPE_INVALID), dims=dims
+    )
+    if reshape:
+        entry.reshape.SetInParent()
+    return entry
 
 
 def _duration(d: Duration) -> pb.StatisticDuration:

@@ -41,7 +41,8 @@ class PipelineModel:
 
     version = "1"
     platform = "pipeline"
-    labels: list[str] | None = None
+    labels: dict[str, list[str]] = {}
+    """A pipeline's outputs have no class names."""
     scheduling = Scheduling(max_batch_size=0)
     """Inputs are full shapes: one image a request (the proxy merges calls downstream)."""
 

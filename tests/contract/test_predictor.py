@@ -180,10 +180,16 @@ def test_model_config_reports_batching_and_per_row_shapes(
     assert config.max_batch_size == 16
     # Triton's convention: with max_batch_size > 0 the batch dimension is left out.
     assert [(i.name, i.data_type, list(i.dims)) for i in config.input] == [("x", pb.TYPE_FP32, [4])]
+    # A row of one element: dims [1] reshaped to [] (Triton's convention, never no dims).
     assert [(o.name, o.data_type, list(o.dims)) for o in config.output] == [
         ("y", pb.TYPE_FP32, [3]),
-        ("label", pb.TYPE_INT64, []),
+        ("label", pb.TYPE_INT64, [1]),
     ]
+    assert config.output[1].HasField("reshape") and not config.output[1].reshape.shape
+    # config.yaml's honoured fields, as Triton writes them.
+    assert config.output[0].label_filename == "labels.txt" and not config.output[1].label_filename
+    assert config.version_policy.latest.num_versions == 2
+    assert config.dynamic_batching.default_queue_policy.max_queue_size == 256
     assert config.dynamic_batching.max_queue_delay_microseconds == 20_000
     assert [(g.kind, g.count) for g in config.instance_group] == [
         (pb.ModelInstanceGroup.KIND_CPU, 1)

@@ -11,9 +11,16 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from google.protobuf import text_format
 
 from protos import messages, pb, pb_grpc
-from tests.modelgen import LINEAR_PBTXT, build_triton_repository, linear_weights
+from tests.modelgen import (
+    DENSENET_STYLE_PBTXT,
+    LINEAR_PBTXT,
+    SIMPLE_PBTXT,
+    build_triton_repository,
+    linear_weights,
+)
 from tests.procs import ROOT, Service
 
 
@@ -23,6 +30,36 @@ def stub(triton_predictor: Service):
         yield pb_grpc.GRPCInferenceServiceStub(channel)
 
 
+@pytest.mark.parametrize(
+    ("model", "pbtxt"),
+    [
+        ("linear_triton", LINEAR_PBTXT),
+        ("channel_means", DENSENET_STYLE_PBTXT),
+        ("simple", SIMPLE_PBTXT),
+    ],
+)
+def test_the_reported_config_is_config_pbtxt_round_trip(stub, model: str, pbtxt: str) -> None:
+    """Every field the file sets comes back as written (the format, reshapes, label files,
+    the version policy, the warm-up, the queue bound, each preferred batch size)."""
+    written = text_format.Parse(pbtxt, pb.ModelConfig())
+    reported = stub.ModelConfig(pb.ModelConfigRequest(name=model), timeout=10).config
+    for field, value in written.ListFields():
+        assert getattr(reported, field.name) == value, field.name
+    # What Triton's auto-complete adds beside: both names of the runtime.
+    assert (reported.platform, reported.backend) == ("onnxruntime_onnx", "onnxruntime")
+
+
+def test_labels_belong_to_the_output_that_declares_them(stub) -> None:
+    """`label_filename` on OUTPUT0 only: OUTPUT1 classified has no label names."""
+    a = np.arange(16, dtype=np.float32).reshape(1, 16)
+    request = messages.build_request("simple", {"INPUT0": a, "INPUT1": np.ones_like(a)})
+    for name in ("OUTPUT0", "OUTPUT1"):
+        request.outputs.add(name=name).parameters["classification"].int64_param = 1
+    outputs = messages.response_outputs(stub.ModelInfer(request, timeout=10))
+    assert outputs["OUTPUT0"][0, 0].decode() == "16.000000:15:label15"
+    assert outputs["OUTPUT1"][0, 0].decode() == "14.000000:15"
+
+
 def test_the_config_is_what_config_pbtxt_says(stub) -> None:
     config = stub.ModelConfig(pb.ModelConfigRequest(name="linear_triton"), timeout=10).config
     meta = stub.ModelMetadata(pb.ModelMetadataRequest(name="linear_triton"), timeout=10)
@@ -30,7 +67,7 @@ def test_the_config_is_what_config_pbtxt_says(stub) -> None:
     assert [(t.name, list(t.dims)) for t in config.input] == [("x", [4])]
     assert [(t.name, list(t.dims)) for t in config.output] == [("y", [3]), ("label", [])]
     assert config.dynamic_batching.max_queue_delay_microseconds == 500
-    assert list(config.dynamic_batching.preferred_batch_size) == [8]
+    assert list(config.dynamic_batching.preferred_batch_size) == [4, 8]
     assert config.instance_group[0].count == 2
     assert list(meta.versions) == ["2"]  # version_policy: latest 1 of 1 and 2
 
@@ -69,6 +106,12 @@ def test_reshape_as_in_tritons_densenet_example(stub) -> None:
         (('platform: "onnxruntime_onnx"', 'platform: "tensorflow_savedmodel"'), "ONNX models"),
         (("count: 2\n", "count: 2\n    gpus: [ 0 ]\n"), "'gpus'"),
         (("[ 4, 8 ]", "[ 4, 16 ]"), "preferred_batch_size [16]"),
+        (
+            ("data_type: TYPE_FP32\n    dims: [ 4 ]", "data_type: TYPE_INT64\n    dims: [ 4 ]"),
+            "input 'x': data_type INT64 in the config, the graph's is FP32",
+        ),
+        (("dims: [ 4 ]", "dims: [ 5 ]"), "input 'x': dims [-1, 5] in the config"),
+        (('name: "y"', 'name: "why"'), "config output ['why'] not in the graph"),
     ],
 )
 def test_what_cannot_be_honoured_stops_start_up_by_name(

@@ -41,7 +41,10 @@ def test_tritonclient_health_metadata_and_binary_infer(predictor: Service) -> No
         16,
     )
     assert config["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": ["4"]}]
-    assert config["dynamic_batching"] == {"max_queue_delay_microseconds": "20000"}
+    assert config["dynamic_batching"] == {
+        "max_queue_delay_microseconds": "20000",
+        "default_queue_policy": {"max_queue_size": 256},
+    }
     (stats,) = seen["statistics"]["model_stats"]
     assert (stats["name"], stats["version"]) == ("linear", "2")
     # The probe's own inference (2 rows) happened before it asked.

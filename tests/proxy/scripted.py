@@ -25,7 +25,7 @@ class ScriptedModel:
     inputs: tuple[TensorSpec, ...] = (TensorSpec("x", "FP32", (-1, -1)),)
     outputs: tuple[TensorSpec, ...] = (TensorSpec("y", "FP32", (-1, -1)),)
     platform: str = "scripted"
-    labels: list[str] | None = None
+    labels: dict[str, list[str]] = field(default_factory=dict)
     version: str = "1"
     scheduling: Scheduling = field(default_factory=Scheduling)
     statistics: ModelStatistics = field(default_factory=ModelStatistics)
