@@ -69,10 +69,12 @@ def measure(
     output_bytes: int = 1 << 16,
     input_data: dict[str, list[bytes]] | None = None,
     env: dict[str, str] | None = None,
+    protocol: str = "grpc",
 ) -> Stats:
     """Closed-loop load at `concurrency` for about `seconds` (three windows);
     `input_data`: BYTES inputs to send (in turn) instead of random data (a pipeline takes
-    images). Raises RuntimeError with perf_analyzer's output if it fails."""
+    images); `protocol`: `grpc`, or `http` (v2 REST: `address` is the REST door's host:port).
+    Raises RuntimeError with perf_analyzer's output if it fails."""
     window_ms = max(500, int(seconds * 1000 / 3))
     with tempfile.TemporaryDirectory(prefix="perf-analyzer-") as tmp:
         report = Path(tmp) / "report.csv"
@@ -83,7 +85,7 @@ def measure(
             extra = ["--input-data", str(data)]
         args = [
             str(BINARY),
-            *("-m", model, "-u", address, "-i", "grpc"),
+            *("-m", model, "-u", address, "-i", protocol),
             *("--concurrency-range", str(concurrency)),
             *("--measurement-interval", str(window_ms)),
             # Three windows, averaged, whatever they vary by: on this machine the speed

@@ -96,6 +96,7 @@ def main(argv: list[str]) -> int:
         pipelines = Path(services["proxy"].env.get("PROXY_PIPELINES", DEFAULT_PIPELINES))
         budget = {"X-Request-Timeout-Ms": "60000"}
         door = f"127.0.0.1:{services['proxy'].env['PROXY_GRPC_PORT']}"
+        rest = f"127.0.0.1:{services['proxy'].env['PROXY_PORT']}"
         try:
             pa_env: dict[str, str] | None = perf_analyzer.environment()
         except perf_analyzer.Unavailable as exc:
@@ -137,7 +138,7 @@ def main(argv: list[str]) -> int:
                         window,
                         rounds,
                         with_library=ocr and c <= 8,
-                        door=_door(door, name, blobs, pa_env) if pa_env else None,
+                        door=_door(door, rest, name, blobs, pa_env) if pa_env else None,
                     )
                     base = stats["in-process"]
                     for label, s in stats.items():
@@ -167,6 +168,7 @@ def _foreign_branch(mesh, args: argparse.Namespace) -> None:
 HOPS = "hops only (same topology, echo services)"
 DOOR = "mesh, gRPC door (perf_analyzer, C++ client)"
 DOOR_STREAM = "mesh, gRPC door, one stream per client (perf_analyzer --streaming)"
+DOOR_HTTP = "mesh, v2 REST door (perf_analyzer -i http)"
 OLD = "mesh, old path (unary calls, no merging)"
 MESH = "mesh (streams, merged calls)"
 REFERENCE = "reference design (FastAPI + httpx, JSON in)"
@@ -194,6 +196,7 @@ def _measure(
     if door is not None:
         systems[DOOR] = lambda: door(c, window, False)
         systems[DOOR_STREAM] = lambda: door(c, window, True)
+        systems[DOOR_HTTP] = lambda: door(c, window, None)
     if with_library:
         systems.update(_reference_library(blobs, c, window))
     runs: dict[str, list[Stats]] = {label: [] for label in systems}
@@ -204,14 +207,22 @@ def _measure(
 
 
 def _door(
-    address: str, pipeline: str, blobs: list[bytes], env: dict[str, str]
-) -> Callable[[int, float, bool], Stats]:
-    """The pipeline as a v2 model at the proxy's gRPC door, loaded by perf_analyzer with the
-    same images in turn, by unary calls or on ModelStreamInfer streams."""
+    address: str, rest: str, pipeline: str, blobs: list[bytes], env: dict[str, str]
+) -> Callable[[int, float, bool | None], Stats]:
+    """The pipeline as a v2 model loaded by perf_analyzer with the same images in turn: at
+    the gRPC door by unary calls or on ModelStreamInfer streams, or (`streaming` None) at
+    the v2 REST door (`rest`: its host:port)."""
 
-    def measure(c: int, window: float, streaming: bool) -> Stats:
+    def measure(c: int, window: float, streaming: bool | None) -> Stats:
         return perf_analyzer.measure(
-            address, pipeline, c, window, input_data={"image": blobs}, env=env, streaming=streaming
+            address if streaming is not None else rest,
+            pipeline,
+            c,
+            window,
+            input_data={"image": blobs},
+            env=env,
+            streaming=bool(streaming),
+            protocol="grpc" if streaming is not None else "http",
         )
 
     return measure

@@ -33,8 +33,8 @@ class ProxySettings(BaseSettings):
     port: int = 8080
     """The REST API's port."""
     grpc_port: int | None = 8081
-    """The v2 gRPC door: every pipeline a v2 model (proxy/doors/grpc_door.py). `off` (or empty):
-    no gRPC door; 0 picks a free port."""
+    """The v2 gRPC door (proxy/doors/grpc_door.py): the models PROXY_V2_MODELS names, as the
+    /v2 REST door serves them. `off` (or empty): no gRPC door; 0 picks a free port."""
     grpc_grace_s: float = 10.0
     """On shutdown, how long the gRPC door's calls in flight may take to finish."""
     grpc_max_connections: int = Field(default=2048, ge=1)

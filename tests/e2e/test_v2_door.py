@@ -107,10 +107,12 @@ def test_a_bad_image_is_invalid_argument_naming_it(mesh: Mesh, tmp_path: Path) -
     assert "png" in error["message"].lower()
 
 
-@pytest.mark.parametrize("streaming", [False, True], ids=["unary", "streaming"])
-def test_perf_analyzer_loads_a_pipeline(
-    mesh: Mesh, digit_images: list[bytes], streaming: bool
-) -> None:
+@pytest.mark.parametrize("how", ["grpc", "grpc-streaming", "http"])
+def test_perf_analyzer_loads_a_pipeline(mesh: Mesh, digit_images: list[bytes], how: str) -> None:
+    """perf_analyzer at either door (over HTTP it reads the model's config and statistics
+    from the REST door: once a 404 that stopped it)."""
+    streaming = how == "grpc-streaming"
+    address = mesh.url.removeprefix("http://") if how == "http" else mesh.grpc_address
     try:
         env = perf_analyzer.environment()
     except perf_analyzer.Unavailable as exc:
@@ -125,11 +127,12 @@ def test_perf_analyzer_loads_a_pipeline(
 
         ok_before, failed_before = counts()
         stats = perf_analyzer.measure(
-            mesh.grpc_address,
+            address,
             "digits",
             4,
             1.5,
             streaming=streaming,
+            protocol="http" if how == "http" else "grpc",
             input_data={"image": digit_images[:4]},
             env=env,
         )
