@@ -505,20 +505,24 @@ class StatisticDuration(_message.Message):
     def __init__(self, count: _Optional[int] = ..., ns: _Optional[int] = ...) -> None: ...
 
 class InferStatistics(_message.Message):
-    __slots__ = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
+    __slots__ = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
     SUCCESS_FIELD_NUMBER: _ClassVar[int]
     FAIL_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_INPUT_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_INFER_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    CACHE_HIT_FIELD_NUMBER: _ClassVar[int]
+    CACHE_MISS_FIELD_NUMBER: _ClassVar[int]
     success: StatisticDuration
     fail: StatisticDuration
     queue: StatisticDuration
     compute_input: StatisticDuration
     compute_infer: StatisticDuration
     compute_output: StatisticDuration
-    def __init__(self, success: _Optional[_Union[StatisticDuration, _Mapping]] = ..., fail: _Optional[_Union[StatisticDuration, _Mapping]] = ..., queue: _Optional[_Union[StatisticDuration, _Mapping]] = ..., compute_input: _Optional[_Union[StatisticDuration, _Mapping]] = ..., compute_infer: _Optional[_Union[StatisticDuration, _Mapping]] = ..., compute_output: _Optional[_Union[StatisticDuration, _Mapping]] = ...) -> None: ...
+    cache_hit: StatisticDuration
+    cache_miss: StatisticDuration
+    def __init__(self, success: _Optional[_Union[StatisticDuration, _Mapping]] = ..., fail: _Optional[_Union[StatisticDuration, _Mapping]] = ..., queue: _Optional[_Union[StatisticDuration, _Mapping]] = ..., compute_input: _Optional[_Union[StatisticDuration, _Mapping]] = ..., compute_infer: _Optional[_Union[StatisticDuration, _Mapping]] = ..., compute_output: _Optional[_Union[StatisticDuration, _Mapping]] = ..., cache_hit: _Optional[_Union[StatisticDuration, _Mapping]] = ..., cache_miss: _Optional[_Union[StatisticDuration, _Mapping]] = ...) -> None: ...
 
 class InferBatchStatistics(_message.Message):
     __slots__ = ("batch_size", "compute_input", "compute_infer", "compute_output")

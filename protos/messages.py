@@ -170,11 +170,14 @@ def build_response_bytes(
     outputs: Mapping[str, np.ndarray],
     request_id: str = "",
     shared: Mapping[str, tuple[np.ndarray, SharedRef]] | None = None,
+    parameters: Mapping[str, str | int | bool] | None = None,
 ) -> bytes:
     """The serialized ModelInferResponse, tensor bytes copied once (see protos.wire).
     `shared` outputs (already written to shared memory) are described after the others,
-    with their region parameters and an empty raw entry each."""
+    with their region parameters and an empty raw entry each; `parameters`: the response's."""
     head = pb.ModelInferResponse(model_name=model_name, model_version=model_version, id=request_id)
+    for key, value in (parameters or {}).items():
+        set_parameter(head.parameters[key], value)
     return _with_raw_tensors(head, head.outputs, wire.RAW_OUTPUT_FIELD, outputs, shared)
 
 
@@ -225,3 +228,13 @@ def build_request_bytes(
     if timeout_us > 0:
         head.parameters["timeout"].int64_param = timeout_us
     return _with_raw_tensors(head, head.inputs, wire.RAW_INPUT_FIELD, inputs)
+
+
+def set_parameter(param: pb.InferParameter, value: str | int | bool) -> None:
+    """One v2 parameter from a Python value."""
+    if isinstance(value, bool):
+        param.bool_param = value
+    elif isinstance(value, int):
+        param.int64_param = value
+    else:
+        param.string_param = str(value)

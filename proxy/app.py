@@ -50,6 +50,8 @@ def create_app(
         await (plane.registry.start() if door is None else door.start())
         yield
         await (plane.registry.stop() if door is None else door.stop())
+        if state.engine.caches is not None:
+            await state.engine.caches.close()
         await state.channels.close()
 
     app = FastAPI(title=TITLE, version=VERSION, lifespan=lifespan, description=DESCRIPTION)

@@ -54,3 +54,26 @@ MERGED_MEMBERS = Histogram(
     ["step"],
     buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128),
 )
+
+CACHE_LOOKUPS = Counter(
+    "proxy_cache_lookups_total",
+    "Cache lookups by pipeline, step (empty: the whole answer) and result: hit, miss, "
+    "or error (the store failed; the request went on without it)",
+    ["pipeline", "step", "result"],
+)
+CACHE_STORED_BYTES = Counter(
+    "proxy_cache_stored_bytes_total",
+    "Bytes written to the cache, by pipeline and step",
+    ["pipeline", "step"],
+)
+CACHE_BYTES = Gauge(
+    "proxy_cache_bytes",
+    "Bytes an in-process cache holds, by store",
+    ["store"],
+    multiprocess_mode="livesum",
+)
+CACHE_EVICTIONS = Counter(
+    "proxy_cache_evictions_total",
+    "Entries an in-process cache dropped to stay within its bytes, by store",
+    ["store"],
+)

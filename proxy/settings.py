@@ -111,6 +111,18 @@ class ProxySettings(BaseSettings):
     merge: bool = True
     """Caller-side batching: calls of requests in flight together to the same step of a
     batching model (max_batch_size > 0) merged into one call (proxy/transport/merging.py)."""
+    cache_url: str | None = None
+    """The inference and data caches in Redis (`redis://host:6379/0`), shared by every proxy
+    replica; unset: in process, each pipeline's bounded by its `cache.max_mb`."""
+    cache_steps_mb: float = Field(default=64.0, gt=0)
+    """In-process bytes for the outputs of steps marked `cache: true` (all pipelines)."""
+    cache_timeout_ms: float = Field(default=50.0, gt=0)
+    """Longest a Redis cache operation may take; a slower one counts as a miss (the run it
+    races is never held up)."""
+    cache_check_ms: float = Field(default=1000.0, gt=0)
+    """How often the fingerprints of the models a cached pipeline calls (their versions and
+    tensors, from the services' metadata) are asked again: a model loaded in a new version
+    stops matching its old entries within this."""
     tls_ca: Path | None = None
     """PEM CA that signed the services' certificates: calls them over TLS. Unset: plaintext."""
     tls_cert: Path | None = None

@@ -11,6 +11,7 @@ from protos.tls import channel_credentials
 from proxy.doors.uploads import UploadLimits
 from proxy.engine import definitions, plan
 from proxy.engine.admission import Admission, PipelineLimits
+from proxy.engine.cache.caches import Caches
 from proxy.engine.executor import Executor
 from proxy.engine.runner import Engine
 from proxy.settings import ProxySettings
@@ -49,9 +50,29 @@ class ProxyState:
             {name: _limits(plan.pipeline) for name, plan in plans.items()},
         )
         services = Services(channels)
-        executor = Executor(Calls(channels, services, merge=settings.merge))
-        engine = Engine(plans, executor, admission)
+        caches = _caches(plans, services, settings)
+        executor = Executor(Calls(channels, services, merge=settings.merge), caches)
+        engine = Engine(plans, executor, admission, caches)
         return cls(settings, engine, channels, services, settings.upload_limits())
+
+
+def _caches(
+    plans: dict[str, plan.Plan], services: Services, settings: ProxySettings
+) -> Caches | None:
+    """The caches, when a pipeline or a step asks for one."""
+    wanted = any(
+        p.pipeline.cache is not None or any(s.cache for s in p.call_steps()) for p in plans.values()
+    )
+    if not wanted:
+        return None
+    return Caches(
+        plans,
+        services,
+        url=settings.cache_url,
+        steps_mb=settings.cache_steps_mb,
+        timeout_s=settings.cache_timeout_ms / 1000,
+        check_s=settings.cache_check_ms / 1000,
+    )
 
 
 def _limits(pipeline: definitions.Pipeline) -> PipelineLimits:

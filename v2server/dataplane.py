@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -63,6 +63,8 @@ class Answer:
     model: str
     version: str
     outputs: dict[str, np.ndarray]
+    parameters: dict[str, str | int | bool] = field(default_factory=dict)
+    """The response's parameters (v2server.model.Outputs)."""
 
 
 def _tensor_metadata(specs: Sequence[TensorSpec]) -> list:
@@ -179,7 +181,7 @@ class DataPlane:
                 self.shared.write(ref, name, codec.to_raw_view(np.asarray(array))[1])
                 shared[name] = (array, ref)
         return messages.build_response_bytes(
-            answer.model, answer.version, outputs, message.id, shared
+            answer.model, answer.version, outputs, message.id, shared, answer.parameters
         )
 
     async def run(self, request: Inference) -> Answer:
@@ -209,7 +211,8 @@ class DataPlane:
             model.statistics.request(False, time.perf_counter_ns() - arrived)
             raise
         model.statistics.request(True, time.perf_counter_ns() - arrived)
-        return Answer(model.name, model.version, pick(outputs, wanted, model.labels))
+        parameters = dict(getattr(outputs, "parameters", {}))
+        return Answer(model.name, model.version, pick(outputs, wanted, model.labels), parameters)
 
 
 def pick(

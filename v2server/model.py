@@ -31,6 +31,15 @@ class TensorSpec:
     optional: bool = False
 
 
+class Outputs(dict):
+    """A model's outputs (name -> tensor) that carry parameters for the response as well
+    (a pipeline says whether it answered from its cache): a Served model may return one."""
+
+    def __init__(self, tensors: dict[str, np.ndarray], parameters: dict[str, str | int | bool]):
+        super().__init__(tensors)
+        self.parameters = parameters
+
+
 @dataclass(frozen=True)
 class Scheduling:
     """How a model's requests are run, as Triton's ModelConfig reports it."""

@@ -43,6 +43,8 @@ class ModelStatistics:
     fail: Duration = field(default_factory=Duration)
     queue: Duration = field(default_factory=Duration)
     compute: Compute = field(default_factory=Compute)
+    cache_hit: Duration = field(default_factory=Duration)
+    cache_miss: Duration = field(default_factory=Duration)
     batches: dict[int, Compute] = field(default_factory=dict)
     """Batch size (rows) -> executions of that size."""
     inference_count: int = 0

@@ -109,6 +109,8 @@ def model_statistics(model: Served) -> pb.ModelStatistics:
             compute_input=_duration(compute.input),
             compute_infer=_duration(compute.infer),
             compute_output=_duration(compute.output),
+            cache_hit=_duration(stats.cache_hit),
+            cache_miss=_duration(stats.cache_miss),
         ),
         batch_stats=[_batch(rows, stats.batches[rows]) for rows in sorted(stats.batches)],
     )

@@ -10,9 +10,9 @@ from fastapi import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from proxy import metrics
-from proxy.doors.fresh import Fresh
 from proxy.doors.responses import json_response
 from proxy.state import ProxyState
+from proxy.transport.fresh import Fresh
 
 
 class HealthEndpoints:

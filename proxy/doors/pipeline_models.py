@@ -18,7 +18,7 @@ from proxy.engine.executor import Run
 from proxy.engine.plan import Plan
 from proxy.engine.runner import Engine
 from proxy.errors import Problem, StepError, grpc_code
-from v2server.model import Scheduling, TensorSpec
+from v2server.model import Outputs, Scheduling, TensorSpec
 from v2server.statistics import ModelStatistics
 from v2server.validation import shape_matches
 
@@ -105,10 +105,19 @@ class PipelineModel:
                 outputs = self.tensors(run)
             # One execution of one row, no queue, the whole run its compute time: Triton's
             # counters, which perf_analyzer reads (it finds the model's version by the
-            # queue count that grew during its window) to split the request's time.
+            # queue count that grew during its window) to split the request's time. An
+            # answer from the cache is a cache hit instead of an execution, as in Triton.
+            elapsed = time.perf_counter_ns() - started
             self.statistics.queue.add(0)
-            self.statistics.execution(1, 1, 0, time.perf_counter_ns() - started, 0)
-            return outputs
+            if run.cache == "hit":
+                self.statistics.cache_hit.add(elapsed)
+            else:
+                if run.cache == "miss":
+                    self.statistics.cache_miss.add(0)
+                self.statistics.execution(1, 1, 0, elapsed, 0)
+            if run.cache is None:
+                return outputs
+            return Outputs(outputs, {"cache": run.cache})
         except StepError as exc:
             raise PipelineFailed(exc.problem(self.name)) from None
         except Problem as exc:

@@ -14,6 +14,7 @@ from proxy.doors.disconnect import until_disconnect
 from proxy.doors.responses import json_response
 from proxy.doors.uploads import read_body, read_image
 from proxy.engine.admission import Ledger
+from proxy.engine.cache.stores import StoreError
 from proxy.engine.plan import Plan
 from proxy.errors import Problem, StepError
 from proxy.state import ProxyState
@@ -66,6 +67,7 @@ class PipelineEndpoints:
                 result = engine.result(run)
         except StepError as exc:
             raise exc.problem(name) from None
+        headers = {"X-Cache": run.cache} if run.cache else None
         return json_response(
             {
                 "id": request_id,
@@ -74,7 +76,8 @@ class PipelineEndpoints:
                 "partial": run.partial,
                 "steps": [s.__dict__ for s in run.steps],
                 "latency_ms": round((time.perf_counter() - started) * 1000, 3),
-            }
+            },
+            headers=headers,
         )
 
     async def _tensors(
@@ -100,6 +103,19 @@ class PipelineEndpoints:
             inputs = tensor_bodies.from_json(raw, declared)
         ledger.release(len(raw))
         return inputs
+
+    async def clear_cache(self, name: str) -> Response:
+        """DELETE /v1/pipelines/{name}/cache: drop the pipeline's cached answers and its
+        steps' cached outputs (in Redis, every proxy's)."""
+        plan = self.engine.plan(name)
+        caches = self.engine.caches
+        if caches is None or not caches.has(plan.name):
+            raise Problem(404, f"pipeline '{name}' has no cache (`cache:` in its definition)")
+        try:
+            cleared = await caches.clear(name)
+        except StoreError as exc:
+            raise Problem(503, f"the cache cannot be reached: {exc}") from None
+        return json_response({"pipeline": name, "cleared": cleared})
 
     async def list_pipelines(self) -> Response:
         """GET /v1/pipelines."""

@@ -77,6 +77,16 @@ def table(pipelines: PipelineEndpoints, health: HealthEndpoints, v2: V2Endpoints
             },
         ),
         Route(
+            "DELETE",
+            "/v1/pipelines/{name}/cache",
+            pipelines.clear_cache,
+            {
+                "summary": "Drop a pipeline's cached answers and its steps' cached outputs",
+                "response_model": schemas.CacheCleared,
+                "responses": schemas.errors(401, 404, 503),
+            },
+        ),
+        Route(
             "GET",
             "/healthz",
             health.live,

@@ -20,6 +20,9 @@ class StepReport(BaseModel):
     )
     latency_ms: float
     error: str | None = None
+    cache: str | None = Field(
+        default=None, description="a step with the data cache: hit or miss (else null)"
+    )
 
 
 class PipelineAnswer(BaseModel):
@@ -140,6 +143,11 @@ class InferenceResponse(BaseModel):
     model_version: str
     id: str
     outputs: list[ResponseOutput]
+
+
+class CacheCleared(BaseModel):
+    pipeline: str
+    cleared: int = Field(description="entries dropped")
 
 
 class IndexRequest(BaseModel):

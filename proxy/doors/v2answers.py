@@ -63,6 +63,7 @@ def answer(
     request_id: str,
     outputs: dict[str, np.ndarray],
     binary: set[str] | None,
+    parameters: dict[str, str | int | bool] | None = None,
 ) -> tuple[bytes, dict[str, str]]:
     """The v2 REST answer and its headers; the outputs in `binary` (None: all) as raw
     bytes after the JSON header (BYTES elements length-prefixed, as on gRPC)."""
@@ -80,10 +81,11 @@ def answer(
         else:
             entry["data"] = to_json(array.reshape(-1))
         described.append(entry)
-    header = orjson.dumps(
-        {"model_name": model, "model_version": version, "id": request_id, "outputs": described},
-        option=orjson.OPT_SERIALIZE_NUMPY,
-    )
+    head: dict[str, Any] = {"model_name": model, "model_version": version, "id": request_id}
+    if parameters:
+        head["parameters"] = parameters
+    head["outputs"] = described
+    header = orjson.dumps(head, option=orjson.OPT_SERIALIZE_NUMPY)
     if not chunks:
         return header, {"Content-Type": "application/json"}
     return header + b"".join(chunks), {

@@ -26,10 +26,10 @@ from protos.codec import TensorLimits
 from protos.errors import Downstream, NotFound
 from protos.logs import REQUEST_ID
 from protos.version import VERSION
-from proxy.doors.fresh import Fresh
 from proxy.doors.pipeline_models import PipelineModel
 from proxy.state import ProxyState
 from proxy.transport.channels import Channels
+from proxy.transport.fresh import Fresh
 from proxy.transport.services import Services
 from proxy.transport.streams import CallFailed
 from proxy.transport.target import Target

@@ -150,7 +150,10 @@ class V2Endpoints:
             parsed.id or request.state.request_id,
             answer.outputs,
             parsed.binary_outputs,
+            answer.parameters,
         )
+        if "cache" in answer.parameters:
+            headers["X-Cache"] = str(answer.parameters["cache"])
         return Response(body, headers=headers)
 
 

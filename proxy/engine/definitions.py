@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from protos.strict import Strict
 from proxy.errors import DefinitionError
@@ -52,6 +52,10 @@ class CallStep(CallingStep):
     """Environment variable holding host:port[/model[/version]]."""
     model: str | None = None
     version: str = ""
+    cache: bool = False
+    """The data cache: the step's outputs kept, keyed by the model (its address, name,
+    version and fingerprint) and the input tensors' bytes, so a repeated input skips the
+    call (e.g. the preprocessing that several pipelines share)."""
 
 
 class Branch(Strict):
@@ -164,6 +168,19 @@ class OutputTensor(Strict):
     empty (its -1 dimensions 0)."""
 
 
+class CacheConfig(Strict):
+    """The inference cache of a pipeline: whole answers, keyed by the pipeline, the models it
+    calls and the request's tensors (proxy/engine/cache/keys.py). Partial answers and
+    errors are never kept."""
+
+    enabled: bool = True
+    ttl_s: float = Field(default=300.0, gt=0)
+    """How long an answer is kept."""
+    max_mb: float = Field(default=64.0, gt=0)
+    """The pipeline's share of the in-process cache (least recently used answers go first);
+    with Redis, its own `maxmemory` bounds every entry."""
+
+
 class Pipeline(Strict):
     description: str = ""
     input: str = Field(default="image", pattern=_NAME)
@@ -193,6 +210,17 @@ class Pipeline(Strict):
     outputs: dict[str, OutputTensor] | None = None
     """The pipeline's outputs as a v2 model. Unset: one BYTES output `result` holding the
     /v1 `result` as JSON."""
+    cache: CacheConfig | None = None
+    """The inference cache (`cache: true`, or its settings); unset or false: none."""
+
+    @field_validator("cache", mode="before")
+    @classmethod
+    def _cache_shorthand(cls, value: Any) -> Any:
+        if value is True:
+            return {}
+        if value is False:
+            return None
+        return value
 
     @model_validator(mode="after")
     def _one_kind_of_request(self) -> Pipeline:

@@ -10,6 +10,7 @@ is on its ledger (admission.py).
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from dataclasses import dataclass, field
 
@@ -18,6 +19,9 @@ import numpy as np
 
 from proxy import metrics
 from proxy.engine.admission import Ledger
+from proxy.engine.cache.caches import Caches
+from proxy.engine.cache.entries import Stored
+from proxy.engine.cache.keys import step_key
 from proxy.engine.combine import combine
 from proxy.engine.definitions import (
     CallingStep,
@@ -40,6 +44,8 @@ class StepStatus:
     status: str
     latency_ms: float
     error: str | None = None
+    cache: str | None = None
+    """A step with the data cache: `hit` or `miss`."""
 
 
 @dataclass
@@ -54,6 +60,18 @@ class Run:
     branches: dict[str, dict[str, dict[str, np.ndarray]]] = field(default_factory=dict)
     steps: list[StepStatus] = field(default_factory=list)
     partial: bool = False
+    cache: str | None = None
+    """A pipeline with the inference cache: `hit` (stored, or shared with an identical
+    request in flight) or `miss`."""
+
+    def entry(self) -> Stored | None:
+        """What the inference cache keeps of a finished run: a complete answer's tensors."""
+        return None if self.partial else Stored(dict(self.tensors), dict(self.branches))
+
+    @classmethod
+    def restored(cls, plan: Plan, entry: Stored, ledger: Ledger) -> Run:
+        """A run answered from the cache: its tensors, no step run."""
+        return cls(plan, "", 0.0, ledger, entry.tensors, entry.branches, cache="hit")
 
     def remaining(self) -> float:
         return self.deadline - asyncio.get_running_loop().time()
@@ -86,9 +104,11 @@ class Run:
 
 
 class Executor:
-    def __init__(self, calls: Calls) -> None:
+    def __init__(self, calls: Calls, caches: Caches | None = None) -> None:
         self.calls = calls
         """The transport's seam: how each call travels is decided behind it."""
+        self.caches = caches
+        """The data cache of steps marked `cache: true` (None: off)."""
 
     async def run(
         self,
@@ -132,9 +152,19 @@ class Executor:
         per_call_s = None if step.timeout_ms is None else step.timeout_ms / 1000
         spec = Call(label, target, step.outputs, per_call_s, step.retries)
         start = time.perf_counter()
-        status, error = "ok", None
+        status, error, how = "ok", None, None
         try:
-            return await self.calls.call(spec, feeds, run.deadline, run.request_id)
+            call = functools.partial(self.calls.call, spec, feeds, run.deadline, run.request_id)
+            if not (isinstance(step, CallStep) and step.cache and self.caches is not None):
+                return await call()
+            caches = self.caches
+            key = await step_key(target, step.outputs, caches.prints, feeds)
+            if key is None:
+                return await call()
+            outputs, how = await caches.step(run.plan.name, step.name).answer(
+                key, call, run.deadline
+            )
+            return outputs
         except StepError as exc:
             status, error = exc.code.name.lower(), exc.message
             raise
@@ -143,7 +173,7 @@ class Executor:
             raise
         finally:
             latency = (time.perf_counter() - start) * 1000
-            run.steps.append(StepStatus(label, status, round(latency, 3), error))
+            run.steps.append(StepStatus(label, status, round(latency, 3), error, how))
             metrics.STEP_LATENCY.labels(run.plan.name, step.name, status).observe(latency / 1000)
 
     async def _call(self, step: CallStep, run: Run) -> None:

@@ -78,6 +78,18 @@ class Plan:
         }
         self._liveness(pipeline.steps, frozenset(read_later))
 
+    def call_steps(self, entries: list[Entry] | None = None) -> list[CallStep]:
+        """Every call step, those inside a switch's paths too."""
+        found: list[CallStep] = []
+        for entry in self.pipeline.steps if entries is None else entries:
+            step = entry.step
+            if isinstance(step, CallStep):
+                found.append(step)
+            elif isinstance(step, SwitchStep):
+                for path in step.paths():
+                    found += self.call_steps(path)
+        return found
+
     def branches(self, step: ParallelStep) -> dict[str, Target]:
         prefix = f"{step.name}/"
         return {k[len(prefix) :]: t for k, t in self.targets.items() if k.startswith(prefix)}

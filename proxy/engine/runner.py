@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -25,6 +26,8 @@ from protos import media
 from protos.errors import InvalidInput
 from proxy import metrics
 from proxy.engine.admission import Admission, Ledger
+from proxy.engine.cache.caches import Caches
+from proxy.engine.cache.keys import pipeline_key
 from proxy.engine.executor import Executor, Run
 from proxy.engine.plan import Plan
 from proxy.errors import ClientGone, Problem, StepError
@@ -38,10 +41,18 @@ log = logging.getLogger("proxy")
 class Engine:
     """The pipelines of this process and what runs them."""
 
-    def __init__(self, plans: dict[str, Plan], executor: Executor, admission: Admission) -> None:
+    def __init__(
+        self,
+        plans: dict[str, Plan],
+        executor: Executor,
+        admission: Admission,
+        caches: Caches | None = None,
+    ) -> None:
         self.plans = plans
         self.executor = executor
         self.admission = admission
+        self.caches = caches
+        """The inference and data caches (None: none at all)."""
 
     def plan(self, name: str) -> Plan:
         plan = self.plans.get(name)
@@ -108,9 +119,44 @@ class Ticket:
         return await self._run(inputs, 0, request_id)
 
     async def _run(self, inputs: dict[str, np.ndarray], pixels: int, request_id: str) -> Run:
+        """The run, or the pipeline's cached answer (caches/answers.py: looked up before the
+        run in process, beside it in Redis; identical requests in flight share one run)."""
+        engine, plan = self.engine, self.plan
+        caches = engine.caches
+        answers = None
+        if caches is not None:
+            admission = engine.admission
+            answers = caches.pipeline(
+                plan, Run.entry, lambda e: Run.restored(plan, e, admission.ledger())
+            )
+        if answers is None or caches is None:
+            return await self._execute(inputs, pixels, request_id, self.ledger)
+        key = await pipeline_key(plan, caches.prints, inputs)
+        if key is None:  # a model whose service cannot say its version now: uncached
+            return await self._execute(inputs, pixels, request_id, self.ledger)
+
+        async def compute() -> Run:
+            # A ledger of its own: the run may outlive this request (others wait for it).
+            ledger = engine.admission.ledger()
+            try:
+                return await self._execute(inputs, pixels, request_id, ledger)
+            finally:
+                ledger.close()
+
+        run, how = await answers.answer(key, compute, self.deadline)
+        if how == "miss":
+            run.cache = "miss"
+            return run
+        shared = copy.copy(run)  # a run shared with the identical request that made it
+        shared.cache = "hit"
+        return shared
+
+    async def _execute(
+        self, inputs: dict[str, np.ndarray], pixels: int, request_id: str, ledger: Ledger
+    ) -> Run:
         async with self.engine.admission.admit(self.plan.name, pixels):
             return await self.engine.executor.run(
-                self.plan, inputs, request_id, self.deadline, self.ledger
+                self.plan, inputs, request_id, self.deadline, ledger
             )
 
 

@@ -29,7 +29,8 @@ async def test_answer_shape_and_request_id(env, make_client) -> None:
     assert r.status_code == 200 and r.headers["X-Request-Id"] == "abc-123"
     assert set(data) == {"id", "pipeline", "result", "partial", "steps", "latency_ms"}
     assert data["id"] == "abc-123" and data["pipeline"] == "p"
-    assert all(set(s) == {"name", "status", "latency_ms", "error"} for s in data["steps"])
+    assert all(set(s) == {"name", "status", "latency_ms", "error", "cache"} for s in data["steps"])
+    assert "X-Cache" not in r.headers  # no cache declared
 
 
 async def test_multipart_upload(env, make_client) -> None:

@@ -1,0 +1,99 @@
+"""The caches of this proxy, built once from the pipelines and the settings: each pipeline's
+answers (`cache:` on the pipeline) and the steps' outputs (`cache: true` on a call step),
+in process by default, or all in one Redis (PROXY_CACHE_URL) shared by the proxy's replicas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TypeVar
+
+from proxy.engine.cache.answers import Answers
+from proxy.engine.cache.entries import Stored, Tensors
+from proxy.engine.cache.keys import STEPS, Fingerprints
+from proxy.engine.cache.stores import MemoryStore, RedisStore, Store
+from proxy.engine.plan import Plan
+from proxy.transport.services import Services
+
+T = TypeVar("T")
+
+STEPS_STORE = "steps"
+"""The name (in metrics) of the in-process store of the steps' outputs."""
+
+
+class Caches:
+    def __init__(
+        self,
+        plans: Mapping[str, Plan],
+        services: Services,
+        *,
+        url: str | None,
+        steps_mb: float,
+        timeout_s: float,
+        check_s: float,
+        step_ttl_s: float = 300.0,
+    ) -> None:
+        self.prints = Fingerprints(services, check_s, max(timeout_s, 0.5))
+        self._shared: Store | None = RedisStore(url, timeout_s) if url else None
+        self._steps_store: Store = self._shared or MemoryStore(int(steps_mb * 2**20), STEPS_STORE)
+        self._step_ttl_s = step_ttl_s
+        self._stores: dict[str, Store] = {}
+        for name, plan in plans.items():
+            config = plan.pipeline.cache
+            if config is not None and config.enabled:
+                self._stores[name] = self._shared or MemoryStore(int(config.max_mb * 2**20), name)
+        self._with_steps = {
+            name for name, plan in plans.items() if any(s.cache for s in plan.call_steps())
+        }
+        self._pipelines: dict[str, Answers] = {}
+        self._steps: dict[tuple[str, str], Answers[Tensors]] = {}
+
+    def has(self, pipeline: str) -> bool:
+        """The pipeline caches its answers or some step's outputs."""
+        return pipeline in self._stores or pipeline in self._with_steps
+
+    def pipeline(
+        self,
+        plan: Plan,
+        to_entry: Callable[[T], Stored | None],
+        from_entry: Callable[[Stored], T],
+    ) -> Answers[T] | None:
+        """The pipeline's answers (None: it has no cache)."""
+        store = self._stores.get(plan.name)
+        if store is None:
+            return None
+        answers = self._pipelines.get(plan.name)
+        if answers is None:
+            config = plan.pipeline.cache
+            assert config is not None
+            answers = self._pipelines[plan.name] = Answers(
+                plan.name, "", store, config.ttl_s, to_entry, from_entry
+            )
+        return answers
+
+    def step(self, pipeline: str, step: str) -> Answers[Tensors]:
+        answers = self._steps.get((pipeline, step))
+        if answers is None:
+            answers = self._steps[(pipeline, step)] = Answers(
+                pipeline, step, self._steps_store, self._step_ttl_s, Stored, _tensors_of
+            )
+        return answers
+
+    async def clear(self, pipeline: str) -> int:
+        """Drop a pipeline's answers, and the steps' outputs when it caches some (they are
+        shared by the pipelines calling the same models); how many entries went."""
+        cleared = 0
+        store = self._stores.get(pipeline)
+        if store is not None:
+            cleared += await store.clear(pipeline.encode() + b"\0")
+        if pipeline in self._with_steps:
+            cleared += await self._steps_store.clear(STEPS)
+        return cleared
+
+    async def close(self) -> None:
+        for store in {id(s): s for s in [*self._stores.values(), self._steps_store]}.values():
+            await store.close()
+
+
+def _tensors_of(entry: Stored) -> Tensors:
+    return entry.tensors

@@ -1,0 +1,101 @@
+"""Cache keys: a SHA-256 over everything that decides an answer, so that an entry can only
+ever be the answer to the request it is looked up for.
+
+- A pipeline's answer: the pipeline's name and definition; for every model it may call, the
+  address, the model and version asked for and the model's fingerprint (its versions, platform
+  and tensors, from the service's metadata: a new version loaded, or another server behind the
+  same variable, changes the key); and the request's tensors (names, datatypes, shapes, bytes).
+- A step's outputs: the model's address, name, version and fingerprint, the outputs asked
+  for, and the input tensors.
+
+A pipeline's keys start with `<pipeline>\\0`, so that its entries can be cleared together;
+steps' keys with `steps\\0` (shared by every pipeline calling the same model with the same
+inputs, e.g. the preprocessing of `digits` and `digits-partial`).
+Fingerprints are asked of the services at most once per `check_s` per model; a model whose
+service cannot say now has no fingerprint, and its requests go uncached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import orjson
+
+from protos import codec
+from proxy.engine.plan import Plan
+from proxy.transport.fresh import Fresh
+from proxy.transport.services import Services
+from proxy.transport.target import Target
+
+SCHEME = b"mesh-cache-1"
+STEPS = b"steps\0"
+"""Bumped when the key or the entry layout changes: old entries are never read."""
+
+
+class Fingerprints:
+    def __init__(self, services: Services, check_s: float, timeout_s: float) -> None:
+        self.services = services
+        self.check_s = check_s
+        self.timeout_s = timeout_s
+        self._fresh: dict[tuple[str, str, str], Fresh[bytes | None]] = {}
+
+    async def of(self, target: Target) -> bytes | None:
+        key = (target.address, target.model, target.version)
+        fresh = self._fresh.get(key)
+        if fresh is None:
+            fresh = self._fresh[key] = Fresh(lambda: self._ask(*key), self.check_s)
+        return await fresh.get()
+
+    async def _ask(self, address: str, model: str, version: str) -> bytes | None:
+        try:
+            meta = await self.services.metadata(address, model, version, self.timeout_s)
+        except Exception:  # unreachable, unknown model: no fingerprint, no caching
+            return None
+        return meta.SerializeToString(deterministic=True)
+
+    async def of_all(self, targets: Sequence[Target]) -> list[bytes] | None:
+        prints = await asyncio.gather(*(self.of(t) for t in targets))
+        return None if any(p is None for p in prints) else list(prints)  # type: ignore[misc]
+
+
+def _tensors(digest: hashlib._Hash, tensors: Mapping[str, np.ndarray]) -> None:
+    for name in sorted(tensors):
+        datatype, raw = codec.to_raw_view(tensors[name])
+        digest.update(orjson.dumps([name, datatype, list(tensors[name].shape), len(raw)]))
+        digest.update(raw)
+
+
+async def pipeline_key(
+    plan: Plan, prints: Fingerprints, inputs: Mapping[str, np.ndarray]
+) -> bytes | None:
+    targets = [plan.targets[label] for label in sorted(plan.targets)]
+    fingerprints = await prints.of_all(targets)
+    if fingerprints is None:
+        return None
+    digest = hashlib.sha256(SCHEME)
+    definition = plan.pipeline.model_dump(mode="json", exclude={"description", "cache"})
+    digest.update(orjson.dumps([plan.name, definition], option=orjson.OPT_SORT_KEYS))
+    for label, target, fingerprint in zip(sorted(plan.targets), targets, fingerprints, strict=True):
+        digest.update(orjson.dumps([label, target.address, target.model, target.version]))
+        digest.update(fingerprint)
+    _tensors(digest, inputs)
+    return plan.name.encode() + b"\0" + digest.digest()
+
+
+async def step_key(
+    target: Target,
+    outputs: Sequence[str],
+    prints: Fingerprints,
+    inputs: Mapping[str, np.ndarray],
+) -> bytes | None:
+    fingerprint = await prints.of(target)
+    if fingerprint is None:
+        return None
+    digest = hashlib.sha256(SCHEME + b"step")
+    digest.update(orjson.dumps([target.address, target.model, target.version, list(outputs)]))
+    digest.update(fingerprint)
+    _tensors(digest, inputs)
+    return STEPS + digest.digest()

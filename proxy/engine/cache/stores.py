@@ -1,0 +1,137 @@
+"""Where cache entries live: in process (an LRU bounded in bytes, the default) or in Redis
+(shared by proxy replicas). Keys are bytes; values are packed entries (entries.py).
+
+A store that fails raises StoreError; the caller counts it and goes on without the cache,
+so a dead or slow Redis is never an error for a request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable
+from typing import Protocol, TypeVar
+
+from proxy import metrics
+
+T = TypeVar("T")
+
+
+class StoreError(Exception):
+    """The store could not answer (down, slow, refused)."""
+
+
+class Store(Protocol):
+    local: bool
+    """Answers without waiting: looked up before a run, not beside it."""
+
+    async def get(self, key: bytes) -> bytes | None: ...
+
+    async def put(self, key: bytes, value: bytes, ttl_s: float) -> None: ...
+
+    async def clear(self, prefix: bytes) -> int: ...
+
+    async def close(self) -> None: ...
+
+
+class MemoryStore:
+    """An LRU bounded in bytes, each entry with its own expiry. Every operation is O(1):
+    a flood of unique entries only evicts the least recently used ones."""
+
+    local = True
+
+    def __init__(self, max_bytes: int, name: str) -> None:
+        self.max_bytes = max_bytes
+        self.name = name
+        self.bytes = 0
+        self._entries: OrderedDict[bytes, tuple[bytes, float]] = OrderedDict()
+
+    async def get(self, key: bytes) -> bytes | None:
+        return self.get_now(key)
+
+    def get_now(self, key: bytes) -> bytes | None:
+        found = self._entries.get(key)
+        if found is None:
+            return None
+        value, expires = found
+        if time.monotonic() >= expires:
+            self._drop(key)
+            return None
+        self._entries.move_to_end(key)
+        return value
+
+    async def put(self, key: bytes, value: bytes, ttl_s: float) -> None:
+        if len(value) > self.max_bytes:
+            return  # larger than the whole cache: never kept
+        if key in self._entries:
+            self._drop(key)
+        self._entries[key] = (value, time.monotonic() + ttl_s)
+        self.bytes += len(value)
+        while self.bytes > self.max_bytes:
+            oldest = next(iter(self._entries))
+            self._drop(oldest)
+            metrics.CACHE_EVICTIONS.labels(self.name).inc()
+        metrics.CACHE_BYTES.labels(self.name).set(self.bytes)
+
+    def _drop(self, key: bytes) -> None:
+        value, _ = self._entries.pop(key)
+        self.bytes -= len(value)
+        metrics.CACHE_BYTES.labels(self.name).set(self.bytes)
+
+    async def clear(self, prefix: bytes) -> int:
+        doomed = [k for k in self._entries if k.startswith(prefix)]
+        for key in doomed:
+            self._drop(key)
+        return len(doomed)
+
+    async def close(self) -> None:
+        self._entries.clear()
+        self.bytes = 0
+
+
+class RedisStore:
+    """Entries in Redis (its own memory bound and eviction: `maxmemory` with an LRU policy),
+    each with its TTL. Every call is bounded by `timeout_s`."""
+
+    local = False
+
+    def __init__(self, url: str, timeout_s: float) -> None:
+        import redis.asyncio as aioredis  # only when a Redis cache is configured
+
+        self._errors = (aioredis.RedisError, OSError, TimeoutError)
+        self.timeout_s = timeout_s
+        self._redis = aioredis.Redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            health_check_interval=0,
+        )
+
+    async def _call(self, work: Awaitable[T]) -> T:
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await work
+        except self._errors as exc:
+            raise StoreError(f"redis: {exc!r}") from None
+
+    async def get(self, key: bytes) -> bytes | None:
+        return await self._call(self._redis.get(key))
+
+    async def put(self, key: bytes, value: bytes, ttl_s: float) -> None:
+        await self._call(self._redis.set(key, value, px=max(1, int(ttl_s * 1000))))
+
+    async def clear(self, prefix: bytes) -> int:
+        async def sweep() -> int:
+            count = 0
+            async for key in self._redis.scan_iter(match=prefix + b"*", count=500):
+                count += await self._redis.unlink(key)
+            return count
+
+        try:
+            return await sweep()
+        except self._errors as exc:
+            raise StoreError(f"redis: {exc!r}") from None
+
+    async def close(self) -> None:
+        await self._redis.aclose()

@@ -1,0 +1,217 @@
+"""The inference cache and the data cache, in process: hits and misses counted at the
+services, the TTL, single flight, what is never cached, a model's new version, every door.
+(Redis: tests/proxy/test_cache_redis.py; the store's bound: tests/unit/test_cache_store.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+
+import numpy as np
+import pytest
+
+from protos.errors import InvalidInput
+from tests.proxy.scripted import ScriptedModel, affine, serve
+from tests.proxy.test_pipelines import body, call, parse_model, pipeline, post
+
+RESULT = {"y": "a.y[0]"}
+
+
+def cached(ttl_s: float = 60.0, **extra) -> dict:
+    return {"p": pipeline([call("a", "plus1", "parse")], RESULT, cache={"ttl_s": ttl_s}, **extra)}
+
+
+@pytest.fixture
+async def chain(servers):
+    model = affine("plus1", 1, 1, delay_s=0.05)
+    env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": await servers(model)}
+    return model, env
+
+
+async def test_a_repeat_is_answered_from_the_cache(chain, make_client) -> None:
+    model, env = chain
+    async with make_client(cached(), env) as client:
+        first = await post(client, "p", body(1, 2))
+        second = await post(client, "p", body(1, 2))
+        other = await post(client, "p", body(3))
+    assert [r.status_code for r in (first, second, other)] == [200, 200, 200]
+    assert [r.headers["X-Cache"] for r in (first, second, other)] == ["miss", "hit", "miss"]
+    assert second.json()["result"] == first.json()["result"] == {"y": [2.0, 3.0]}
+    assert other.json()["result"] == {"y": [4.0]}
+    assert model.calls == 2  # the repeat never reached the service
+
+
+async def test_entries_expire(chain, make_client) -> None:
+    model, env = chain
+    async with make_client(cached(ttl_s=0.2), env) as client:
+        await post(client, "p", body(1))
+        await asyncio.sleep(0.3)
+        again = await post(client, "p", body(1))
+    assert again.headers["X-Cache"] == "miss" and model.calls == 2
+
+
+async def test_identical_requests_in_flight_run_once(chain, make_client) -> None:
+    model, env = chain
+    async with make_client(cached(), env) as client:
+        answers = await asyncio.gather(*(post(client, "p", body(7)) for _ in range(100)))
+    assert all(r.status_code == 200 and r.json()["result"] == {"y": [8.0]} for r in answers)
+    assert model.calls == 1
+    assert sorted(r.headers["X-Cache"] for r in answers).count("miss") == 1
+
+
+async def test_a_waiter_keeps_its_own_deadline(servers, make_client) -> None:
+    slow = affine("plus1", 1, 1, delay_s=0.5)
+    env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": await servers(slow)}
+    async with make_client(cached(), env) as client:
+        patient = asyncio.ensure_future(post(client, "p", body(5)))
+        await asyncio.sleep(0.05)
+        hurried = await post(client, "p", body(5), **{"X-Request-Timeout-Ms": "100"})
+        done = await patient
+    assert hurried.status_code == 504
+    assert done.status_code == 200 and done.json()["result"] == {"y": [6.0]}
+    assert slow.calls == 1
+
+
+async def test_partial_answers_and_errors_are_not_kept(servers, make_client) -> None:
+    async def refuse(inputs, deadline):
+        raise InvalidInput("no")
+
+    good, bad = affine("good", 1, 1), ScriptedModel("bad", refuse)
+    env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": await servers(good, bad)}
+    fan_out = {
+        "parallel": {
+            "name": "both",
+            "inputs": {"x": "parse.x"},
+            "aggregation": "partial",
+            "branches": [
+                {"name": "good", "endpoint": "MODELS_URL", "model": "good"},
+                {"name": "bad", "endpoint": "MODELS_URL", "model": "bad"},
+            ],
+        }
+    }
+    pipes = {
+        "partial": pipeline([fan_out], {"ok": {"per_branch": "both", "fields": {"y": "y"}}}),
+        "failing": pipeline([call("a", "bad", "parse")], RESULT),
+    }
+    for spec in pipes.values():
+        spec["cache"] = True
+    async with make_client(pipes, env) as client:
+        partial = [await post(client, "partial", body(1)) for _ in range(2)]
+        failed = [await post(client, "failing", body(1)) for _ in range(2)]
+    assert [r.json()["partial"] for r in partial] == [True, True]
+    assert [r.headers["X-Cache"] for r in partial] == ["miss", "miss"]
+    assert [r.status_code for r in failed] == [400, 400]
+    assert good.calls == 2 and bad.calls == 4
+
+
+async def test_a_new_model_version_never_answers_from_old_entries(servers, make_client) -> None:
+    old = affine("plus1", 1, 1)
+    server = await serve(old)
+    port = server.port
+    env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": f"127.0.0.1:{port}"}
+    try:
+        async with make_client(cached(), env, cache_check_ms=50) as client:
+            before = [await post(client, "p", body(1)) for _ in range(2)]
+            await server.stop(0)
+            new = affine("plus1", 1, 10)
+            new.version = "2"
+            server = await serve(new, port=port)
+            await asyncio.sleep(0.2)  # longer than the fingerprints' check period
+            after = await post(client, "p", body(1))
+    finally:
+        await server.stop(0)
+    assert [r.headers["X-Cache"] for r in before] == ["miss", "hit"]
+    assert after.json()["result"] == {"y": [11.0]} and after.headers["X-Cache"] == "miss"
+
+
+async def test_the_data_cache_is_shared_by_pipelines_calling_the_same_step(
+    servers, make_client
+) -> None:
+    parse = parse_model()
+    env = {
+        "PARSE_URL": await servers(parse),
+        "MODELS_URL": await servers(affine("plus1", 1, 1), affine("double", 2, 0)),
+    }
+    shared = {"cache": True}
+    pipes = {
+        "one": pipeline([call("a", "plus1", "parse")], RESULT),
+        "two": pipeline([call("a", "double", "parse")], RESULT),
+    }
+    for spec in pipes.values():
+        spec["steps"][0]["call"].update(shared)
+    async with make_client(pipes, env) as client:
+        one = await post(client, "one", body(4))
+        two = await post(client, "two", body(4))
+        cleared = await client.delete("/v1/pipelines/one/cache")
+        again = await post(client, "two", body(4))
+    assert one.json()["result"] == {"y": [5.0]} and two.json()["result"] == {"y": [8.0]}
+    assert [s["cache"] for s in one.json()["steps"]] == ["miss", None]
+    assert [s["cache"] for s in two.json()["steps"]] == ["hit", None]
+    assert cleared.status_code == 200 and cleared.json()["cleared"] == 1
+    assert again.json()["steps"][0]["cache"] == "miss"
+    assert parse.calls == 2
+
+
+async def test_clearing_a_pipeline_without_a_cache_is_a_404(chain, make_client) -> None:
+    _, env = chain
+    pipes = {"plain": pipeline([call("a", "plus1", "parse")], RESULT)}
+    async with make_client(pipes, env) as client:
+        answer = await client.delete("/v1/pipelines/plain/cache")
+    assert answer.status_code == 404 and "has no cache" in answer.json()["error"]
+
+
+async def test_v2_rest_answers_say_where_they_came_from(chain, make_client) -> None:
+    model, env = chain
+    request = {
+        "inputs": [
+            {
+                "name": "raw",
+                "datatype": "BYTES",
+                "shape": [1],
+                "data": [base64.b64encode(body(2)).decode()],
+                "parameters": {"content_type": "base64"},
+            }
+        ]
+    }
+    async with make_client(cached(), env) as client:
+        first = await client.post("/v2/models/p/infer", json=request)
+        second = await client.post("/v2/models/p/infer", json=request)
+        stats = (await client.get("/v2/models/p/stats")).json()["model_stats"][0]
+    assert first.json()["parameters"] == {"cache": "miss"}
+    assert second.json()["parameters"] == {"cache": "hit"}
+    assert second.headers["X-Cache"] == "hit" and model.calls == 1
+    counters = stats["inference_stats"]
+    assert counters["cache_hit"]["count"] == 1 and counters["cache_miss"]["count"] == 1
+    assert json.loads(second.json()["outputs"][0]["data"][0]) == {"y": [3.0]}
+
+
+async def test_the_grpc_door_answers_from_the_cache(chain, tmp_path) -> None:
+    import yaml
+    from grpc import aio
+
+    from protos import messages, pb, pb_grpc
+    from proxy.doors.grpc_door import grpc_door
+    from proxy.settings import ProxySettings
+    from proxy.state import ProxyState
+
+    model, env = chain
+    path = tmp_path / "pipelines.yaml"
+    path.write_text(yaml.safe_dump({"pipelines": cached()}))
+    state = ProxyState.build(ProxySettings(pipelines=path), env)
+    server = grpc_door(state, 0)
+    await server.start()
+    raw = np.array([body(3)], dtype=object)
+    try:
+        async with aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            request = messages.build_request("p", {"raw": raw})
+            answers = [await stub.ModelInfer(request, timeout=5) for _ in range(2)]
+            stats = await stub.ModelStatistics(pb.ModelStatisticsRequest(name="p"), timeout=5)
+    finally:
+        await server.stop(0)
+        await state.channels.close()
+    assert [a.parameters["cache"].string_param for a in answers] == ["miss", "hit"]
+    assert messages.response_outputs(answers[1])["result"][0] == b'{"y":[4.0]}'
+    assert stats.model_stats[0].inference_stats.cache_hit.count == 1
+    assert model.calls == 1
