@@ -111,6 +111,9 @@ class ProxySettings(BaseSettings):
     merge: bool = True
     """Caller-side batching: calls of requests in flight together to the same step of a
     batching model (max_batch_size > 0) merged into one call (proxy/transport/merging.py)."""
+    cache: bool = True
+    """The caches the pipelines declare (`cache:`, a step's `cache: true`); false: none at
+    all (e.g. to measure the services themselves)."""
     cache_url: str | None = None
     """The inference and data caches in Redis (`redis://host:6379/0`), shared by every proxy
     replica; unset: in process, each pipeline's bounded by its `cache.max_mb`."""

@@ -13,6 +13,7 @@ import grpc
 import httpx
 import pytest
 
+from bench import redis_server
 from bench.foreign import servers as foreign
 from compose.local import DEFAULT_FILE, LocalMesh
 from compose.topology import load
@@ -123,7 +124,9 @@ class Mesh:
 def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     """The shipped topology (compose/compose.yaml) as real local processes."""
     log = tmp_path_factory.mktemp("mesh") / "mesh.log"
-    services = load([DEFAULT_FILE], environ={}, port_offset=PORT_OFFSET)
+    # The suite measures and breaks the services themselves: its mesh answers every request
+    # by running it (tests/e2e/test_cache.py runs a proxy with the shipped caches on).
+    services = load([DEFAULT_FILE], environ={"PROXY_CACHE": "false"}, port_offset=PORT_OFFSET)
     with log.open("w") as out:
         local = LocalMesh(services, out=out)
         try:
@@ -145,6 +148,25 @@ def _foreign(kind: str, workdir: Path) -> Iterator[foreign.Foreign]:
             pytest.fail(f"CI must run the foreign-server tests: {message}")
         pytest.skip(message)
     server = foreign.start(kind, workdir, foreign.NAME, foreign.ONNX)
+    yield server
+    server.stop()
+
+
+def redis_or_skip(workdir: Path, **kwargs) -> redis_server.RedisServer:
+    """A real Redis on 127.0.0.1. In CI it must run (`./mesh test` installs Debian's
+    redis-server as root); elsewhere, without it, its tests are skipped."""
+    if not redis_server.available():
+        message = "redis-server is missing (./mesh test installs it when run as root)"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the Redis tests: {message}")
+        pytest.skip(message)
+    return redis_server.start(workdir, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def redis_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis_server.RedisServer]:
+    """One Redis for the session (tests use keys of their own)."""
+    server = redis_or_skip(tmp_path_factory.mktemp("redis"))
     yield server
     server.stop()
 

@@ -58,13 +58,13 @@ def test_entries_round_trip_every_datatype() -> None:
             "s": np.array([b"x", b"yz", b""], dtype=object),
             "empty": np.zeros((0, 4), dtype=np.float32),
         },
-        {"ensemble/a": {"p": np.ones((1, 10), dtype=np.float32)}},
+        {"ensemble": {"a": {"p": np.ones((1, 10), dtype=np.float32)}, "b": {}}},
     )
     back = unpack(pack(stored))
     for name, array in stored.tensors.items():
         assert back.tensors[name].dtype == array.dtype, name
         np.testing.assert_array_equal(back.tensors[name], array)
-    np.testing.assert_array_equal(back.branches["ensemble/a"]["p"], np.ones((1, 10)))
+    np.testing.assert_array_equal(back.branches["ensemble"]["a"]["p"], np.ones((1, 10)))
 
 
 @pytest.mark.parametrize("blob", [b"", b"\x05\0\0\0[1,2", b"\x02\0\0\0[]extra", b"pickle!"])

@@ -136,15 +136,15 @@ class Answers(Generic[T]):
         return value
 
     async def _write(self, key: bytes, value: T) -> None:
-        entry = self.to_entry(value)
-        if entry is None:
-            return
-        blob = pack(entry)
         try:
+            entry = self.to_entry(value)
+            if entry is None:
+                return
+            blob = pack(entry)
             await self.store.put(key, blob, self.ttl_s)
-        except StoreError as exc:
+        except Exception as exc:  # a cache that cannot keep an answer never fails it
             self._count("error")
-            log.warning("cache write failed", extra={"fields": {"error": str(exc)}})
+            log.warning("cache write failed", extra={"fields": {"error": repr(exc)}})
             return
         metrics.CACHE_STORED_BYTES.labels(self.pipeline, self.step).inc(len(blob))
 

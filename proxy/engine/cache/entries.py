@@ -24,33 +24,25 @@ Tensors = dict[str, np.ndarray]
 @dataclass
 class Stored:
     tensors: Tensors
-    branches: dict[str, Tensors] = field(default_factory=dict)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(_size(a) for a in self.tensors.values()) + sum(
-            _size(a) for out in self.branches.values() for a in out.values()
-        )
-
-
-def _size(array: np.ndarray) -> int:
-    return len(codec.to_raw_view(array)[1])
+    branches: dict[str, dict[str, Tensors]] = field(default_factory=dict)
+    """Parallel step -> branch -> its outputs (what `per_branch` results read)."""
 
 
 def pack(entry: Stored) -> bytes:
     described: list[list] = []
     parts: list[bytes | memoryview] = []
 
-    def add(where: str, name: str, array: np.ndarray) -> None:
+    def add(where: list[str], name: str, array: np.ndarray) -> None:
         datatype, raw = codec.to_raw_view(array)
         described.append([where, name, datatype, list(array.shape), len(raw)])
         parts.append(raw)
 
     for name, array in entry.tensors.items():
-        add("", name, array)
-    for branch, outputs in entry.branches.items():
-        for name, array in outputs.items():
-            add(branch, name, array)
+        add([], name, array)
+    for step, branches in entry.branches.items():
+        for branch, outputs in branches.items():
+            for name, array in outputs.items():
+                add([step, branch], name, array)
     header = orjson.dumps(described)
     return b"".join([_LENGTH.pack(len(header)), header, *parts])
 
@@ -65,8 +57,11 @@ def unpack(blob: bytes) -> Stored:
         for where, name, datatype, shape, size in described:
             array = codec.from_raw(blob[offset : offset + size], datatype, shape, name)
             offset += size
-            target = entry.tensors if not where else entry.branches.setdefault(where, {})
-            target[name] = array
+            if where:
+                step, branch = where
+                entry.branches.setdefault(step, {}).setdefault(branch, {})[name] = array
+            else:
+                entry.tensors[name] = array
     except (struct.error, orjson.JSONDecodeError, ValueError, TypeError, InvalidInput) as exc:
         raise ValueError(f"not a cache entry: {exc}") from None
     if offset != len(blob):

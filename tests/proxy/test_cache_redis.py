@@ -1,0 +1,91 @@
+"""The caches in a real Redis (Debian's redis-server, a process on 127.0.0.1): shared by the
+proxy's replicas, looked up beside the run, and never in a request's way when Redis is
+stopped or frozen."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+from proxy import metrics
+from tests.conftest import redis_or_skip
+from tests.proxy.scripted import affine
+from tests.proxy.test_cache import cached
+from tests.proxy.test_pipelines import body, parse_model, post
+
+
+def errors(pipeline: str) -> float:
+    return metrics.CACHE_LOOKUPS.labels(pipeline, "", "error")._value.get()
+
+
+async def test_replicas_share_their_answers(servers, make_client, redis_db) -> None:
+    model = affine("plus1", 1, 1)
+    env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": await servers(model)}
+    pipes = cached()
+    async with (
+        make_client(pipes, env, cache_url=redis_db.url) as one,
+        make_client(pipes, env, cache_url=redis_db.url) as two,
+    ):
+        first = await post(one, "p", body(11, 12))
+        await asyncio.sleep(0.1)  # written in the background, after the answer
+        second = await post(two, "p", body(11, 12))
+        cleared = await two.delete("/v1/pipelines/p/cache")
+        third = await post(one, "p", body(11, 12))
+    assert first.headers["X-Cache"] == "miss" and second.headers["X-Cache"] == "hit"
+    assert second.json()["result"] == first.json()["result"] == {"y": [12.0, 13.0]}
+    assert cleared.json()["cleared"] >= 1 and third.headers["X-Cache"] == "miss"
+
+
+async def test_a_hit_cancels_the_run_it_raced(servers, make_client, redis_db) -> None:
+    slow = affine("plus1", 1, 1, delay_s=0.3)
+    env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": await servers(slow)}
+    async with make_client(cached(), env, cache_url=redis_db.url) as client:
+        await post(client, "p", body(21))
+        await asyncio.sleep(0.1)
+        again = await post(client, "p", body(21))
+        await asyncio.sleep(0.05)
+    assert again.headers["X-Cache"] == "hit" and again.json()["result"] == {"y": [22.0]}
+    assert slow.calls - slow.cancelled == 1  # the raced run never finished at the model
+
+
+async def test_a_stopped_or_frozen_redis_is_never_an_error(
+    servers, make_client, tmp_path: Path
+) -> None:
+    own = redis_or_skip(tmp_path / "redis")
+    model = affine("plus1", 1, 1)
+    env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": await servers(model)}
+    try:
+        async with make_client(cached(), env, cache_url=own.url) as client:
+            warm = await post(client, "p", body(31))
+            os.kill(own.process.pid, signal.SIGSTOP)  # frozen: lookups time out
+            before = errors("p")
+            frozen = [await post(client, "p", body(32 + i)) for i in range(3)]
+            os.kill(own.process.pid, signal.SIGCONT)
+            own.stop()  # gone: connections refused
+            stopped = [await post(client, "p", body(40 + i)) for i in range(3)]
+    finally:
+        os.kill(own.process.pid, signal.SIGCONT) if own.process.poll() is None else None
+        own.stop()
+    assert warm.status_code == 200
+    for i, answer in enumerate(frozen):
+        assert answer.status_code == 200 and answer.json()["result"] == {"y": [33.0 + i]}
+    for i, answer in enumerate(stopped):
+        assert answer.status_code == 200 and answer.json()["result"] == {"y": [41.0 + i]}
+    assert errors("p") - before >= 6  # each lookup that failed was counted
+
+
+async def test_the_data_cache_in_redis(servers, make_client, redis_db) -> None:
+    parse = parse_model()
+    env = {"PARSE_URL": await servers(parse), "MODELS_URL": await servers(affine("plus1", 1, 1))}
+    pipes = cached()
+    pipes["p"].pop("cache")
+    pipes["p"]["steps"][0]["call"]["cache"] = True
+    async with make_client(pipes, env, cache_url=redis_db.url) as client:
+        first = await post(client, "p", body(51))
+        await asyncio.sleep(0.1)
+        second = await post(client, "p", body(51))
+    assert first.json()["steps"][0]["cache"] == "miss"
+    assert second.json()["steps"][0]["cache"] == "hit"
+    assert second.json()["result"] == {"y": [52.0]}
