@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from bench import capacity, mesh, pipelines, predictor, readiness, swapin
+from bench import cache, capacity, mesh, pipelines, predictor, readiness, swapin
 
 BENCHMARKS = {
     "predictor": predictor.main,
@@ -14,6 +14,7 @@ BENCHMARKS = {
     "capacity": capacity.main,
     "foreign": swapin.main,
     "readiness": readiness.main,
+    "cache": cache.main,
 }
 
 

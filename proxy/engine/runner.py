@@ -17,7 +17,7 @@ import contextlib
 import copy
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -135,13 +135,8 @@ class Ticket:
         if key is None:  # a model whose service cannot say its version now: uncached
             return await self._execute(inputs, pixels, request_id, self.ledger)
 
-        async def compute() -> Run:
-            # A ledger of its own: the run may outlive this request (others wait for it).
-            ledger = engine.admission.ledger()
-            try:
-                return await self._execute(inputs, pixels, request_id, ledger)
-            finally:
-                ledger.close()
+        def compute() -> Awaitable[Run]:
+            return self._execute(inputs, pixels, request_id, self.ledger)
 
         run, how = await answers.answer(key, compute, self.deadline)
         if how == "miss":

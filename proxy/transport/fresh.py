@@ -24,6 +24,12 @@ class Fresh(Generic[T]):
         self._at = float("-inf")
         self._running: asyncio.Future[T] | None = None
 
+    def peek(self) -> T | None:
+        """The last answer if younger than `ttl_s`, without waiting (None: ask with get)."""
+        if self._value is not None and time.monotonic() - self._at < self._ttl_s:
+            return self._value
+        return None
+
     async def get(self) -> T:
         """The last answer if younger than `ttl_s`, else a new one (one check at a time)."""
         if self._value is not None and time.monotonic() - self._at < self._ttl_s:

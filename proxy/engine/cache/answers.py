@@ -4,10 +4,11 @@
 - In Redis, it happens beside the run: the run starts at once and is cancelled if the lookup
   hits first, so a slow or dead cache never adds latency (a failed lookup is counted and
   the run's answer used).
-- Single flight: identical requests in flight together share one computation; each keeps its
-  own deadline and cancellation, and the computation is cancelled only when nobody waits for
-  it. A shared computation that fails for a reason of the request (4xx) fails its waiters
-  alike; any other failure (a deadline, a service down) lets each waiter run on its own.
+- Single flight: identical requests in flight together share one computation, run by the
+  first of them; the others wait for it, each within its own budget and cancelled on its own.
+  If the first one's computation fails for a reason of the request (4xx), its waiters get the
+  same answer; if it fails otherwise (a deadline, a service down) or its client leaves, each
+  waiter runs on its own.
 - Only complete answers are stored (a partial one, or an error, never), in the background
   when the store is remote.
 """
@@ -32,8 +33,11 @@ T = TypeVar("T")
 
 @dataclass
 class Flight(Generic[T]):
-    task: asyncio.Task[tuple[T, str]]
+    """A value being computed for a key, by the request that looked it up first."""
+
+    answer: asyncio.Future[T]
     waiters: int = 0
+    """Identical requests waiting for it."""
 
 
 @dataclass
@@ -51,8 +55,16 @@ class Answers(Generic[T]):
     _flights: dict[bytes, Flight[T]] = field(default_factory=dict)
     _writes: set[asyncio.Task[None]] = field(default_factory=set)
 
+    def __post_init__(self) -> None:
+        # Bound once: a labels() lookup per request is a measurable share of a hit's cost.
+        self._counters = {
+            result: metrics.CACHE_LOOKUPS.labels(self.pipeline, self.step, result)
+            for result in ("hit", "miss", "error")
+        }
+        self._stored = metrics.CACHE_STORED_BYTES.labels(self.pipeline, self.step)
+
     def _count(self, result: str) -> None:
-        metrics.CACHE_LOOKUPS.labels(self.pipeline, self.step, result).inc()
+        self._counters[result].inc()
 
     async def answer(
         self, key: bytes, compute: Callable[[], Awaitable[T]], deadline: float
@@ -60,45 +72,59 @@ class Answers(Generic[T]):
         """The value for `key` and how it came: `hit` (stored, or shared with an identical
         request in flight) or `miss` (computed here). `deadline`: this caller's (loop time)."""
         flight = self._flights.get(key)
-        leader = flight is None
-        if flight is None:
-            task = asyncio.ensure_future(self._lookup_or_compute(key, compute))
-            flight = self._flights[key] = Flight(task)
-            task.add_done_callback(lambda _: self._landed(key, flight))
+        if flight is not None:
+            return await self._follow(flight, compute, deadline)
+        if self.store.local:  # in process: no await, no task on a hit
+            found = self._found(key, self.store.get_now(key))  # type: ignore[attr-defined]
+            if found is not None:
+                return found, "hit"
+        flight = self._flights[key] = Flight(asyncio.get_running_loop().create_future())
+        flight.answer.add_done_callback(_retrieved)
+        try:
+            if self.store.local:
+                value = await compute()
+                await self._write(key, value)
+                how = "miss"
+            else:
+                value, how = await self._race(key, compute)
+        except BaseException as exc:
+            if flight.waiters and not isinstance(exc, asyncio.CancelledError):
+                flight.answer.set_exception(exc)
+            else:
+                flight.answer.cancel()  # the waiters each run on their own
+            raise
+        else:
+            flight.answer.set_result(value)
+            return value, how
+        finally:
+            del self._flights[key]
+
+    async def _follow(
+        self, flight: Flight[T], compute: Callable[[], Awaitable[T]], deadline: float
+    ) -> tuple[T, str]:
+        """Wait, within this caller's own budget, for an identical request's value."""
         flight.waiters += 1
         try:
             remaining = deadline - asyncio.get_running_loop().time()
             async with asyncio.timeout(max(remaining, 0)):
-                value, how = await asyncio.shield(flight.task)
+                return await asyncio.shield(flight.answer), "hit"
         except TimeoutError:
             raise Problem(504, "the request's budget ran out waiting for its answer") from None
+        except asyncio.CancelledError:
+            if not flight.answer.cancelled():
+                raise  # this caller was cancelled, not the value
         except (StepError, Problem) as exc:
-            if leader or _status(exc) < 500:
-                raise  # the leader's own failure, or one of the request itself: shared
-            return await compute(), "miss"  # a deadline, a service down: tried on its own
+            if _status(exc) < 500:
+                raise  # a failure of the request itself: the same for every copy of it
         finally:
             flight.waiters -= 1
-            if flight.waiters == 0 and not flight.task.done():
-                flight.task.cancel()  # nobody waits for it any more
-        return value, how if leader else "hit"
+        # The request computing it left, or failed for a reason not its own (a deadline, a
+        # service down): this one runs on its own.
+        return await compute(), "miss"
 
-    def _landed(self, key: bytes, flight: Flight[T]) -> None:
-        if self._flights.get(key) is flight:
-            del self._flights[key]
-        if flight.task.cancelled():
-            return
-        flight.task.exception()  # retrieved: a waiter re-raised it already
-
-    async def _lookup_or_compute(
-        self, key: bytes, compute: Callable[[], Awaitable[T]]
-    ) -> tuple[T, str]:
-        if self.store.local:
-            found = await self._lookup(key)
-            if found is not None:
-                return found, "hit"
-            value = await compute()
-            await self._write(key, value)
-            return value, "miss"
+    async def _race(self, key: bytes, compute: Callable[[], Awaitable[T]]) -> tuple[T, str]:
+        """The remote lookup beside the run: a hit cancels the run; a miss, or a store that
+        fails or is slow, leaves the run's value (stored in the background)."""
         lookup = asyncio.ensure_future(self._lookup(key))
         running = asyncio.ensure_future(compute())
         try:
@@ -124,6 +150,9 @@ class Answers(Generic[T]):
             self._count("error")
             log.warning("cache lookup failed", extra={"fields": {"error": str(exc)}})
             return None
+        return self._found(key, blob)
+
+    def _found(self, key: bytes, blob: bytes | None) -> T | None:
         if blob is None:
             self._count("miss")
             return None
@@ -146,7 +175,13 @@ class Answers(Generic[T]):
             self._count("error")
             log.warning("cache write failed", extra={"fields": {"error": repr(exc)}})
             return
-        metrics.CACHE_STORED_BYTES.labels(self.pipeline, self.step).inc(len(blob))
+        self._stored.inc(len(blob))
+
+
+def _retrieved(future: asyncio.Future) -> None:
+    """A failure no waiter was left to read is not a 'never retrieved' warning."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _status(exc: StepError | Problem) -> int:

@@ -46,6 +46,8 @@ class MemoryStore:
         self.name = name
         self.bytes = 0
         self._entries: OrderedDict[bytes, tuple[bytes, float]] = OrderedDict()
+        self._gauge = metrics.CACHE_BYTES.labels(name)
+        self._evictions = metrics.CACHE_EVICTIONS.labels(name)
 
     async def get(self, key: bytes) -> bytes | None:
         return self.get_now(key)
@@ -57,6 +59,7 @@ class MemoryStore:
         value, expires = found
         if time.monotonic() >= expires:
             self._drop(key)
+            self._gauge.set(self.bytes)
             return None
         self._entries.move_to_end(key)
         return value
@@ -69,20 +72,19 @@ class MemoryStore:
         self._entries[key] = (value, time.monotonic() + ttl_s)
         self.bytes += len(value)
         while self.bytes > self.max_bytes:
-            oldest = next(iter(self._entries))
-            self._drop(oldest)
-            metrics.CACHE_EVICTIONS.labels(self.name).inc()
-        metrics.CACHE_BYTES.labels(self.name).set(self.bytes)
+            self._drop(next(iter(self._entries)))
+            self._evictions.inc()
+        self._gauge.set(self.bytes)
 
     def _drop(self, key: bytes) -> None:
         value, _ = self._entries.pop(key)
         self.bytes -= len(value)
-        metrics.CACHE_BYTES.labels(self.name).set(self.bytes)
 
     async def clear(self, prefix: bytes) -> int:
         doomed = [k for k in self._entries if k.startswith(prefix)]
         for key in doomed:
             self._drop(key)
+        self._gauge.set(self.bytes)
         return len(doomed)
 
     async def close(self) -> None:
