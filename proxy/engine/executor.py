@@ -71,7 +71,10 @@ class Run:
     @classmethod
     def restored(cls, plan: Plan, entry: Stored, ledger: Ledger) -> Run:
         """A run answered from the cache: its tensors, no step run."""
-        return cls(plan, "", 0.0, ledger, entry.tensors, entry.branches, cache="hit")
+        # Copies of the entry's mappings (the arrays are shared, never written): the entry
+        # may answer many requests at once.
+        branches = {step: dict(out) for step, out in entry.branches.items()}
+        return cls(plan, "", 0.0, ledger, dict(entry.tensors), branches, cache="hit")
 
     def remaining(self) -> float:
         return self.deadline - asyncio.get_running_loop().time()

@@ -215,3 +215,20 @@ async def test_the_grpc_door_answers_from_the_cache(chain, tmp_path) -> None:
     assert messages.response_outputs(answers[1])["result"][0] == b'{"y":[4.0]}'
     assert stats.model_stats[0].inference_stats.cache_hit.count == 1
     assert model.calls == 1
+
+
+async def test_a_flood_of_unique_requests_stays_within_the_bound(chain, make_client) -> None:
+    from proxy import metrics
+
+    _, env = chain
+    pipes = {"flood": pipeline([call("a", "plus1", "parse")], RESULT, cache={"max_mb": 0.01})}
+    async with make_client(pipes, env) as client:
+        for i in range(60):
+            answer = await post(client, "flood", body(*range(i, i + 200)))
+            assert answer.status_code == 200 and answer.headers["X-Cache"] == "miss"
+            held = metrics.CACHE_BYTES.labels("flood")._value.get()
+            assert 0 < held <= 0.01 * 2**20
+        early = await post(client, "flood", body(*range(0, 200)))  # long evicted
+        late = await post(client, "flood", body(*range(59, 259)))  # the newest stays
+    assert metrics.CACHE_EVICTIONS.labels("flood")._value.get() > 0
+    assert early.headers["X-Cache"] == "miss" and late.headers["X-Cache"] == "hit"

@@ -96,4 +96,4 @@ class Caches:
 
 
 def _tensors_of(entry: Stored) -> Tensors:
-    return entry.tensors
+    return dict(entry.tensors)  # the entry may answer several calls at once

@@ -37,7 +37,8 @@ class Store(Protocol):
 
 class MemoryStore:
     """An LRU bounded in bytes, each entry with its own expiry. Every operation is O(1):
-    a flood of unique entries only evicts the least recently used ones."""
+    a flood of unique entries only evicts the least recently used ones. Values are bytes
+    (packed entries): untracked by the garbage collector, however many there are."""
 
     local = True
 
@@ -45,7 +46,7 @@ class MemoryStore:
         self.max_bytes = max_bytes
         self.name = name
         self.bytes = 0
-        self._entries: OrderedDict[bytes, tuple[bytes, float]] = OrderedDict()
+        self._entries: OrderedDict[bytes, tuple[bytes, int, float]] = OrderedDict()
         self._gauge = metrics.CACHE_BYTES.labels(name)
         self._evictions = metrics.CACHE_EVICTIONS.labels(name)
 
@@ -56,7 +57,7 @@ class MemoryStore:
         found = self._entries.get(key)
         if found is None:
             return None
-        value, expires = found
+        value, _, expires = found
         if time.monotonic() >= expires:
             self._drop(key)
             self._gauge.set(self.bytes)
@@ -65,20 +66,23 @@ class MemoryStore:
         return value
 
     async def put(self, key: bytes, value: bytes, ttl_s: float) -> None:
-        if len(value) > self.max_bytes:
+        self.put_now(key, value, len(value), ttl_s)
+
+    def put_now(self, key: bytes, value: bytes, size: int, ttl_s: float) -> None:
+        if size > self.max_bytes:
             return  # larger than the whole cache: never kept
         if key in self._entries:
             self._drop(key)
-        self._entries[key] = (value, time.monotonic() + ttl_s)
-        self.bytes += len(value)
+        self._entries[key] = (value, size, time.monotonic() + ttl_s)
+        self.bytes += size
         while self.bytes > self.max_bytes:
             self._drop(next(iter(self._entries)))
             self._evictions.inc()
         self._gauge.set(self.bytes)
 
     def _drop(self, key: bytes) -> None:
-        value, _ = self._entries.pop(key)
-        self.bytes -= len(value)
+        _, size, _ = self._entries.pop(key)
+        self.bytes -= size
 
     async def clear(self, prefix: bytes) -> int:
         doomed = [k for k in self._entries if k.startswith(prefix)]
