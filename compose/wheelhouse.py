@@ -18,6 +18,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 WHEELS = ROOT / "compose" / "wheels"
+IMAGE_ONLY = ["async-timeout"]
+"""Dependencies that only the image's older interpreter asks for."""
 
 
 def requirements() -> list[str]:
@@ -40,6 +42,9 @@ def build(python: str = sys.executable, out: Path = WHEELS) -> Path:
             str(out),
             *requirements(),
             "setuptools",
+            # Needed by redis on the image's Python (Debian's 3.11.2: a marker for < 3.11.3),
+            # which a newer host Python does not resolve.
+            *IMAGE_ONLY,
         ],
         check=True,
     )
