@@ -60,10 +60,7 @@ def _caches(
     plans: dict[str, plan.Plan], services: Services, settings: ProxySettings
 ) -> Caches | None:
     """The caches, when a pipeline or a step asks for one (and PROXY_CACHE allows)."""
-    wanted = settings.cache and any(
-        p.pipeline.cache is not None or any(s.cache for s in p.call_steps()) for p in plans.values()
-    )
-    if not wanted:
+    if not (settings.cache and Caches.wanted(plans)):
         return None
     return Caches(
         plans,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TypeVar
 
 import numpy as np
@@ -53,6 +53,7 @@ class ProxyPlane(DataPlane):
         channels: Channels,
         services: Services,
         *,
+        addresses: Iterable[str],
         server_name: str,
         server_version: str,
         limits: TensorLimits,
@@ -60,38 +61,39 @@ class ProxyPlane(DataPlane):
         ready_timeout_s: float,
         ready_cache_s: float,
     ) -> None:
-        """`forwarded`: model name -> the address of the service that hosts it."""
+        """`forwarded`: model name -> the address of the service that hosts it (a pipeline
+        of the same name wins the name); `addresses`: every service a pipeline calls, whose
+        readiness is the server's."""
         super().__init__(
             pipelines, server_name=server_name, server_version=server_version, limits=limits
         )
-        self.forwarded = dict(forwarded)
+        self._pipelines = frozenset(pipelines.names())
+        self.forwarded = {m: a for m, a in forwarded.items() if m not in self._pipelines}
         self.channels = channels
         self.services = services
         self.timeout_s = timeout_s
         """A forwarded call's deadline when its caller set none (PROXY_V2_TIMEOUT_MS)."""
         self.ready_timeout_s = ready_timeout_s
-        self._addresses = sorted(set(forwarded.values()))
+        self._addresses = sorted(set(addresses))
         self._services_ready = Fresh(self._all_services_ready, ready_cache_s)
         self._signatures: dict[tuple[str, str], Signature | None] = {}
         self._versions: dict[str, list[str]] = {}
 
-    def extend(self, addresses: list[str]) -> None:
-        """Services whose readiness the server's depends on besides the forwarded models'."""
-        self._addresses = sorted({*self._addresses, *addresses})
-
     # ------------------------------------------------------------ which model is where
 
     def names(self) -> list[str]:
-        return sorted({*self.registry.names(), *self.forwarded})
+        return sorted({*self._pipelines, *self.forwarded})
+
+    def is_pipeline(self, name: str) -> bool:
+        return name in self._pipelines
 
     def _address(self, name: str) -> str | None:
         """The service of a forwarded model; None for a pipeline; NotFound naming what is
         served for anything else."""
-        if name in self.forwarded and name not in self.registry.names():
-            return self.forwarded[name]
-        if name not in self.registry.names():
+        address = self.forwarded.get(name)
+        if address is None and name not in self._pipelines:
             raise NotFound(f"unknown model '{name}' (served: {', '.join(self.names())})")
-        return None
+        return address
 
     async def _ask(self, call: Callable[[], Awaitable[T]]) -> T:
         """A question to a service; its error passed on with its own status and message."""
@@ -155,9 +157,8 @@ class ProxyPlane(DataPlane):
                 address, "ModelStatistics", request, pb.ModelStatisticsResponse
             )
         response = await super().model_statistics()
-        names = [n for n in self.forwarded if n not in self.registry.names()]
         answers = await asyncio.gather(
-            *(self.model_statistics(n) for n in names), return_exceptions=True
+            *(self.model_statistics(n) for n in self.forwarded), return_exceptions=True
         )
         for answer in answers:  # a service that cannot say now is left out, not an error
             if isinstance(answer, pb.ModelStatisticsResponse):
@@ -166,7 +167,7 @@ class ProxyPlane(DataPlane):
 
     async def repository_index(self, ready_only: bool) -> pb.RepositoryIndexResponse:
         response = await super().repository_index(ready_only)
-        names = sorted(n for n in self.forwarded if n not in self.registry.names())
+        names = sorted(self.forwarded)
         checks = await asyncio.gather(
             *(self.services.ready(self.forwarded[n], n, self.ready_timeout_s) for n in names)
         )
@@ -245,11 +246,12 @@ def build(state: ProxyState) -> ProxyPlane:
             "on the v2 doors these names mean the pipeline, not the model a pipeline calls: %s",
             ", ".join(shadowed),
         )
-    plane = ProxyPlane(
+    return ProxyPlane(
         Registry.of(*pipelines, noun="pipeline"),
         {} if s.v2_models == "pipelines" else models,
         state.channels,
         state.services,
+        addresses=models.values(),
         server_name=SERVER_NAME,
         server_version=VERSION,
         limits=TensorLimits(),
@@ -257,5 +259,3 @@ def build(state: ProxyState) -> ProxyPlane:
         ready_timeout_s=s.ready_timeout_ms / 1000,
         ready_cache_s=s.ready_cache_ms / 1000,
     )
-    plane.extend(list(models.values()))
-    return plane

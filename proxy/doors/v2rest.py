@@ -108,7 +108,7 @@ class V2Endpoints:
         settings = self.state.settings
         # A pipeline's budget as on /v1 (X-Request-Timeout-Ms, capped); a forwarded call's
         # PROXY_V2_TIMEOUT_MS.
-        plan = self.state.engine.plans.get(model) if model in self.plane.registry.names() else None
+        plan = self.state.engine.plans[model] if self.plane.is_pipeline(model) else None
         budget = (
             budget_s(request, plan.pipeline.timeout_ms, settings.max_timeout_ms)
             if plan is not None

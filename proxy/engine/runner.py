@@ -122,22 +122,21 @@ class Ticket:
         """The run, or the pipeline's cached answer (caches/answers.py: looked up before the
         run in process, beside it in Redis; identical requests in flight share one run)."""
         engine, plan = self.engine, self.plan
-        caches = engine.caches
-        answers = None
-        if caches is not None:
-            admission = engine.admission
-            answers = caches.pipeline(
-                plan, Run.entry, lambda e: Run.restored(plan, e, admission.ledger())
-            )
-        if answers is None or caches is None:
-            return await self._execute(inputs, pixels, request_id, self.ledger)
-        key = await pipeline_key(plan, caches.prints, inputs)
-        if key is None:  # a model whose service cannot say its version now: uncached
-            return await self._execute(inputs, pixels, request_id, self.ledger)
 
         def compute() -> Awaitable[Run]:
-            return self._execute(inputs, pixels, request_id, self.ledger)
+            return self._execute(inputs, pixels, request_id)
 
+        caches = engine.caches
+        if caches is None:
+            return await compute()
+        admission = engine.admission
+        answers = caches.pipeline(
+            plan, Run.entry, lambda e: Run.restored(plan, e, admission.ledger())
+        )
+        # A model whose service cannot say its version now: no key, uncached.
+        key = None if answers is None else await pipeline_key(plan, caches.prints, inputs)
+        if answers is None or key is None:
+            return await compute()
         run, how = await answers.answer(key, compute, self.deadline)
         if how == "miss":
             run.cache = "miss"
@@ -146,12 +145,10 @@ class Ticket:
         shared.cache = "hit"
         return shared
 
-    async def _execute(
-        self, inputs: dict[str, np.ndarray], pixels: int, request_id: str, ledger: Ledger
-    ) -> Run:
+    async def _execute(self, inputs: dict[str, np.ndarray], pixels: int, request_id: str) -> Run:
         async with self.engine.admission.admit(self.plan.name, pixels):
             return await self.engine.executor.run(
-                self.plan, inputs, request_id, self.deadline, ledger
+                self.plan, inputs, request_id, self.deadline, self.ledger
             )
 
 

@@ -75,7 +75,7 @@ class Answers(Generic[T]):
         if flight is not None:
             return await self._follow(flight, compute, deadline)
         if self.store.local:  # in process: no await, no task on a hit
-            found = self._found(key, self.store.get_now(key))  # type: ignore[attr-defined]
+            found = self._found(self.store.get_now(key))  # type: ignore[attr-defined]
             if found is not None:
                 return found, "hit"
         flight = self._flights[key] = Flight(asyncio.get_running_loop().create_future())
@@ -150,9 +150,9 @@ class Answers(Generic[T]):
             self._count("error")
             log.warning("cache lookup failed", extra={"fields": {"error": str(exc)}})
             return None
-        return self._found(key, blob)
+        return self._found(blob)
 
-    def _found(self, key: bytes, blob: bytes | None) -> T | None:
+    def _found(self, blob: bytes | None) -> T | None:
         if blob is None:
             self._count("miss")
             return None

@@ -22,6 +22,15 @@ STEPS_STORE = "steps"
 
 
 class Caches:
+    @staticmethod
+    def wanted(plans: Mapping[str, Plan]) -> bool:
+        """Some pipeline caches its answers, or some step its outputs."""
+        return any(
+            (p.pipeline.cache is not None and p.pipeline.cache.enabled)
+            or any(s.cache for s in p.call_steps())
+            for p in plans.values()
+        )
+
     def __init__(
         self,
         plans: Mapping[str, Plan],
