@@ -29,9 +29,9 @@ from protos.version import VERSION
 from proxy.doors.pipeline_models import PipelineModel
 from proxy.state import ProxyState
 from proxy.transport.channels import Channels
+from proxy.transport.failures import CallFailed
 from proxy.transport.fresh import Fresh
 from proxy.transport.services import Services
-from proxy.transport.streams import CallFailed
 from proxy.transport.target import Target
 from v2server.dataplane import Answer, DataPlane, Inference, Signature, requested_outputs
 from v2server.model import TensorSpec

@@ -19,10 +19,10 @@ import numpy as np
 from proxy.errors import StepError
 from proxy.transport import chunks
 from proxy.transport.channels import RETRYABLE, Channels, Infer
+from proxy.transport.failures import CallFailed
 from proxy.transport.members import Tensors
 from proxy.transport.merging import Merger
 from proxy.transport.services import Services
-from proxy.transport.streams import CallFailed
 from proxy.transport.target import Target
 
 

@@ -21,8 +21,9 @@ from grpc import aio
 from protos import messages, pb, wire
 from protos.channels import METHOD_PREFIX, STREAM_CANCEL_EXTENSION, channel_options
 from proxy.transport.balancing import CONNECTION, Replica, Replicas, names_replicas
+from proxy.transport.failures import RETRYABLE, CallFailed
 from proxy.transport.hedging import hedged
-from proxy.transport.streams import RETRYABLE, CallFailed, StreamPool
+from proxy.transport.streams import StreamPool
 from proxy.transport.target import Target
 
 log = logging.getLogger(__name__)
@@ -198,11 +199,13 @@ class Channels:
             try:
                 return await self._streamed(pool, key, request, timeout)
             except CallFailed as exc:
-                if not (exc.unfit or (exc.stream and exc.code() == grpc.StatusCode.UNIMPLEMENTED)):
+                unfit = exc.unfit or (exc.stream and exc.code() == grpc.StatusCode.UNIMPLEMENTED)
+                if not (unfit or exc.unproven):
                     raise
                 # A server without streams, or whose streams carry one request: unary from
                 # now on, this request sent again that way (what was learnt fails nothing).
-                if address not in self._unary_only:
+                # A stream that broke before any answered: this request only.
+                if unfit and address not in self._unary_only:
                     self._unary_only.add(address)
                     log.warning(
                         "%s: calls go unary from now on (%s)", address, pool.unfit or exc.details()

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 import grpc
 
 from proxy.transport.balancing import Replica, Replicas
-from proxy.transport.streams import RETRYABLE, CallFailed
+from proxy.transport.failures import RETRYABLE, CallFailed
 
 Attempt = Callable[[Replica, float], Awaitable[dict]]
 """Send the request to this replica with this many seconds left."""

@@ -12,7 +12,7 @@ import grpc
 import numpy as np
 
 from proxy.transport.chunks import nbytes
-from proxy.transport.streams import CallFailed
+from proxy.transport.failures import CallFailed
 
 Tensors = dict[str, np.ndarray]
 

@@ -39,6 +39,7 @@ import numpy as np
 from proxy import metrics
 from proxy.transport.channels import Infer
 from proxy.transport.chunks import HEADROOM
+from proxy.transport.failures import CallFailed
 from proxy.transport.members import (
     Member,
     Merged,
@@ -51,7 +52,6 @@ from proxy.transport.members import (
     tokens,
 )
 from proxy.transport.stalls import InFlight, Pace
-from proxy.transport.streams import CallFailed
 from proxy.transport.target import Target
 
 SLOTS = 1

@@ -23,33 +23,10 @@ from grpc import aio
 from protos import pb, wire
 from protos.channels import METHOD_PREFIX, STREAM_CANCEL_PARAMETER, STREAM_STATUS_PARAMETER
 from protos.errors import InvalidInput
+from proxy.transport.failures import CallFailed
 
-
-class CallFailed(Exception):
-    """A call's failure with its gRPC status, on either transport (code() and details()
-    like grpc.aio.AioRpcError, which the unary path raises)."""
-
-    def __init__(
-        self, code: grpc.StatusCode, details: str, *, stream: bool = False, unfit: bool = False
-    ) -> None:
-        super().__init__(details)
-        self._code = code
-        self._details = details
-        self.stream = stream
-        """The stream itself failed (not one request on it)."""
-        self.unfit = unfit
-        """The server's streams do not carry many requests (StreamPool): call it unary,
-        this request included (inference is idempotent)."""
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return self._details
-
-
-RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
-"""Statuses a retry may fix: the endpoint is (re)starting or shutting down."""
+UNPROVEN_LIMIT = 3
+"""Streams to an address ended while written to, before any answered, that make it unary."""
 
 
 @dataclass(frozen=True)
@@ -176,11 +153,11 @@ class MuxStream:
                 outgoing.sent = True
                 await self._call.write(outgoing.data)
         except aio.AioRpcError as exc:
-            self._end(_broken(exc.code(), exc.details()))
+            self._end(self._broken(exc.code(), exc.details()))
         except (asyncio.InvalidStateError, aio.UsageError):
             # The call is over (a server without streams answered UNIMPLEMENTED at once): its
             # status, not the failed write, says why, and decides whether to go unary.
-            self._end(_broken(await self._call.code(), await self._call.details()))
+            self._end(self._broken(await self._call.code(), await self._call.details()))
 
     async def _read(self) -> None:
         failure = CallFailed(grpc.StatusCode.UNAVAILABLE, "stream ended", stream=True)
@@ -197,6 +174,7 @@ class MuxStream:
                     failure = self._unfit(f"an answer without the request's id ({answer})")
                     break
                 answered += 1
+                self._pool.proven = True
                 future = self._pending.pop(answer.id, None)
                 if future is None or future.done():
                     continue  # its caller left
@@ -205,7 +183,7 @@ class MuxStream:
                 else:
                     future.set_result(answer.response)  # type: ignore[arg-type]
         except aio.AioRpcError as exc:
-            failure = _broken(exc.code(), exc.details())
+            failure = self._broken(exc.code(), exc.details())
         finally:
             self._end(failure)
             self._writer.cancel()  # the call is over: nothing more can be written
@@ -225,6 +203,20 @@ class MuxStream:
         else:
             self._pool.short_lived = 0
         return None
+
+    def _broken(self, code: grpc.StatusCode, details: str | None) -> CallFailed:
+        """The stream's own failure, for the requests on it (counted once per stream)."""
+        failure = _broken(code, details)
+        if code != grpc.StatusCode.INTERNAL or self._pool.proven or self._failure is not None:
+            return failure
+        # A server without ModelStreamInfer answers UNIMPLEMENTED at once; a write racing
+        # that answer fails INTERNAL and grpc.aio reports that instead (KServe's server did
+        # so for ~45% of first requests). Thrice in a row before any answer: no streams.
+        self._pool.unproven += 1
+        if self._pool.unproven >= UNPROVEN_LIMIT:
+            return self._unfit(f"{self._pool.unproven} streams ended before any answer")
+        failure.unproven = True
+        return failure
 
     def _unfit(self, why: str) -> CallFailed:
         self._pool.unfit = why
@@ -276,6 +268,10 @@ class StreamPool:
         """Why this address's streams do not carry many requests (set once learnt)."""
         self.short_lived = 0
         """Streams in a row the server ended after at most one answer."""
+        self.proven = False
+        """A stream to this address has answered a request."""
+        self.unproven = 0
+        """Streams ended while written to before any stream had answered (MuxStream._broken)."""
 
     def key(self, request_id: str) -> str:
         """A request id unique on this pool's streams, that still names the request."""

@@ -12,6 +12,9 @@ import numpy as np
 import pytest
 
 from bench.foreign.servers import NAME, Foreign
+from proxy.transport.channels import Channels
+from proxy.transport.failures import CallFailed
+from proxy.transport.target import Target
 from tests.conftest import Mesh
 from tests.e2e.test_digits import held_out, png
 from tests.report import report
@@ -60,3 +63,33 @@ def test_a_foreign_server_is_a_branch_of_the_ensemble(
         )
     predicted = [a.json()["result"]["label"] for a in answers]
     assert sum(p == y for p, y in zip(predicted, labels[:100], strict=True)) >= 90
+
+
+async def _first_contacts(address: str, rounds: int) -> list[str]:
+    """`rounds` fresh proxies' transports, each sending its first 8 calls at once to a
+    server: what each call ended with."""
+    x = np.zeros((1, 64), np.float32)
+    target = Target("PREDICTOR_DIGITS_FOREIGN_URL", address, NAME)
+    outcomes: list[str] = []
+    for r in range(rounds):
+        channels = Channels(streams=2)
+
+        async def one(key: str, channels: Channels = channels) -> str:
+            try:
+                await channels.infer(target, {"input": x}, timeout=5, request_id=key)
+            except CallFailed as exc:
+                return f"{exc.code().name}: {exc.details()}"
+            return "answered"
+
+        outcomes += await asyncio.gather(*(one(f"r{r}.{i}") for i in range(8)))
+        await channels.close()
+    return outcomes
+
+
+def test_first_calls_to_a_server_without_streams_are_answered(kserve_server: Foreign) -> None:
+    """KServe's server has no ModelStreamInfer: it answers UNIMPLEMENTED, and a write racing
+    that answer fails INTERNAL, which hid the status for ~45% of first calls (each then failed
+    503). Such a call goes unary instead, so none fails while the transport learns."""
+    outcomes = asyncio.run(_first_contacts(kserve_server.address, rounds=20))
+    failed = [o for o in outcomes if o != "answered"]
+    assert not failed, failed[:3]

@@ -15,7 +15,8 @@ from grpc import aio
 from protos import messages, pb, pb_grpc, wire
 from protos.channels import SERVICE_NAME, channel_options
 from protos.errors import InvalidInput
-from proxy.transport.streams import CallFailed, StreamPool
+from proxy.transport.failures import CallFailed
+from proxy.transport.streams import StreamPool
 from tests.proxy.scripted import ScriptedModel, affine, serve
 from tests.proxy.test_pipelines import body, call, parse_model, pipeline, post
 from v2server import metrics

@@ -1,0 +1,43 @@
+"""A call's failure as every transport reports it (streams.py, unary calls in channels.py)."""
+
+from __future__ import annotations
+
+import grpc
+
+
+class CallFailed(Exception):
+    """A call's failure with its gRPC status, on either transport (code() and details()
+    like grpc.aio.AioRpcError, which the unary path raises)."""
+
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        details: str,
+        *,
+        stream: bool = False,
+        unfit: bool = False,
+        unproven: bool = False,
+    ) -> None:
+        super().__init__(details)
+        self._code = code
+        self._details = details
+        self.stream = stream
+        """The stream itself failed (not one request on it)."""
+        self.unfit = unfit
+        """The server's streams do not carry many requests (StreamPool): call it unary,
+        this request included (inference is idempotent)."""
+        self.unproven = unproven
+        """The server ended the stream while it was written to, before any of its streams
+        had answered: maybe a server without streams whose UNIMPLEMENTED grpc.aio's failed
+        write hid ("Internal error from Core"). This request goes unary; the address stays
+        on streams until that happens again (StreamPool.unproven)."""
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
+"""Statuses a retry may fix: the endpoint is (re)starting or shutting down."""
