@@ -17,6 +17,7 @@ from proxy import workers
 from proxy.doors import routes, schemas, v2plane
 from proxy.doors.grpc_door import grpc_door
 from proxy.doors.health import HealthEndpoints
+from proxy.doors.jobs import JobEndpoints
 from proxy.doors.middleware import RequestContext
 from proxy.doors.responses import error_response
 from proxy.doors.rest import PipelineEndpoints
@@ -37,6 +38,7 @@ def create_app(
     state = ProxyState.build(settings, environ)
     plane = v2plane.build(state)
     pipelines, health = PipelineEndpoints(state), HealthEndpoints(state)
+    jobs = JobEndpoints(state, state.jobs)
     v2 = V2Endpoints(state, plane)
     # Each of several workers serves the same port.
     shared = workers.SUPERVISED in os.environ
@@ -48,14 +50,16 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # The door's server starts the plane's pipelines; without a door, they start here.
         await (plane.registry.start() if door is None else door.start())
+        state.jobs.start()
         yield
+        await state.jobs.stop()
         await (plane.registry.stop() if door is None else door.stop())
         if state.engine.caches is not None:
             await state.engine.caches.close()
         await state.channels.close()
 
     app = FastAPI(title=TITLE, version=VERSION, lifespan=lifespan, description=DESCRIPTION)
-    for route in routes.table(pipelines, health, v2):
+    for route in routes.table(pipelines, health, v2, jobs):
         app.add_api_route(route.path, route.endpoint, methods=[route.method], **route.docs)
     # Starlette runs the middleware added last first: the request id and API key come first.
     app.add_middleware(routes.PipelineRoute, handler=pipelines.infer)

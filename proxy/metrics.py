@@ -77,3 +77,24 @@ CACHE_EVICTIONS = Counter(
     "Entries an in-process cache dropped to stay within its bytes, by store",
     ["store"],
 )
+
+JOBS_SUBMITTED = Counter("proxy_jobs_submitted_total", "Jobs accepted, by pipeline", ["pipeline"])
+JOB_ATTEMPTS = Counter(
+    "proxy_job_attempts_total", "Job attempts started by this process, by pipeline", ["pipeline"]
+)
+JOBS_FINISHED = Counter(
+    "proxy_jobs_finished_total",
+    "Jobs whose final state this process wrote, by pipeline and state",
+    ["pipeline", "status"],
+)
+JOBS_WAITING = Gauge(
+    "proxy_jobs",
+    "Unfinished jobs in the queue's store, by state (queued, running)",
+    ["status"],
+    multiprocess_mode="max",
+)
+JOBS_OLDEST_S = Gauge(
+    "proxy_jobs_oldest_queued_seconds",
+    "Age of the oldest queued job",
+    multiprocess_mode="max",
+)

@@ -126,6 +126,30 @@ class ProxySettings(BaseSettings):
     """How often the fingerprints of the models a cached pipeline calls (their versions and
     tensors, from the services' metadata) are asked again: a model loaded in a new version
     stops matching its old entries within this."""
+    jobs_url: str | None = None
+    """The jobs' queue: `sqlite:///path/jobs.sqlite3` (one machine: the proxy's processes
+    and worker processes beside it) or `redis://host:6379/1` (shared by every replica and
+    worker). Unset: `sqlite:///data/jobs.sqlite3`, under the working directory."""
+    jobs_workers: int = Field(default=4, ge=0, le=256)
+    """Jobs this process runs at once (0: it queues jobs, worker processes run them)."""
+    jobs_share: float = Field(default=0.5, gt=0, le=1)
+    """Share of the proxy's and each pipeline's admission limits that jobs may hold; the
+    rest is kept for requests whose clients wait."""
+    jobs_max_queued: int = Field(default=10_000, ge=1)
+    """Unfinished jobs the queue holds; more get 429 with Retry-After."""
+    jobs_attempts: int = Field(default=3, ge=1, le=20)
+    """Attempts a job gets (each with the pipeline's budget) when it fails in a way another
+    attempt may not (502, 503, 504, or its worker died)."""
+    jobs_backoff_s: float = Field(default=1.0, gt=0)
+    """Wait before a job's second attempt; doubled each attempt after, jittered."""
+    jobs_lease_s: float = Field(default=30.0, ge=1)
+    """A running job's lease, renewed while its worker lives: a worker that dies leaves its
+    jobs to be taken again this long after."""
+    jobs_keep_s: float = Field(default=86_400.0, gt=0)
+    """How long an ended job (and its result) is kept."""
+    jobs_callback_hosts: str = ""
+    """Hosts (`host` or `host:port`, comma-separated) a job's callback may be POSTed to;
+    empty: callbacks refused."""
     tls_ca: Path | None = None
     """PEM CA that signed the services' certificates: calls them over TLS. Unset: plaintext."""
     tls_cert: Path | None = None
@@ -135,10 +159,18 @@ class ProxySettings(BaseSettings):
     log_level: str = "INFO"
     """DEBUG, INFO, WARNING or ERROR; JSON lines on stderr."""
 
+    @field_validator("jobs_url", mode="before")
+    @classmethod
+    def _unset(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value
+
     @field_validator("grpc_port", mode="before")
     @classmethod
     def _off(cls, value: object) -> object:
         return None if isinstance(value, str) and value.strip().lower() in ("", "off") else value
+
+    def jobs_queue_url(self) -> str:
+        return self.jobs_url or f"sqlite:///{Path('data', 'jobs.sqlite3').resolve()}"
 
     def upload_limits(self) -> UploadLimits:
         return UploadLimits(int(self.max_body_mb * 2**20), self.min_upload_kbps * 1024)

@@ -14,6 +14,8 @@ from proxy.engine.admission import Admission, PipelineLimits
 from proxy.engine.cache.caches import Caches
 from proxy.engine.executor import Executor
 from proxy.engine.runner import Engine
+from proxy.jobs.callbacks import allowed_hosts
+from proxy.jobs.service import Jobs, JobsConfig
 from proxy.settings import ProxySettings
 from proxy.transport.calls import Calls
 from proxy.transport.channels import Channels
@@ -27,6 +29,7 @@ class ProxyState:
     channels: Channels
     services: Services
     uploads: UploadLimits
+    jobs: Jobs
 
     @classmethod
     def build(cls, settings: ProxySettings, environ: Mapping[str, str] | None = None) -> ProxyState:
@@ -53,7 +56,8 @@ class ProxyState:
         caches = _caches(plans, services, settings)
         executor = Executor(Calls(channels, services, merge=settings.merge), caches)
         engine = Engine(plans, executor, admission, caches)
-        return cls(settings, engine, channels, services, settings.upload_limits())
+        jobs = Jobs(engine, _jobs_config(settings))
+        return cls(settings, engine, channels, services, settings.upload_limits(), jobs)
 
 
 def _caches(
@@ -69,6 +73,20 @@ def _caches(
         steps_mb=settings.cache_steps_mb,
         timeout_s=settings.cache_timeout_ms / 1000,
         check_s=settings.cache_check_ms / 1000,
+    )
+
+
+def _jobs_config(settings: ProxySettings) -> JobsConfig:
+    return JobsConfig(
+        url=settings.jobs_queue_url(),
+        workers=settings.jobs_workers,
+        max_queued=settings.jobs_max_queued,
+        keep_s=settings.jobs_keep_s,
+        lease_s=settings.jobs_lease_s,
+        attempts=settings.jobs_attempts,
+        share=settings.jobs_share,
+        callback_hosts=allowed_hosts(settings.jobs_callback_hosts),
+        backoff_s=settings.jobs_backoff_s,
     )
 
 

@@ -12,7 +12,7 @@ from fastapi import Request, Response
 from proxy.doors import tensor_bodies
 from proxy.doors.disconnect import until_disconnect
 from proxy.doors.responses import json_response
-from proxy.doors.uploads import read_body, read_image
+from proxy.doors.uploads import UploadLimits, read_body, read_image
 from proxy.engine.admission import Ledger
 from proxy.engine.cache.stores import StoreError
 from proxy.engine.plan import Plan
@@ -39,6 +39,30 @@ def budget_s(request: Request, default_ms: float, cap_ms: float) -> float:
     return min(value, cap_ms) / 1000
 
 
+async def read_tensors(
+    request: Request, plan: Plan, limits: UploadLimits, deadline: float, ledger: Ledger
+) -> dict[str, np.ndarray]:
+    """The body of a pipeline taking tensors (tensor_bodies.py); its bytes on the ledger
+    while it is read, then replaced there by the tensors'."""
+    declared = plan.pipeline.inputs or {}
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind not in ("application/json", "multipart/form-data"):
+        raise Problem(
+            415,
+            f"pipeline '{plan.name}' takes tensors ({', '.join(declared)}): send them as "
+            "application/json (an object of nested lists) or multipart/form-data",
+        )
+    raw = await read_body(request, limits, deadline, ledger)
+    if kind == "multipart/form-data":
+        inputs = await tensor_bodies.from_form(request, raw, declared, limits.max_bytes)
+    elif len(raw) > PARSE_IN_THREAD:  # a long number list once held the loop for seconds
+        inputs = await asyncio.to_thread(tensor_bodies.from_json, raw, declared)
+    else:
+        inputs = tensor_bodies.from_json(raw, declared)
+    ledger.release(len(raw))
+    return inputs
+
+
 class PipelineEndpoints:
     def __init__(self, state: ProxyState) -> None:
         self.state = state
@@ -61,48 +85,16 @@ class PipelineEndpoints:
                     body = await read_image(request, state.uploads, deadline, ticket.ledger)
                     running = ticket.run(body, request_id)
                 else:
-                    inputs = await self._tensors(request, plan, deadline, ticket.ledger)
+                    inputs = await read_tensors(
+                        request, plan, state.uploads, deadline, ticket.ledger
+                    )
                     running = ticket.run_tensors(inputs, request_id)
                 run = await until_disconnect(request, running)
-                result = engine.result(run)
+                answer = engine.answer(name, request_id, run, started)
         except StepError as exc:
             raise exc.problem(name) from None
         headers = {"X-Cache": run.cache} if run.cache else None
-        return json_response(
-            {
-                "id": request_id,
-                "pipeline": name,
-                "result": result,
-                "partial": run.partial,
-                "steps": [s.__dict__ for s in run.steps],
-                "latency_ms": round((time.perf_counter() - started) * 1000, 3),
-            },
-            headers=headers,
-        )
-
-    async def _tensors(
-        self, request: Request, plan: Plan, deadline: float, ledger: Ledger
-    ) -> dict[str, np.ndarray]:
-        """The body of a pipeline taking tensors (tensor_bodies.py); its bytes on the ledger
-        while it is read, then replaced there by the tensors'."""
-        declared = plan.pipeline.inputs or {}
-        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if kind not in ("application/json", "multipart/form-data"):
-            raise Problem(
-                415,
-                f"pipeline '{plan.name}' takes tensors ({', '.join(declared)}): send them as "
-                "application/json (an object of nested lists) or multipart/form-data",
-            )
-        limits = self.state.uploads
-        raw = await read_body(request, limits, deadline, ledger)
-        if kind == "multipart/form-data":
-            inputs = await tensor_bodies.from_form(request, raw, declared, limits.max_bytes)
-        elif len(raw) > PARSE_IN_THREAD:  # a long number list once held the loop for seconds
-            inputs = await asyncio.to_thread(tensor_bodies.from_json, raw, declared)
-        else:
-            inputs = tensor_bodies.from_json(raw, declared)
-        ledger.release(len(raw))
-        return inputs
+        return json_response(answer, headers=headers)
 
     async def clear_cache(self, name: str) -> Response:
         """DELETE /v1/pipelines/{name}/cache: drop the pipeline's cached answers and its

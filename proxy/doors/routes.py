@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request, Response
@@ -12,26 +11,23 @@ from fastapi.responses import PlainTextResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from proxy.doors import schemas
+from proxy.doors import jobs, schemas
 from proxy.doors.health import HealthEndpoints
 from proxy.doors.responses import error_response
 from proxy.doors.rest import PipelineEndpoints
+from proxy.doors.route import Route
 from proxy.doors.v2rest import V2Endpoints
 from proxy.errors import ClientGone
-
-
-@dataclass(frozen=True)
-class Route:
-    method: str
-    path: str
-    endpoint: Callable[..., Awaitable[Response]]
-    docs: dict[str, Any] = field(default_factory=dict)
-
 
 PIPELINE_INFER = "/v1/pipelines/{name}/infer"
 
 
-def table(pipelines: PipelineEndpoints, health: HealthEndpoints, v2: V2Endpoints) -> list[Route]:
+def table(
+    pipelines: PipelineEndpoints,
+    health: HealthEndpoints,
+    v2: V2Endpoints,
+    job_endpoints: jobs.JobEndpoints,
+) -> list[Route]:
     """The routes FastAPI serves (the pipeline route is served by PipelineRoute, below)."""
     v2_infer = {
         "tags": ["v2"],
@@ -164,6 +160,7 @@ def table(pipelines: PipelineEndpoints, health: HealthEndpoints, v2: V2Endpoints
         *per_model("/config", v2.config, v2_config),
         *per_model("/stats", v2.statistics, v2_stats),
         *per_model("/infer", v2.infer, v2_infer, method="POST"),
+        *jobs.routes(job_endpoints),
     ]
 
 

@@ -174,15 +174,17 @@ def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     why = {
         400: "bad input (the message names it)",
         401: "missing or wrong API key (when PROXY_API_KEY is set)",
-        404: "unknown pipeline or model",
+        404: "unknown pipeline, model or job",
         408: "the body arrived too slowly (PROXY_MIN_UPLOAD_KBPS) or after the budget",
         413: "body over PROXY_MAX_BODY_MB, or a request's tensors over PROXY_MAX_REQUEST_MB",
+        409: "the job has already ended",
         415: "unsupported Content-Type, or an upload that is not an accepted image format",
-        422: "multipart body without a `file` field",
-        429: "a service's queue is full (Retry-After)",
+        422: "multipart body without a `file` field; an Idempotency-Key reused for another body",
+        429: "a service's queue, or the jobs' queue, is full (Retry-After)",
         501: "a service does not implement the call",
         502: "a service failed in an unexpected way",
-        503: "a service is unavailable or the proxy is at capacity (Retry-After)",
+        503: "a service or the jobs' store is unavailable, or the proxy is at capacity "
+        "(Retry-After)",
         504: "the request's budget ran out",
     }
     return {s: {"model": ErrorBody, "description": why[s]} for s in statuses}

@@ -11,6 +11,7 @@ told at once to come back.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -41,6 +42,9 @@ class Admission:
         self._limits = dict(pipelines or {})
         self._in_flight: dict[str, int] = {}
         self._pixels: dict[str, int] = {}
+        self._background: dict[str, tuple[int, int]] = {}
+        """Per pipeline, the background requests running and their pixels."""
+        self._freed = asyncio.Event()
 
     def check_room(self) -> None:
         """Before taking a request on: 503 when the proxy holds its budget of bytes."""
@@ -50,6 +54,30 @@ class Admission:
                 f"proxy at capacity ({self.bytes_in_flight >> 20} MiB of requests in flight, "
                 f"limit {self.max_bytes >> 20} MiB)",
             )
+
+    async def wait_background(self, pipeline: str, pixels: int, share: float) -> None:
+        """Until a background request (a job) of `pipeline` fits within `share` of the
+        proxy's and the pipeline's limits, counting the other background requests only: the
+        rest is left to requests whose clients wait, so a backlog never starves them."""
+        limits = self._limits.get(pipeline, PipelineLimits())
+        while True:
+            running = self._background.get(pipeline, (0, 0))
+            requests = sum(n for n, _ in self._background.values())
+            if (
+                requests < max(1, int(self.max_requests * share))
+                and _fits(running[0], 1, limits.max_in_flight, share)
+                and (not running[1] or _fits(running[1], pixels, limits.max_pixels, share))
+            ):
+                break
+            self._freed.clear()
+            await self._freed.wait()
+        n, held = self._background.get(pipeline, (0, 0))
+        self._background[pipeline] = (n + 1, held + pixels)
+
+    def background_done(self, pipeline: str, pixels: int) -> None:
+        n, held = self._background[pipeline]
+        self._background[pipeline] = (n - 1, held - pixels)
+        self._freed.set()
 
     @contextlib.asynccontextmanager
     async def admit(self, pipeline: str, pixels: int) -> AsyncIterator[None]:
@@ -83,6 +111,10 @@ class Admission:
 
     def ledger(self) -> Ledger:
         return Ledger(self)
+
+
+def _fits(held: int, more: int, limit: int | None, share: float) -> bool:
+    return limit is None or held + more <= max(1, int(limit * share))
 
 
 class Ledger:

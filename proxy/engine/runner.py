@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -73,13 +74,28 @@ class Engine:
         """The pipeline's answer as its `result` template shapes it."""
         return self.executor.result(run)
 
+    def answer(self, name: str, request_id: str, run: Run, started: float) -> dict[str, Any]:
+        """What /infer answers for a run (and a job's `result`); `started`, perf_counter."""
+        return {
+            "id": request_id,
+            "pipeline": name,
+            "result": self.result(run),
+            "partial": run.partial,
+            "steps": [s.__dict__ for s in run.steps],
+            "latency_ms": round((time.perf_counter() - started) * 1000, 3),
+        }
+
     @contextlib.asynccontextmanager
-    async def ticket(self, plan: Plan, deadline: float) -> AsyncIterator[Ticket]:
+    async def ticket(
+        self, plan: Plan, deadline: float, background: float | None = None
+    ) -> AsyncIterator[Ticket]:
         """One request of `plan`, counted under the status it ends with; 503 at once when the
-        proxy holds its budget of bytes. Every byte the request held is released on exit."""
+        proxy holds its budget of bytes. Every byte the request held is released on exit.
+        `background`: a job's, which waits for room within this share of the limits (the
+        wait is not part of its budget) rather than being refused."""
         with recorded(plan.name, deadline):
             self.admission.check_room()
-            ticket = Ticket(self, plan, deadline, self.admission.ledger())
+            ticket = Ticket(self, plan, deadline, self.admission.ledger(), background)
             try:
                 yield ticket
             finally:
@@ -94,13 +110,15 @@ class Ticket:
     """Absolute, loop time."""
     ledger: Ledger
     """The bytes the request holds, its body's from the first byte read."""
+    background: float | None = None
+    """A job's share of the admission limits (Engine.ticket)."""
 
     async def run(self, body: bytes, request_id: str) -> Run:
         """The uploaded body through the pipeline, once its format is accepted and the
         pipeline has room for its image (503 at once when it has not); `body` is already
         on the ledger."""
         plan = self.plan
-        _check_format(body, plan.pipeline.accept, plan.name)
+        check_format(body, plan)
         width, height = media.declared_size(body) or (0, 0)
         upload = np.empty(1, dtype=object)
         upload[0] = body
@@ -109,16 +127,24 @@ class Ticket:
     async def run_tensors(self, inputs: dict[str, np.ndarray], request_id: str) -> Run:
         """A pipeline's declared `inputs` through it: each checked against its declaration
         (400 naming the tensor), then held on the ledger."""
-        declared = self.plan.pipeline.inputs or {}
-        specs = [TensorSpec(n, t.datatype, tuple(t.shape)) for n, t in declared.items()]
-        try:
-            check_inputs(self.plan.name, specs, inputs)
-        except InvalidInput as exc:
-            raise Problem(400, str(exc)) from None
+        check_tensors(self.plan, inputs)
         self.ledger.hold(sum(nbytes(a) for a in inputs.values()))
         return await self._run(inputs, 0, request_id)
 
     async def _run(self, inputs: dict[str, np.ndarray], pixels: int, request_id: str) -> Run:
+        if self.background is None:
+            return await self._answer(inputs, pixels, request_id)
+        admission, name = self.engine.admission, self.plan.name
+        loop = asyncio.get_running_loop()
+        waiting = loop.time()
+        await admission.wait_background(name, pixels, self.background)
+        self.deadline += loop.time() - waiting
+        try:
+            return await self._answer(inputs, pixels, request_id)
+        finally:
+            admission.background_done(name, pixels)
+
+    async def _answer(self, inputs: dict[str, np.ndarray], pixels: int, request_id: str) -> Run:
         """The run, or the pipeline's cached answer (caches/answers.py: looked up before the
         run in process, beside it in Redis; identical requests in flight share one run)."""
         engine, plan = self.engine, self.plan
@@ -152,13 +178,25 @@ class Ticket:
             )
 
 
-def _check_format(body: bytes, accepted: list[str] | None, pipeline: str) -> None:
+def check_format(body: bytes, plan: Plan) -> None:
+    """415 unless `body` is an image format the pipeline takes."""
+    accepted = plan.pipeline.accept
     if accepted is not None and media.sniff(body) not in accepted:
         raise Problem(
             415,
-            f"the upload is {media.describe(body)}; pipeline '{pipeline}' takes "
+            f"the upload is {media.describe(body)}; pipeline '{plan.name}' takes "
             + ", ".join(media.ACCEPTED[k] for k in accepted),
         )
+
+
+def check_tensors(plan: Plan, inputs: dict[str, np.ndarray]) -> None:
+    """400 naming the tensor unless `inputs` are the pipeline's declared `inputs`."""
+    declared = plan.pipeline.inputs or {}
+    specs = [TensorSpec(n, t.datatype, tuple(t.shape)) for n, t in declared.items()]
+    try:
+        check_inputs(plan.name, specs, inputs)
+    except InvalidInput as exc:
+        raise Problem(400, str(exc)) from None
 
 
 @contextlib.contextmanager

@@ -1,0 +1,206 @@
+"""The /v1 jobs door: a pipeline request that answers later (proxy/jobs/).
+
+The body is read and checked as /infer checks it (format, declared tensors, size), so a job
+that cannot run is refused now, not failed later; then it is stored and 202 answers at once."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from fastapi import Request, Response
+
+from proxy.doors import job_schemas, schemas
+from proxy.doors.responses import json_response
+from proxy.doors.rest import budget_s, read_tensors
+from proxy.doors.route import Route
+from proxy.doors.uploads import read_image
+from proxy.engine.cache.entries import Stored, pack
+from proxy.engine.runner import check_format, check_tensors
+from proxy.errors import Problem
+from proxy.jobs.model import STATUSES, IdempotencyConflict, Job, QueueError, QueueFull, Submission
+from proxy.jobs.service import Jobs
+from proxy.state import ProxyState
+
+T = TypeVar("T")
+
+MAX_KEY = 255
+"""Longest Idempotency-Key accepted."""
+MAX_PAGE = 1000
+
+
+class JobEndpoints:
+    def __init__(self, state: ProxyState, jobs: Jobs) -> None:
+        self.state = state
+        self.jobs = jobs
+
+    async def submit(self, request: Request, name: str) -> Response:
+        """POST /v1/pipelines/{name}/jobs: the same bodies as /infer; 202 with the job."""
+        state, jobs = self.state, self.jobs
+        plan = state.engine.plan(name)
+        budget = budget_s(request, plan.pipeline.timeout_ms, state.settings.max_timeout_ms)
+        callback = request.query_params.get("callback")
+        if callback is not None:
+            callback = jobs.callback(callback)
+        key = request.headers.get("idempotency-key")
+        if key is not None and not 0 < len(key) <= MAX_KEY:
+            raise Problem(400, f"Idempotency-Key must be 1 to {MAX_KEY} characters")
+        # The upload gets the request's budget, as /infer's does.
+        deadline = asyncio.get_running_loop().time() + budget
+        ledger = state.engine.admission.ledger()
+        try:
+            state.engine.admission.check_room()
+            if plan.pipeline.inputs is None:
+                payload = await read_image(request, state.uploads, deadline, ledger)
+                check_format(payload, plan)
+                kind = "image"
+            else:
+                inputs = await read_tensors(request, plan, state.uploads, deadline, ledger)
+                check_tensors(plan, inputs)
+                payload, kind = pack(Stored(inputs)), "tensors"
+        finally:
+            ledger.close()
+        digest = hashlib.sha256(f"{name}\0{kind}\0".encode() + payload).hexdigest()
+        submission = Submission(
+            name, kind, payload, state.settings.jobs_attempts, budget * 1000, callback, key, digest
+        )
+        try:
+            job, new = await jobs.submit(submission)
+        except QueueFull as exc:
+            raise Problem(
+                429, f"the jobs' queue is full ({exc.args[0]} unfinished jobs): come back later"
+            ) from None
+        except IdempotencyConflict as exc:
+            raise Problem(
+                422,
+                f"Idempotency-Key {key!r} already names job {exc.args[0]}, of another "
+                "pipeline or body",
+            ) from None
+        except QueueError as exc:
+            raise Problem(503, str(exc)) from None
+        headers = {"Location": f"/v1/jobs/{job.id}"}
+        if not new:
+            headers["Idempotent-Replayed"] = "true"
+        body = {"id": job.id, "status": job.status, "pipeline": job.pipeline}
+        return json_response({**body, "created": job.public()["created"]}, 202, headers)
+
+    async def get(self, job_id: str) -> Response:
+        """GET /v1/jobs/{id}."""
+        return json_response((await self._known(job_id)).public())
+
+    async def cancel(self, job_id: str) -> Response:
+        """DELETE /v1/jobs/{id}: cancelled if not final yet (its calls with it)."""
+        job, ended = await self._stored(self.jobs.cancel(job_id))
+        if job is None:
+            raise self._unknown(job_id)
+        if not ended:
+            raise Problem(409, f"job {job_id} has already ended: {job.status}")
+        return json_response(job.public())
+
+    async def list(self, request: Request) -> Response:
+        """GET /v1/jobs?pipeline=&status=&limit=&cursor=: newest first."""
+        query = request.query_params
+        status = query.get("status")
+        if status is not None and status not in STATUSES:
+            raise Problem(400, f"status must be one of {', '.join(STATUSES)}, not {status!r}")
+        raw = query.get("limit", "100")
+        if not raw.isdigit() or not 1 <= int(raw) <= MAX_PAGE:
+            raise Problem(400, f"limit must be a whole number from 1 to {MAX_PAGE}, not {raw!r}")
+        cursor = query.get("cursor")
+        try:
+            page = await self._stored(
+                self.jobs.page(query.get("pipeline"), status, int(raw), cursor)
+            )
+        except ValueError:
+            raise Problem(400, f"cursor {cursor!r} is not one this list gave") from None
+        return json_response({"jobs": [j.public() for j in page.jobs], "next": page.next})
+
+    async def _known(self, job_id: str) -> Job:
+        job = await self._stored(self.jobs.get(job_id))
+        if job is None:
+            raise self._unknown(job_id)
+        return job
+
+    def _unknown(self, job_id: str) -> Problem:
+        keep_h = self.jobs.config.keep_s / 3600
+        return Problem(404, f"no job {job_id!r} (ended jobs are kept {keep_h:g} h)")
+
+    @staticmethod
+    async def _stored(pending: Awaitable[T]) -> T:
+        try:
+            return await pending
+        except QueueError as exc:
+            raise Problem(503, str(exc)) from None
+
+
+def routes(endpoints: JobEndpoints) -> list[Route]:
+    """The jobs' routes, in the proxy's table (routes.py)."""
+    image_body = {k: v for k, v in schemas.IMAGE_BODY.items() if k != "parameters"}
+    return [
+        Route(
+            "POST",
+            "/v1/pipelines/{name}/jobs",
+            endpoints.submit,
+            {
+                "tags": ["jobs"],
+                "summary": "Run a request later: 202 with the job (the same bodies as /infer)",
+                "status_code": 202,
+                "response_model": job_schemas.JobAccepted,
+                "responses": schemas.errors(400, 401, 404, 408, 413, 415, 422, 429, 503),
+                "openapi_extra": {
+                    **image_body,
+                    "parameters": [
+                        {
+                            "name": "callback",
+                            "in": "query",
+                            "required": False,
+                            "description": "URL the ended job is POSTed to (allowed hosts only)",
+                            "schema": {"type": "string"},
+                        },
+                        {
+                            "name": "Idempotency-Key",
+                            "in": "header",
+                            "required": False,
+                            "description": "the same key and body give the same job",
+                            "schema": {"type": "string", "maxLength": MAX_KEY},
+                        },
+                    ],
+                },
+            },
+        ),
+        Route(
+            "GET",
+            "/v1/jobs",
+            endpoints.list,
+            {
+                "tags": ["jobs"],
+                "summary": "Jobs, newest first, by pipeline and status, a page at a time",
+                "response_model": job_schemas.JobList,
+                "responses": schemas.errors(400, 401, 503),
+            },
+        ),
+        Route(
+            "GET",
+            "/v1/jobs/{job_id}",
+            endpoints.get,
+            {
+                "tags": ["jobs"],
+                "summary": "A job: its state, and its result or error once it ended",
+                "response_model": job_schemas.JobView,
+                "responses": schemas.errors(401, 404, 503),
+            },
+        ),
+        Route(
+            "DELETE",
+            "/v1/jobs/{job_id}",
+            endpoints.cancel,
+            {
+                "tags": ["jobs"],
+                "summary": "Cancel a job not ended yet (a running one's calls too)",
+                "response_model": job_schemas.JobView,
+                "responses": schemas.errors(401, 404, 409, 503),
+            },
+        ),
+    ]

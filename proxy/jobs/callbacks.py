@@ -1,0 +1,73 @@
+"""A job's callback: its final state POSTed to a URL the client gave, retried with back-off,
+and only to hosts the operator allows (PROXY_JOBS_CALLBACK_HOSTS): without the list, a
+client could make the proxy call anything it can reach (server-side request forgery)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import orjson
+
+from proxy.errors import Problem
+
+log = logging.getLogger("proxy")
+
+BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
+"""Waits between delivery attempts: six tries over ~15 s."""
+
+
+def allowed_hosts(setting: str) -> frozenset[str]:
+    """`host` or `host:port` entries, comma-separated; lower-cased."""
+    return frozenset(h.strip().lower() for h in setting.split(",") if h.strip())
+
+
+def check(url: str, allowed: frozenset[str]) -> str:
+    """`url` when the proxy may POST to it; 400 naming why not."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise Problem(400, f"callback {url!r} is not an http(s) URL")
+    if parts.username or parts.password:
+        raise Problem(400, "a callback URL may not carry credentials")
+    if not allowed:
+        raise Problem(
+            400, "callbacks are off: the operator allows no hosts (PROXY_JOBS_CALLBACK_HOSTS)"
+        )
+    host = parts.hostname.lower()
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise Problem(400, f"callback {url!r} has a bad port") from None
+    if host not in allowed and f"{host}:{port}" not in allowed:
+        raise Problem(
+            400, f"callback host {host}:{port} is not allowed (PROXY_JOBS_CALLBACK_HOSTS)"
+        )
+    return url
+
+
+async def deliver(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], backoff: Sequence[float] = BACKOFF_S
+) -> str:
+    """POST `body` until a 2xx answer; "delivered", or the last failure."""
+    payload = orjson.dumps(body)
+    outcome = ""
+    for wait in (0.0, *backoff):
+        await asyncio.sleep(wait)
+        try:
+            answer = await client.post(
+                url, content=payload, headers={"Content-Type": "application/json"}
+            )
+        except httpx.HTTPError as exc:
+            outcome = f"{type(exc).__name__}: {exc}"
+            continue
+        if answer.is_success:
+            return "delivered"
+        outcome = f"HTTP {answer.status_code}"
+        if 400 <= answer.status_code < 500 and answer.status_code not in (408, 429):
+            break  # the receiver refuses it: it will again
+    log.warning("job callback failed", extra={"fields": {"url": url, "outcome": outcome}})
+    return outcome

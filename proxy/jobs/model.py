@@ -1,0 +1,118 @@
+"""A job as every backend stores it and every door shows it.
+
+A job is one pipeline request that answers later: its input (an image's bytes, or a tensor
+pipeline's tensors packed as a cache entry is), its state, and once it ends, either the
+answer `/infer` would have given (`result`) or the error it would have given (`error`).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import orjson
+
+Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+STATUSES: tuple[Status, ...] = ("queued", "running", "succeeded", "failed", "cancelled")
+FINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+InputKind = Literal["image", "tensors"]
+
+
+class QueueFull(Exception):
+    """The queue holds its bound of unfinished jobs (429)."""
+
+
+class IdempotencyConflict(Exception):
+    """An Idempotency-Key already names a job of another pipeline or body (422)."""
+
+
+class QueueError(Exception):
+    """The queue's store cannot be reached or answered wrongly (503)."""
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass
+class Submission:
+    """What a door hands the queue: a job not stored yet."""
+
+    pipeline: str
+    kind: InputKind
+    payload: bytes
+    """The image's bytes, or the tensors packed (proxy/engine/cache/entries.py)."""
+    max_attempts: int
+    budget_ms: float
+    """Each attempt's budget (the request's X-Request-Timeout-Ms, or the pipeline's)."""
+    callback: str | None = None
+    idempotency_key: str | None = None
+    digest: str = ""
+    """Hash of pipeline, kind and payload: an Idempotency-Key reused with another body is
+    refused."""
+    id: str = field(default_factory=new_id)
+    created: float = field(default_factory=time.time)
+
+
+@dataclass
+class Job:
+    id: str
+    pipeline: str
+    status: Status
+    created: float
+    updated: float
+    attempts: int = 0
+    max_attempts: int = 1
+    budget_ms: float = 0.0
+    result: Any = None
+    error: Any = None
+    """The last error, as /infer gives it: {"status": HTTP status, "error": message, ...}."""
+    callback: str | None = None
+    callback_status: str | None = None
+    """None (no callback, or not sent yet), "delivered", or the last delivery failure."""
+    finished: float | None = None
+
+    def public(self) -> dict[str, Any]:
+        """The job as GET /v1/jobs/{id} answers it."""
+        shown: dict[str, Any] = {
+            "id": self.id,
+            "pipeline": self.pipeline,
+            "status": self.status,
+            "created": _iso(self.created),
+            "updated": _iso(self.updated),
+            "attempts": self.attempts,
+        }
+        if self.finished is not None:
+            shown["finished"] = _iso(self.finished)
+        if self.result is not None:
+            shown["result"] = self.result
+        if self.error is not None:
+            shown["error"] = self.error
+        if self.callback:
+            shown["callback"] = {"url": self.callback, "status": self.callback_status}
+        return shown
+
+
+@dataclass
+class Claimed:
+    """A job a worker took: its input, and the token only its own final write carries
+    (a worker that lost its lease cannot write over the one that took the job after)."""
+
+    job: Job
+    kind: InputKind
+    payload: bytes
+    token: str
+
+
+def _iso(at: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at)) + f".{int(at % 1 * 1000):03d}Z"
+
+
+def dumps(value: Any) -> bytes:
+    return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def loads(raw: bytes | str | None) -> Any:
+    return None if raw is None else orjson.loads(raw)

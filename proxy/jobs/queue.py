@@ -1,0 +1,112 @@
+"""The jobs' queue: one interface, two backends (SQLite in a file, the embedded default;
+Redis, shared by proxy replicas and worker processes), chosen by PROXY_JOBS_URL.
+
+Every state change is one atomic step in the store, and a job's final state is written
+once: a worker writes it only while it holds the job's lease and token, and a cancel writes
+it only while the job is not final. A worker that dies leaves its job running with a lease
+that runs out; then another worker takes it again (an attempt more)."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.jobs.model import Claimed, Job, Submission
+
+
+@dataclass(frozen=True)
+class Page:
+    jobs: list[Job]
+    next: str | None
+    """The cursor of the next page (None: this was the last)."""
+
+
+@dataclass(frozen=True)
+class Depth:
+    queued: int
+    running: int
+    oldest_queued_s: float
+    """Age of the oldest job waiting to run (0 when none waits)."""
+
+
+class JobQueue(abc.ABC):
+    url: str
+
+    @abc.abstractmethod
+    async def submit(self, job: Submission, max_queued: int) -> tuple[Job, bool]:
+        """Store `job`, or the job its Idempotency-Key already names (False: not new).
+        QueueFull when `max_queued` jobs are unfinished; IdempotencyConflict when the key
+        names a job of another body."""
+
+    @abc.abstractmethod
+    async def get(self, job_id: str) -> Job | None: ...
+
+    @abc.abstractmethod
+    async def page(
+        self, pipeline: str | None, status: str | None, limit: int, cursor: str | None
+    ) -> Page:
+        """Jobs newest first, filtered; `cursor` from the previous page."""
+
+    @abc.abstractmethod
+    async def cancel(self, job_id: str, keep_s: float) -> tuple[Job | None, bool]:
+        """Cancelled (kept `keep_s` seconds) if not final yet (a running job's worker
+        learns it at its next renew): the job as it now is (None when unknown), and whether
+        this cancel ended it."""
+
+    @abc.abstractmethod
+    async def claim(self, lease_s: float, wait_s: float) -> Claimed | None:
+        """The oldest job due (queued, or running on a lease that ran out), now running
+        for `lease_s` under a new token and one attempt more; None after `wait_s`."""
+
+    @abc.abstractmethod
+    async def renew(self, held: dict[str, str], lease_s: float) -> set[str]:
+        """Extend the leases of `held` (id -> token); the ids this worker no longer holds
+        (cancelled, or taken by another worker after its lease ran out)."""
+
+    @abc.abstractmethod
+    async def finish(
+        self, claimed: Claimed, status: str, result: Any, error: Any, keep_s: float
+    ) -> bool:
+        """Write the final state (kept `keep_s` seconds), if the job is still this worker's;
+        False when it is not (cancelled, or taken again)."""
+
+    @abc.abstractmethod
+    async def requeue(self, claimed: Claimed, error: Any, delay_s: float) -> bool:
+        """Back to queued, due in `delay_s`, its last error kept; False when not held."""
+
+    @abc.abstractmethod
+    async def callback_done(self, job_id: str, outcome: str) -> None:
+        """Record how the callback went ("delivered", or the last failure)."""
+
+    @abc.abstractmethod
+    async def sweep(self, now: float) -> int:
+        """Remove jobs past their time to keep; how many."""
+
+    @abc.abstractmethod
+    async def depth(self) -> Depth: ...
+
+    @abc.abstractmethod
+    async def ping(self) -> None:
+        """QueueError when the store cannot be reached."""
+
+    def notify(self) -> None:  # noqa: B027 (a hint; most stores need none)
+        """A job was submitted in this process: idle workers look now."""
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+
+def open_queue(url: str) -> JobQueue:
+    """The backend `url` names: `sqlite:///path/jobs.sqlite3` or `redis://host:port/db`."""
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        from proxy.jobs.redis_queue import RedisQueue
+
+        return RedisQueue(url)
+    if url.startswith("sqlite:///"):
+        from proxy.jobs.sqlite_queue import SqliteQueue
+
+        return SqliteQueue(url)
+    raise ValueError(
+        f"PROXY_JOBS_URL {url!r}: use sqlite:///path/to/jobs.sqlite3 or redis://host:port/db"
+    )

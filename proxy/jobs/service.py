@@ -1,0 +1,117 @@
+"""Jobs as the doors and the worker process see them: submitted, read, listed, cancelled;
+run by this process's workers when it has any; their callbacks sent."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+import httpx
+
+from proxy import metrics
+from proxy.engine.runner import Engine
+from proxy.jobs import callbacks
+from proxy.jobs.model import Claimed, Job, Submission
+from proxy.jobs.queue import JobQueue, Page, open_queue
+from proxy.jobs.running import Outcome, attempt
+from proxy.jobs.workers import WorkerConfig, Workers
+
+log = logging.getLogger("proxy")
+
+
+@dataclass(frozen=True)
+class JobsConfig:
+    url: str
+    workers: int
+    max_queued: int
+    keep_s: float
+    lease_s: float
+    attempts: int
+    share: float
+    callback_hosts: frozenset[str]
+    backoff_s: float = 1.0
+    callback_backoff_s: tuple[float, ...] = callbacks.BACKOFF_S
+
+
+class Jobs:
+    def __init__(self, engine: Engine, config: JobsConfig) -> None:
+        self.engine = engine
+        self.config = config
+        self.queue: JobQueue = open_queue(config.url)
+        self.workers = (
+            Workers(
+                self.queue,
+                self._attempt,
+                WorkerConfig(config.workers, config.lease_s, config.keep_s, config.backoff_s),
+                self._ended,
+            )
+            if config.workers
+            else None
+        )
+        self._client: httpx.AsyncClient | None = None
+        self._deliveries: set[asyncio.Task[None]] = set()
+
+    def start(self) -> None:
+        self._client = httpx.AsyncClient(timeout=10.0, follow_redirects=False)
+        if self.workers is not None:
+            self.workers.start()
+
+    async def stop(self) -> None:
+        if self.workers is not None:
+            await self.workers.stop()
+        if self._deliveries:  # a callback under way gets a moment; its job stays readable
+            await asyncio.wait(self._deliveries, timeout=2.0)
+        for task in self._deliveries:
+            task.cancel()
+        if self._client is not None:
+            await self._client.aclose()
+        await self.queue.close()
+
+    def callback(self, url: str) -> str:
+        """`url` if allowed (callbacks.check); 400 otherwise."""
+        return callbacks.check(url, self.config.callback_hosts)
+
+    async def submit(self, submission: Submission) -> tuple[Job, bool]:
+        job, new = await self.queue.submit(submission, self.config.max_queued)
+        if new:
+            self.queue.notify()
+            metrics.JOBS_SUBMITTED.labels(job.pipeline).inc()
+        return job, new
+
+    async def get(self, job_id: str) -> Job | None:
+        return await self.queue.get(job_id)
+
+    async def page(
+        self, pipeline: str | None, status: str | None, limit: int, cursor: str | None
+    ) -> Page:
+        return await self.queue.page(pipeline, status, limit, cursor)
+
+    async def cancel(self, job_id: str) -> tuple[Job | None, bool]:
+        """The job after the cancel, and whether this cancel ended it."""
+        job, ended = await self.queue.cancel(job_id, self.config.keep_s)
+        if ended and job is not None:
+            metrics.JOBS_FINISHED.labels(job.pipeline, "cancelled").inc()
+            await self._ended(job_id)
+        return job, ended
+
+    async def _attempt(self, claimed: Claimed) -> Outcome:
+        return await attempt(self.engine, claimed, self.config.share)
+
+    async def _ended(self, job_id: str) -> None:
+        """A job's final state was written here: its callback, if it has one."""
+        job = await self.queue.get(job_id)
+        if job is None or not job.callback or self._client is None:
+            return
+        task = asyncio.create_task(self._deliver(job))
+        self._deliveries.add(task)
+        task.add_done_callback(self._deliveries.discard)
+
+    async def _deliver(self, job: Job) -> None:
+        assert self._client is not None and job.callback
+        outcome = await callbacks.deliver(
+            self._client, job.callback, job.public(), self.config.callback_backoff_s
+        )
+        with contextlib.suppress(Exception):
+            await self.queue.callback_done(job.id, outcome)

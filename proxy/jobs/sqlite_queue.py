@@ -1,0 +1,120 @@
+"""The jobs' queue in an SQLite file: the embedded default (nothing to run beside the
+proxy), shared by the proxy's own worker processes on one machine.
+
+One connection on one thread per process; every change is one transaction (BEGIN IMMEDIATE,
+so processes sharing the file take turns). WAL with synchronous=NORMAL: a committed job
+survives the process being killed (not the machine losing power mid-write)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from proxy.jobs import sqlite_sql as sql
+from proxy.jobs.model import Claimed, Job, QueueError, Submission
+from proxy.jobs.queue import Depth, JobQueue, Page
+
+T = TypeVar("T")
+
+
+class SqliteQueue(JobQueue):
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.path = Path(url.removeprefix("sqlite:///"))
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="jobs-sqlite")
+        self._db: sqlite3.Connection | None = None
+        self._wake = asyncio.Event()
+
+    def _connect(self) -> sqlite3.Connection:
+        if self._db is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(self.path, timeout=10, isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.executescript(sql.SCHEMA)
+            self._db = db
+        return self._db
+
+    async def _run(self, work: Any, *args: Any) -> T:
+        def inside() -> T:
+            db = self._connect()
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                out = work(db, *args)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+            return out
+
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._thread, inside)
+        except sqlite3.Error as exc:
+            raise QueueError(f"the jobs' database {self.path}: {exc}") from exc
+
+    async def submit(self, job: Submission, max_queued: int) -> tuple[Job, bool]:
+        return await self._run(sql.submit, job, max_queued)
+
+    async def get(self, job_id: str) -> Job | None:
+        return await self._run(sql.get, job_id, time.time())
+
+    async def page(
+        self, pipeline: str | None, status: str | None, limit: int, cursor: str | None
+    ) -> Page:
+        return await self._run(sql.page, pipeline, status, limit, cursor, time.time())
+
+    async def cancel(self, job_id: str, keep_s: float) -> tuple[Job | None, bool]:
+        return await self._run(sql.cancel, job_id, keep_s, time.time())
+
+    async def claim(self, lease_s: float, wait_s: float) -> Claimed | None:
+        loop = asyncio.get_running_loop()
+        until = loop.time() + wait_s
+        while True:
+            claimed = await self._run(sql.claim, lease_s, time.time())
+            left = until - loop.time()
+            if claimed is not None or left <= 0:
+                return claimed
+            self._wake.clear()
+            # Woken by a submission in this process; others' are seen within 0.2 s.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), min(left, 0.2))
+
+    def notify(self) -> None:
+        self._wake.set()
+
+    async def renew(self, held: dict[str, str], lease_s: float) -> set[str]:
+        return await self._run(sql.renew, held, time.time() + lease_s)
+
+    async def finish(
+        self, claimed: Claimed, status: str, result: Any, error: Any, keep_s: float
+    ) -> bool:
+        return await self._run(sql.finish, claimed, status, result, error, keep_s, time.time())
+
+    async def requeue(self, claimed: Claimed, error: Any, delay_s: float) -> bool:
+        return await self._run(sql.requeue, claimed, error, time.time(), delay_s)
+
+    async def callback_done(self, job_id: str, outcome: str) -> None:
+        await self._run(sql.callback_done, job_id, outcome)
+
+    async def sweep(self, now: float) -> int:
+        return await self._run(sql.sweep, now)
+
+    async def depth(self) -> Depth:
+        return await self._run(sql.depth, time.time())
+
+    async def ping(self) -> None:
+        await self._run(lambda db: db.execute("SELECT 1").fetchone())
+
+    async def close(self) -> None:
+        def shut() -> None:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+        await asyncio.get_running_loop().run_in_executor(self._thread, shut)
+        self._thread.shutdown(wait=True)

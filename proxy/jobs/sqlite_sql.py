@@ -1,0 +1,221 @@
+"""The SQL of the jobs' SQLite queue (sqlite_queue.py): each function runs on the queue's
+thread inside one transaction."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from proxy.jobs.model import (
+    Claimed,
+    IdempotencyConflict,
+    Job,
+    QueueFull,
+    Submission,
+    dumps,
+    loads,
+    new_id,
+)
+from proxy.jobs.queue import Depth, Page
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY, pipeline TEXT NOT NULL, status TEXT NOT NULL,
+    created REAL NOT NULL, updated REAL NOT NULL,
+    due REAL NOT NULL,  -- queued: when it may run; running: when its lease runs out
+    token TEXT, attempts INTEGER NOT NULL DEFAULT 0, max_attempts INTEGER NOT NULL,
+    budget_ms REAL NOT NULL, kind TEXT NOT NULL, payload BLOB,
+    result BLOB, error BLOB, callback TEXT, callback_status TEXT,
+    idem TEXT UNIQUE, digest TEXT, finished REAL, expires REAL
+);
+CREATE INDEX IF NOT EXISTS jobs_due ON jobs (status, due);
+CREATE INDEX IF NOT EXISTS jobs_created ON jobs (created, id);
+CREATE INDEX IF NOT EXISTS jobs_expires ON jobs (expires) WHERE expires IS NOT NULL;
+"""
+
+COLUMNS = (
+    "id, pipeline, status, created, updated, attempts, max_attempts, budget_ms, result, error,"
+    " callback, callback_status, finished"
+)
+LOST = {"status": 503, "error": "the worker running the job stopped, {n} times"}
+
+
+def _job(row: tuple) -> Job:
+    (id_, pipeline, status, created, updated, attempts, max_attempts, budget, result, error,
+     callback, callback_status, finished) = row  # fmt: skip
+    return Job(
+        id_, pipeline, status, created, updated, attempts, max_attempts, budget,
+        loads(result), loads(error), callback, callback_status, finished,
+    )  # fmt: skip
+
+
+def submit(db: sqlite3.Connection, job: Submission, max_queued: int) -> tuple[Job, bool]:
+    if job.idempotency_key is not None:
+        row = db.execute(
+            "SELECT pipeline, digest, id FROM jobs WHERE idem = ?", (job.idempotency_key,)
+        ).fetchone()
+        if row is not None:
+            if row[0] != job.pipeline or row[1] != job.digest:
+                raise IdempotencyConflict(row[2])
+            found = get(db, row[2], None)
+            assert found is not None
+            return found, False
+    (unfinished,) = db.execute(
+        "SELECT COUNT(*) FROM jobs WHERE status IN ('queued', 'running')"
+    ).fetchone()
+    if unfinished >= max_queued:
+        raise QueueFull(unfinished)
+    db.execute(
+        "INSERT INTO jobs (id, pipeline, status, created, updated, due, max_attempts,"
+        " budget_ms, kind, payload, callback, idem, digest)"
+        " VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (job.id, job.pipeline, job.created, job.created, job.created, job.max_attempts,
+         job.budget_ms, job.kind, job.payload, job.callback, job.idempotency_key, job.digest),
+    )  # fmt: skip
+    return Job(job.id, job.pipeline, "queued", job.created, job.created, 0, job.max_attempts,
+               job.budget_ms, callback=job.callback), True  # fmt: skip
+
+
+def get(db: sqlite3.Connection, job_id: str, now: float | None) -> Job | None:
+    row = db.execute(f"SELECT {COLUMNS}, expires FROM jobs WHERE id = ?", (job_id,)).fetchone()
+    if row is None or (now is not None and row[-1] is not None and row[-1] <= now):
+        return None
+    return _job(row[:-1])
+
+
+def page(
+    db: sqlite3.Connection,
+    pipeline: str | None,
+    status: str | None,
+    limit: int,
+    cursor: str | None,
+    now: float,
+) -> Page:
+    where, args = ["(expires IS NULL OR expires > ?)"], [now]
+    if pipeline is not None:
+        where.append("pipeline = ?")
+        args.append(pipeline)
+    if status is not None:
+        where.append("status = ?")
+        args.append(status)
+    if cursor is not None:
+        created, _, last = cursor.partition(":")
+        where.append("(created < ? OR (created = ? AND id < ?))")
+        args += [float(created), float(created), last]
+    rows = db.execute(
+        f"SELECT {COLUMNS} FROM jobs WHERE {' AND '.join(where)}"
+        " ORDER BY created DESC, id DESC LIMIT ?",
+        (*args, limit + 1),
+    ).fetchall()
+    jobs = [_job(r) for r in rows[:limit]]
+    more = len(rows) > limit
+    return Page(jobs, f"{jobs[-1].created!r}:{jobs[-1].id}" if more else None)
+
+
+def cancel(
+    db: sqlite3.Connection, job_id: str, keep_s: float, now: float
+) -> tuple[Job | None, bool]:
+    done = db.execute(
+        "UPDATE jobs SET status = 'cancelled', updated = ?, finished = ?, token = NULL,"
+        " payload = NULL, expires = ? WHERE id = ? AND status IN ('queued', 'running')",
+        (now, now, now + keep_s, job_id),
+    )
+    return get(db, job_id, now), done.rowcount == 1
+
+
+def claim(db: sqlite3.Connection, lease_s: float, now: float) -> Claimed | None:
+    while True:
+        row = db.execute(
+            "SELECT id, status, attempts, max_attempts FROM jobs WHERE (status = 'queued'"
+            " AND due <= ?) OR (status = 'running' AND due < ?) ORDER BY due LIMIT 1",
+            (now, now),
+        ).fetchone()
+        if row is None:
+            return None
+        job_id, status, attempts, max_attempts = row
+        if status == "running" and attempts >= max_attempts:
+            # Its worker died on its last attempt: failed, with why.
+            error = {**LOST, "error": LOST["error"].format(n=attempts)}
+            db.execute(
+                "UPDATE jobs SET status = 'failed', updated = ?, finished = ?, token = NULL,"
+                " payload = NULL, error = ? WHERE id = ?",
+                (now, now, dumps(error), job_id),
+            )
+            continue
+        token = new_id()
+        db.execute(
+            "UPDATE jobs SET status = 'running', token = ?, due = ?, updated = ?,"
+            " attempts = attempts + 1 WHERE id = ?",
+            (token, now + lease_s, now, job_id),
+        )
+        kind, payload = db.execute(
+            "SELECT kind, payload FROM jobs WHERE id = ?", (job_id,)
+        ).fetchone()
+        job = get(db, job_id, None)
+        assert job is not None
+        return Claimed(job, kind, payload, token)
+
+
+def renew(db: sqlite3.Connection, held: dict[str, str], until: float) -> set[str]:
+    lost = set()
+    for job_id, token in held.items():
+        done = db.execute(
+            "UPDATE jobs SET due = ? WHERE id = ? AND token = ? AND status = 'running'",
+            (until, job_id, token),
+        )
+        if done.rowcount == 0:
+            lost.add(job_id)
+    return lost
+
+
+def finish(
+    db: sqlite3.Connection,
+    claimed: Claimed,
+    status: str,
+    result: Any,
+    error: Any,
+    keep_s: float,
+    now: float,
+) -> bool:
+    done = db.execute(
+        "UPDATE jobs SET status = ?, result = ?, error = ?, updated = ?, finished = ?,"
+        " expires = ?, token = NULL, payload = NULL"
+        " WHERE id = ? AND token = ? AND status = 'running'",
+        (status, None if result is None else dumps(result), None if error is None else dumps(error),
+         now, now, now + keep_s, claimed.job.id, claimed.token),
+    )  # fmt: skip
+    return done.rowcount == 1
+
+
+def requeue(
+    db: sqlite3.Connection, claimed: Claimed, error: Any, now: float, delay_s: float
+) -> bool:
+    done = db.execute(
+        "UPDATE jobs SET status = 'queued', error = ?, updated = ?, due = ?, token = NULL"
+        " WHERE id = ? AND token = ? AND status = 'running'",
+        (dumps(error), now, now + delay_s, claimed.job.id, claimed.token),
+    )
+    return done.rowcount == 1
+
+
+def callback_done(db: sqlite3.Connection, job_id: str, outcome: str) -> None:
+    db.execute("UPDATE jobs SET callback_status = ? WHERE id = ?", (outcome, job_id))
+
+
+def sweep(db: sqlite3.Connection, now: float) -> int:
+    return db.execute("DELETE FROM jobs WHERE expires <= ?", (now,)).rowcount
+
+
+def depth(db: sqlite3.Connection, now: float) -> Depth:
+    counts = dict(
+        db.execute(
+            "SELECT status, COUNT(*) FROM jobs WHERE status IN ('queued', 'running')"
+            " GROUP BY status"
+        ).fetchall()
+    )
+    (oldest,) = db.execute("SELECT MIN(created) FROM jobs WHERE status = 'queued'").fetchone()
+    return Depth(
+        counts.get("queued", 0),
+        counts.get("running", 0),
+        0 if oldest is None else max(0.0, now - oldest),
+    )

@@ -1,0 +1,165 @@
+"""The workers that run jobs: a bounded number of tasks, in the proxy or in a worker-only
+process (python -m proxy.jobs), each taking the oldest job due, running it as a background
+request (it waits for room within its share rather than taking room from waiting
+clients), and writing its one final state.
+
+Leases: while a job runs, its worker renews its lease (every `renew_s`); a job it no longer
+holds (cancelled, or taken by another worker after a stall outlived the lease) has its run
+cancelled, its calls with it. A worker killed mid-job renews nothing: its lease runs out
+and another worker takes the job again."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from proxy import metrics
+from proxy.jobs.model import Claimed, QueueError
+from proxy.jobs.queue import JobQueue
+from proxy.jobs.running import Outcome
+
+log = logging.getLogger("proxy")
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    concurrency: int
+    lease_s: float
+    keep_s: float
+    backoff_s: float = 1.0
+    """First wait before another attempt; doubled each time, jittered, at most 60 s."""
+    sweep_s: float = 60.0
+
+    @property
+    def renew_s(self) -> float:
+        # Often enough to cancel a job's calls soon after DELETE, and to keep a lease.
+        return min(self.lease_s / 3, 0.5)
+
+
+Attempt = Callable[[Claimed], Awaitable[Outcome]]
+Finished = Callable[[str], Awaitable[None]]
+
+
+class Workers:
+    def __init__(
+        self, queue: JobQueue, attempt: Attempt, config: WorkerConfig, finished: Finished
+    ) -> None:
+        self.queue = queue
+        self.attempt = attempt
+        self.config = config
+        self.finished = finished
+        """Called with a job's id once its final state is written (its callback)."""
+        self._held: dict[str, tuple[str, asyncio.Task[Outcome]]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+
+    def start(self) -> None:
+        loops = [self._loop() for _ in range(self.config.concurrency)]
+        self._tasks = [asyncio.create_task(c) for c in (*loops, self._renew(), self._sweep())]
+
+    async def stop(self) -> None:
+        """Jobs running here go back to the queue at once (not after their lease)."""
+        self._stopping = True
+        for _, task in self._held.values():
+            task.cancel()
+        loops = self._tasks[: self.config.concurrency]
+        if loops:  # an idle loop sees `_stopping` when its claim's wait ends
+            await asyncio.wait(loops, timeout=3.0)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _loop(self) -> None:
+        while not self._stopping:
+            try:
+                claimed = await self.queue.claim(self.config.lease_s, wait_s=1.0)
+            except QueueError as exc:
+                log.warning(
+                    "jobs: the queue cannot be reached", extra={"fields": {"error": str(exc)}}
+                )
+                await asyncio.sleep(1.0)
+                continue
+            if claimed is not None and self._stopping:
+                await self._write(self.queue.requeue(claimed, _STOPPED, 0.0))
+            elif claimed is not None:
+                await self._run(claimed)
+
+    async def _run(self, claimed: Claimed) -> None:
+        job = claimed.job
+        metrics.JOB_ATTEMPTS.labels(job.pipeline).inc()
+        task = asyncio.create_task(self.attempt(claimed))
+        self._held[job.id] = (claimed.token, task)
+        try:
+            outcome = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.cancelled():
+                task.cancel()
+            if self._stopping:
+                await self._write(self.queue.requeue(claimed, _STOPPED, 0.0))
+            return
+        finally:
+            self._held.pop(job.id, None)
+        if outcome.result is not None:
+            await self._final(claimed, "succeeded", outcome)
+        elif outcome.retryable and job.attempts < job.max_attempts:
+            delay = min(self.config.backoff_s * 2 ** (job.attempts - 1), 60.0)
+            delay *= 0.5 + random.random() / 2
+            await self._write(self.queue.requeue(claimed, outcome.error, delay))
+        else:
+            await self._final(claimed, "failed", outcome)
+
+    async def _final(self, claimed: Claimed, status: str, outcome: Outcome) -> None:
+        written = await self._write(
+            self.queue.finish(claimed, status, outcome.result, outcome.error, self.config.keep_s)
+        )
+        if written:
+            metrics.JOBS_FINISHED.labels(claimed.job.pipeline, status).inc()
+            await self.finished(claimed.job.id)
+
+    async def _write(self, change: Awaitable[bool]) -> bool:
+        """A state change; one the store refuses (the job is no longer this worker's) or
+        cannot take (its lease will run out: the job runs again) writes nothing."""
+        try:
+            return await change
+        except QueueError as exc:
+            log.warning("jobs: a state change was lost", extra={"fields": {"error": str(exc)}})
+            return False
+
+    async def _renew(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.renew_s)
+            if not self._held:
+                continue
+            held = {job_id: token for job_id, (token, _) in self._held.items()}
+            try:
+                lost = await self.queue.renew(held, self.config.lease_s)
+            except QueueError:
+                continue  # tried again next time; the lease outlives a few misses
+            for job_id in lost:
+                entry = self._held.get(job_id)
+                if entry is not None and entry[0] == held[job_id]:
+                    entry[1].cancel()
+
+    async def _sweep(self) -> None:
+        """Expired jobs removed now and then; the queue's depth on /metrics every 5 s."""
+        swept = 0.0
+        while True:
+            with contextlib.suppress(QueueError):
+                if time.monotonic() - swept >= self.config.sweep_s:
+                    swept = time.monotonic()
+                    removed = await self.queue.sweep(time.time())
+                    if removed:
+                        log.info("jobs: expired removed", extra={"fields": {"removed": removed}})
+                depth = await self.queue.depth()
+                metrics.JOBS_WAITING.labels("queued").set(depth.queued)
+                metrics.JOBS_WAITING.labels("running").set(depth.running)
+                metrics.JOBS_OLDEST_S.set(depth.oldest_queued_s)
+            await asyncio.sleep(5.0)
+
+
+_STOPPED = {"status": 503, "error": "the worker running the job stopped; it runs again"}
