@@ -97,16 +97,17 @@ class JobQueue(abc.ABC):
     async def close(self) -> None: ...
 
 
-def open_queue(url: str) -> JobQueue:
-    """The backend `url` names: `sqlite:///path/jobs.sqlite3` or `redis://host:port/db`."""
+def open_queue(url: str, keep_s: float) -> JobQueue:
+    """The backend `url` names: `sqlite:///path/jobs.sqlite3` or `redis://host:port/db`;
+    ended jobs are kept `keep_s` seconds."""
     if url.startswith(("redis://", "rediss://", "unix://")):
         from proxy.jobs.redis_queue import RedisQueue
 
-        return RedisQueue(url)
+        return RedisQueue(url, keep_s)
     if url.startswith("sqlite:///"):
         from proxy.jobs.sqlite_queue import SqliteQueue
 
-        return SqliteQueue(url)
+        return SqliteQueue(url, keep_s)
     raise ValueError(
         f"PROXY_JOBS_URL {url!r}: use sqlite:///path/to/jobs.sqlite3 or redis://host:port/db"
     )

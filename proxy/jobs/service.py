@@ -39,7 +39,7 @@ class Jobs:
     def __init__(self, engine: Engine, config: JobsConfig) -> None:
         self.engine = engine
         self.config = config
-        self.queue: JobQueue = open_queue(config.url)
+        self.queue: JobQueue = open_queue(config.url, config.keep_s)
         self.workers = (
             Workers(
                 self.queue,

@@ -23,8 +23,9 @@ T = TypeVar("T")
 
 
 class SqliteQueue(JobQueue):
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, keep_s: float) -> None:
         self.url = url
+        self.keep_s = keep_s
         self.path = Path(url.removeprefix("sqlite:///"))
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="jobs-sqlite")
         self._db: sqlite3.Connection | None = None
@@ -75,7 +76,7 @@ class SqliteQueue(JobQueue):
         loop = asyncio.get_running_loop()
         until = loop.time() + wait_s
         while True:
-            claimed = await self._run(sql.claim, lease_s, time.time())
+            claimed = await self._run(sql.claim, lease_s, self.keep_s, time.time())
             left = until - loop.time()
             if claimed is not None or left <= 0:
                 return claimed

@@ -123,7 +123,7 @@ def cancel(
     return get(db, job_id, now), done.rowcount == 1
 
 
-def claim(db: sqlite3.Connection, lease_s: float, now: float) -> Claimed | None:
+def claim(db: sqlite3.Connection, lease_s: float, keep_s: float, now: float) -> Claimed | None:
     while True:
         row = db.execute(
             "SELECT id, status, attempts, max_attempts FROM jobs WHERE (status = 'queued'"
@@ -138,8 +138,8 @@ def claim(db: sqlite3.Connection, lease_s: float, now: float) -> Claimed | None:
             error = {**LOST, "error": LOST["error"].format(n=attempts)}
             db.execute(
                 "UPDATE jobs SET status = 'failed', updated = ?, finished = ?, token = NULL,"
-                " payload = NULL, error = ? WHERE id = ?",
-                (now, now, dumps(error), job_id),
+                " payload = NULL, error = ?, expires = ? WHERE id = ?",
+                (now, now, dumps(error), now + keep_s, job_id),
             )
             continue
         token = new_id()

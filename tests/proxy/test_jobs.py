@@ -1,22 +1,26 @@
-"""Jobs through the in-process proxy (its workers running) on SQLite, against real gRPC
-servers: every endpoint, idempotency, cancel (a running job's calls too), expiry, a full
-queue, attempts and their back-off, callbacks and their allow list, a restart."""
+"""Jobs through the in-process proxy (its workers running) on SQLite and on a real Redis,
+against real gRPC servers: every endpoint, idempotency, cancel (a running job's calls too),
+expiry, a full queue, attempts and their back-off, callbacks and their allow list, a
+restart."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+import uvicorn
 import yaml
 
 from protos.errors import InvalidInput, Unavailable
 from proxy.app import create_app
 from proxy.settings import ProxySettings
+from tests.conftest import redis_or_skip
 from tests.proxy.scripted import ScriptedModel, affine
 from tests.proxy.test_pipelines import body, call, parse_model, pipeline, post
 
@@ -24,9 +28,22 @@ RESULT = {"y": "a.y[0]"}
 FINAL = {"succeeded", "failed", "cancelled"}
 
 
+@pytest.fixture(params=["sqlite", "redis"])
+def jobs_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """Each test on both backends: an SQLite file; a redis-server of its own, persistent."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'jobs.sqlite3'}"
+        return
+    server = redis_or_skip(tmp_path / "redis", persistent=True)
+    yield server.url
+    server.stop()
+
+
 @pytest.fixture
-def jobs_proxy(tmp_path: Path) -> Callable[..., contextlib.AbstractAsyncContextManager]:
-    """A proxy app with its lifespan run (its workers), jobs in an SQLite file."""
+def jobs_proxy(
+    tmp_path: Path, jobs_url: str
+) -> Callable[..., contextlib.AbstractAsyncContextManager]:
+    """A proxy app with its lifespan run (its workers), on the test's jobs backend."""
 
     @contextlib.asynccontextmanager
     async def factory(
@@ -34,7 +51,7 @@ def jobs_proxy(tmp_path: Path) -> Callable[..., contextlib.AbstractAsyncContextM
     ) -> AsyncIterator[httpx.AsyncClient]:
         path = tmp_path / "pipelines.yaml"
         path.write_text(yaml.safe_dump({"pipelines": pipelines}))
-        settings.setdefault("jobs_url", f"sqlite:///{tmp_path / 'jobs.sqlite3'}")
+        settings.setdefault("jobs_url", jobs_url)
         app = create_app(ProxySettings(pipelines=path, **settings), env)
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
@@ -266,3 +283,90 @@ async def test_jobs_survive_a_restart(chain, jobs_proxy) -> None:
     async with jobs_proxy(pipes, env) as client:
         done = [await ended(client, i) for i in ids]
     assert [j["result"]["result"] for j in done] == [{"y": [i + 1.0]} for i in range(5)]
+
+
+@contextlib.asynccontextmanager
+async def receiver(failures: int) -> AsyncIterator[tuple[int, list[dict]]]:
+    """An HTTP server on 127.0.0.1 taking callbacks: 500 to the first `failures`, then 204."""
+    received: list[dict] = []
+
+    async def app(scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        received.append(json.loads(body))
+        status = 500 if len(received) <= failures else 204
+        await send({"type": "http.response.start", "status": status, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    for _ in range(500):
+        if server.started:
+            break
+        await asyncio.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield port, received
+    finally:
+        server.should_exit = True
+        await task
+
+
+async def test_callbacks_are_retried_and_only_go_to_allowed_hosts(chain, jobs_proxy) -> None:
+    _, pipes, env = chain
+    async with receiver(failures=2) as (port, received):
+        allowed = f"127.0.0.1:{port}"
+        async with jobs_proxy(pipes, env, jobs_callback_hosts=allowed) as client:
+            url = f"http://127.0.0.1:{port}/done"
+            job_id = (
+                await client.post(
+                    "/v1/pipelines/p/jobs",
+                    params={"callback": url},
+                    content=body(3),
+                    headers={"Content-Type": "application/octet-stream"},
+                )
+            ).json()["id"]
+            for _ in range(500):
+                shown = (await client.get(f"/v1/jobs/{job_id}")).json()
+                if shown.get("callback", {}).get("status"):
+                    break
+                await asyncio.sleep(0.02)
+            refused = [
+                await client.post(
+                    "/v1/pipelines/p/jobs",
+                    params={"callback": bad},
+                    content=body(3),
+                    headers={"Content-Type": "application/octet-stream"},
+                )
+                for bad in (
+                    f"http://127.0.0.1:{port + 1}/x",  # another port
+                    "http://169.254.169.254/latest/meta-data",  # the classic target
+                    f"ftp://127.0.0.1:{port}/x",
+                    f"http://user:pw@127.0.0.1:{port}/x",
+                )
+            ]
+    assert shown["callback"] == {"url": url, "status": "delivered"}
+    assert len(received) == 3  # two failures, then delivered
+    assert all(r["id"] == job_id and r["status"] == "succeeded" for r in received)
+    assert received[-1]["result"]["result"] == {"y": [4.0]}
+    assert [r.status_code for r in refused] == [400] * 4
+    assert "not allowed" in refused[1].json()["error"]
+
+
+async def test_callbacks_are_off_without_allowed_hosts(chain, jobs_proxy) -> None:
+    _, pipes, env = chain
+    async with jobs_proxy(pipes, env) as client:
+        refused = await client.post(
+            "/v1/pipelines/p/jobs",
+            params={"callback": "http://127.0.0.1:9/x"},
+            content=body(3),
+            headers={"Content-Type": "application/octet-stream"},
+        )
+    assert refused.status_code == 400 and "PROXY_JOBS_CALLBACK_HOSTS" in refused.json()["error"]

@@ -1,0 +1,285 @@
+"""The jobs' queue in Redis: shared by proxy replicas and worker processes. A stream with a
+consumer group carries the attempts (redelivered by XAUTOCLAIM when a worker's lease, the
+entry's idle time, runs out); each state change is one Lua script (redis_scripts.py).
+
+Run Redis with persistence (AOF, `appendonly yes`) and an eviction policy that spares keys
+without a TTL (`volatile-lru`, or `noeviction`): unfinished jobs have none."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError, ResponseError
+
+from proxy.jobs import redis_scripts as lua
+from proxy.jobs.model import (
+    Claimed,
+    IdempotencyConflict,
+    Job,
+    QueueError,
+    QueueFull,
+    Submission,
+    dumps,
+    loads,
+    new_id,
+)
+from proxy.jobs.queue import Depth, JobQueue, Page
+
+T = TypeVar("T")
+GROUP = "workers"
+PREFIX = "{mesh-jobs}"
+"""One hash slot (the braces) for every key: the scripts touch several."""
+SHOWN = ("pipeline", "status", "created", "updated", "attempts", "max_attempts", "budget_ms")
+SHOWN += ("result", "error", "callback", "callback_status", "finished")
+LOST = '{"status": 503, "error": "the worker running the job stopped on its last attempt"}'
+
+
+def _job(job_id: str, f: list[bytes | None]) -> Job | None:
+    if f[0] is None:
+        return None
+    text = [None if v is None else v.decode() for v in f]
+
+    def num(i: int) -> float:
+        return float(text[i] or 0)
+
+    return Job(
+        job_id, text[0], text[1], num(2), num(3), int(num(4)), int(num(5)), num(6),  # type: ignore[arg-type]
+        loads(f[7]), loads(f[8]), text[9] or None, text[10] or None,
+        None if text[11] is None else float(text[11]),
+    )  # fmt: skip
+
+
+class RedisQueue(JobQueue):
+    def __init__(self, url: str, keep_s: float, prefix: str = PREFIX) -> None:
+        self.url = url
+        self.keep_s = keep_s
+        self._redis = aioredis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
+        self.consumer = f"{socket.gethostname()}-{os.getpid()}-{new_id()[:8]}"
+        self._k = {n: f"{prefix}:{n}" for n in ("stream", "queued", "running", "index")}
+        self._k |= {n: f"{prefix}:{n}" for n in ("expiry", "delayed", "leases")}
+        self._job = f"{prefix}:job:"
+        self._idem = f"{prefix}:idem:"
+        self._scripts = {
+            name: self._redis.register_script(getattr(lua, name))
+            for name in ("SUBMIT", "TAKE", "FINISH", "REQUEUE", "DUE", "RENEW")
+        }
+        self._group_made = False
+
+    async def _call(self, work: Awaitable[T]) -> T:
+        try:
+            return await work
+        except (RedisError, OSError) as exc:
+            self._group_made = False  # a restarted Redis without AOF lost the group
+            raise QueueError(f"redis {self.url}: {exc!r}") from None
+
+    async def _group(self) -> None:
+        if self._group_made:
+            return
+        try:
+            await self._redis.xgroup_create(self._k["stream"], GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._group_made = True
+
+    async def submit(self, job: Submission, max_queued: int) -> tuple[Job, bool]:
+        k = self._k
+        fields: dict[str, Any] = {
+            "pipeline": job.pipeline, "status": "queued", "created": repr(job.created),
+            "updated": repr(job.created), "attempts": 0, "max_attempts": job.max_attempts,
+            "budget_ms": repr(job.budget_ms), "kind": job.kind, "payload": job.payload,
+            "callback": job.callback or "", "digest": job.digest,
+        }  # fmt: skip
+        idem = "" if job.idempotency_key is None else self._idem + job.idempotency_key
+        # The key outlives its job by a margin; a key whose job is gone names nothing.
+        args: list[Any] = [job.id, max_queued, int((self.keep_s + 30 * 86_400) * 1000)]
+        for name, value in fields.items():
+            args += [name, value]
+        keys = [self._job + job.id, k["queued"], k["running"], k["index"], k["stream"], idem]
+        await self._call(self._group())
+        outcome, detail = await self._call(self._scripts["SUBMIT"](keys, args))
+        outcome, detail = outcome.decode(), detail.decode()
+        if outcome == "full":
+            raise QueueFull(int(detail))
+        if outcome == "conflict":
+            raise IdempotencyConflict(detail)
+        found = await self.get(detail)
+        if found is None:  # ended and expired between the two calls
+            raise QueueError(f"job {detail} of this Idempotency-Key is gone")
+        return found, outcome == "new"
+
+    async def get(self, job_id: str) -> Job | None:
+        return _job(job_id, await self._call(self._redis.hmget(self._job + job_id, SHOWN)))
+
+    async def page(
+        self, pipeline: str | None, status: str | None, limit: int, cursor: str | None
+    ) -> Page:
+        top: float | str = "+inf"
+        after_id = None
+        if cursor is not None:
+            created, _, after_id = cursor.partition(":")
+            top = float(created)
+        jobs: list[Job] = []
+        offset = 0
+        while len(jobs) <= limit:
+            ids = await self._call(
+                self._redis.zrevrangebyscore(
+                    self._k["index"], top, "-inf", start=offset, num=200, withscores=True
+                )
+            )
+            if not ids:
+                break
+            offset += len(ids)
+            wanted = []
+            for raw, score in ids:
+                job_id = raw.decode()
+                if after_id is not None and score == top and job_id >= after_id:
+                    continue
+                wanted.append(job_id)
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for job_id in wanted:
+                    pipe.hmget(self._job + job_id, SHOWN)
+                rows = await self._call(pipe.execute())
+            for job_id, row in zip(wanted, rows, strict=True):
+                job = _job(job_id, row)
+                if job is None:
+                    continue
+                if (pipeline is None or job.pipeline == pipeline) and (
+                    status is None or job.status == status
+                ):
+                    jobs.append(job)
+        more = len(jobs) > limit
+        jobs = jobs[:limit]
+        return Page(jobs, f"{jobs[-1].created!r}:{jobs[-1].id}" if more else None)
+
+    async def cancel(self, job_id: str, keep_s: float) -> tuple[Job | None, bool]:
+        ended = await self._end(job_id, "", "cancelled", keep_s)
+        return await self.get(job_id), ended
+
+    async def _end(self, job_id: str, token: str, status: str, keep_s: float, *fields: Any) -> bool:
+        k = self._k
+        keys = [self._job + job_id, k["running"], k["stream"], k["expiry"], k["queued"]]
+        keys += [k["delayed"], k["leases"]]
+        args = [job_id, token, status, repr(time.time()), int(keep_s * 1000), GROUP, *fields]
+        return bool(await self._call(self._scripts["FINISH"](keys, args)))
+
+    async def claim(self, lease_s: float, wait_s: float) -> Claimed | None:
+        await self._call(self._group())
+        until = time.monotonic() + wait_s
+        while True:
+            left = until - time.monotonic()
+            # Blocks a quarter second at most: a job whose back-off ends is seen that soon.
+            claimed = await self._claim_once(lease_s, max(0.001, min(left, 0.25)))
+            if claimed is not None or left <= 0.25:
+                return claimed
+
+    async def _claim_once(self, lease_s: float, block_s: float) -> Claimed | None:
+        k, now = self._k, time.time()
+        await self._call(self._scripts["DUE"]([k["delayed"], k["stream"], self._job], [now]))
+        # A job whose worker died: its lease ran out.
+        expired = await self._call(
+            self._redis.zrangebyscore(k["leases"], "-inf", now, start=0, num=1)
+        )
+        for raw in expired:
+            entry = await self._call(self._redis.hget(self._job + raw.decode(), "entry"))
+            if entry is not None:
+                claimed = await self._take(entry.decode(), raw.decode(), lease_s)
+                if claimed is not None:
+                    return claimed
+        # An entry read by a worker that died before it took the job: idle for long.
+        _, taken, *_ = await self._call(
+            self._redis.xautoclaim(
+                k["stream"], GROUP, self.consumer, int(lease_s * 2000), "0-0", count=1
+            )
+        )
+        if not taken:
+            read = await self._call(
+                self._redis.xreadgroup(
+                    GROUP, self.consumer, {k["stream"]: ">"}, count=1, block=int(block_s * 1000)
+                )
+            )
+            taken = read[0][1] if read else []
+        for entry, fields in taken:
+            if fields is None:
+                continue
+            claimed = await self._take(entry.decode(), fields[b"id"].decode(), lease_s)
+            if claimed is not None:
+                return claimed
+        return None
+
+    async def _take(self, entry: str, job_id: str, lease_s: float) -> Claimed | None:
+        k, token, now = self._k, new_id(), time.time()
+        keys = [self._job + job_id, k["queued"], k["running"], k["stream"], k["expiry"]]
+        keys.append(k["leases"])
+        args = [job_id, entry, token, repr(now), GROUP, int(self.keep_s * 1000), LOST]
+        args += [int(lease_s * 1000), self.consumer]
+        outcome = (await self._call(self._scripts["TAKE"](keys, args))).decode()
+        if outcome != "taken":
+            return None
+        fields = await self._call(
+            self._redis.hmget(self._job + job_id, [*SHOWN, "kind", "payload"])
+        )
+        job = _job(job_id, fields[: len(SHOWN)])
+        if job is None:
+            return None
+        kind = (fields[-2] or b"image").decode()
+        return Claimed(job, kind, fields[-1] or b"", token)  # type: ignore[arg-type]
+
+    async def renew(self, held: dict[str, str], lease_s: float) -> set[str]:
+        lost = set()
+        until = repr(time.time() + lease_s)
+        for job_id, token in held.items():
+            keys = [self._job + job_id, self._k["stream"], self._k["leases"]]
+            args = [job_id, token, GROUP, self.consumer, until]
+            if not await self._call(self._scripts["RENEW"](keys, args)):
+                lost.add(job_id)
+        return lost
+
+    async def finish(
+        self, claimed: Claimed, status: str, result: Any, error: Any, keep_s: float
+    ) -> bool:
+        fields: list[Any] = []
+        if result is not None:
+            fields += ["result", dumps(result)]
+        if error is not None:
+            fields += ["error", dumps(error)]
+        return await self._end(claimed.job.id, claimed.token, status, keep_s, *fields)
+
+    async def requeue(self, claimed: Claimed, error: Any, delay_s: float) -> bool:
+        k, now = self._k, time.time()
+        keys = [self._job + claimed.job.id, k["running"], k["queued"], k["stream"], k["delayed"]]
+        keys.append(k["leases"])
+        args = [claimed.job.id, claimed.token, repr(now), repr(now + delay_s), dumps(error), GROUP]
+        return bool(await self._call(self._scripts["REQUEUE"](keys, args)))
+
+    async def callback_done(self, job_id: str, outcome: str) -> None:
+        key = self._job + job_id
+        await self._call(self._redis.hset(key, "callback_status", outcome))
+
+    async def sweep(self, now: float) -> int:
+        gone = await self._call(self._redis.zrangebyscore(self._k["expiry"], "-inf", now))
+        if gone:
+            await self._call(self._redis.zrem(self._k["index"], *gone))
+            await self._call(self._redis.zrem(self._k["expiry"], *gone))
+        return len(gone)
+
+    async def depth(self) -> Depth:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.zcard(self._k["queued"]).scard(self._k["running"])
+            pipe.zrange(self._k["queued"], 0, 0, withscores=True)
+            queued, running, oldest = await self._call(pipe.execute())
+        age = time.time() - oldest[0][1] if oldest else 0.0
+        return Depth(queued, running, max(0.0, age))
+
+    async def ping(self) -> None:
+        await self._call(self._redis.ping())
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+        await asyncio.sleep(0)

@@ -1,0 +1,147 @@
+"""The jobs' Redis queue's state changes, each one Lua script (atomic in Redis).
+
+Keys, under a prefix P: `P:job:<id>` a hash per job; `P:stream` the stream workers read
+with consumer group `workers` (an entry per attempt to run; a worker holds it in the group's
+pending list while it runs, its idle time renewed by XCLAIM; one idle longer than the lease
+is taken over by XAUTOCLAIM); `P:delayed` a sorted set of jobs waiting out their back-off;
+`P:queued` (by creation) and `P:running` the unfinished jobs; `P:index` every kept job by
+creation (the list); `P:expiry` ended jobs by when they go; `P:idem:<key>` a key's job."""
+
+from __future__ import annotations
+
+# KEYS: job, queued, running, index, stream, idem (or ""); ARGV: id, max_queued, keep_ms,
+# then the job's fields as name, value pairs. A key reused: its job (or a conflict).
+SUBMIT = """
+if KEYS[6] ~= '' then
+  local known = redis.call('GET', KEYS[6])
+  if known then
+    local prefix = string.sub(KEYS[1], 1, #KEYS[1] - #ARGV[1])
+    local fields = redis.call('HMGET', prefix .. known, 'pipeline', 'digest')
+    if fields[1] then
+      local digest = ''
+      for i = 4, #ARGV, 2 do if ARGV[i] == 'digest' then digest = ARGV[i + 1] end end
+      local pipeline = ''
+      for i = 4, #ARGV, 2 do if ARGV[i] == 'pipeline' then pipeline = ARGV[i + 1] end end
+      if fields[1] ~= pipeline or fields[2] ~= digest then return {'conflict', known} end
+      return {'known', known}
+    end
+  end
+end
+local unfinished = redis.call('ZCARD', KEYS[2]) + redis.call('SCARD', KEYS[3])
+if unfinished >= tonumber(ARGV[2]) then return {'full', tostring(unfinished)} end
+local created = 0
+for i = 4, #ARGV, 2 do
+  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  if ARGV[i] == 'created' then created = tonumber(ARGV[i + 1]) end
+end
+local entry = redis.call('XADD', KEYS[5], '*', 'id', ARGV[1])
+redis.call('HSET', KEYS[1], 'entry', entry)
+redis.call('ZADD', KEYS[2], created, ARGV[1])
+redis.call('ZADD', KEYS[4], created, ARGV[1])
+if KEYS[6] ~= '' then redis.call('SET', KEYS[6], ARGV[1], 'PX', ARGV[3]) end
+return {'new', ARGV[1]}
+"""
+
+# KEYS: job, queued, running, stream, expiry, leases; ARGV: id, entry, token, now, group,
+# keep_ms, error, lease_ms, consumer. An entry this worker read, or a job whose lease ran out:
+# run it (the entry now this consumer's), leave it (its lease still runs: its worker lives),
+# drop it (its job ended, or it is an old attempt's), or fail the job (its worker died on
+# its last attempt).
+TAKE = """
+local status, attempts, most, entry = unpack(redis.call('HMGET', KEYS[1], 'status', 'attempts',
+                                                        'max_attempts', 'entry'))
+local function drop()
+  redis.call('XACK', KEYS[4], ARGV[5], ARGV[2])
+  redis.call('XDEL', KEYS[4], ARGV[2])
+end
+if not status or (status ~= 'queued' and status ~= 'running') or entry ~= ARGV[2] then
+  drop()
+  return 'gone'
+end
+local now = tonumber(ARGV[4])
+if status == 'running' then
+  local lease = redis.call('ZSCORE', KEYS[6], ARGV[1])
+  if lease and tonumber(lease) > now then return 'held' end
+end
+attempts = tonumber(attempts)
+if status == 'running' and attempts >= tonumber(most) then
+  drop()
+  redis.call('HSET', KEYS[1], 'status', 'failed', 'updated', ARGV[4], 'finished', ARGV[4],
+             'error', ARGV[7])
+  redis.call('HDEL', KEYS[1], 'token', 'payload', 'entry')
+  redis.call('PEXPIRE', KEYS[1], ARGV[6])
+  redis.call('SREM', KEYS[3], ARGV[1])
+  redis.call('ZREM', KEYS[6], ARGV[1])
+  redis.call('ZADD', KEYS[5], now + tonumber(ARGV[6]) / 1000, ARGV[1])
+  return 'exhausted'
+end
+redis.call('XCLAIM', KEYS[4], ARGV[5], ARGV[9], 0, ARGV[2], 'JUSTID')
+redis.call('HSET', KEYS[1], 'status', 'running', 'token', ARGV[3], 'updated', ARGV[4],
+           'attempts', attempts + 1)
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('SADD', KEYS[3], ARGV[1])
+redis.call('ZADD', KEYS[6], now + tonumber(ARGV[8]) / 1000, ARGV[1])
+return 'taken'
+"""
+
+# KEYS: job, running, stream, expiry, queued, delayed, leases; ARGV: id, token ('' for a cancel),
+# status, now, keep_ms, group, then fields to set as name, value pairs.
+# The final state, written once: by the worker holding the token, or by a cancel.
+FINISH = """
+local status, token, entry = unpack(redis.call('HMGET', KEYS[1], 'status', 'token', 'entry'))
+if status ~= 'running' and not (ARGV[2] == '' and status == 'queued') then return 0 end
+if ARGV[2] ~= '' and token ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], 'status', ARGV[3], 'updated', ARGV[4], 'finished', ARGV[4])
+for i = 7, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+redis.call('HDEL', KEYS[1], 'token', 'payload', 'entry')
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+redis.call('SREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[5], ARGV[1])
+redis.call('ZREM', KEYS[6], ARGV[1])
+redis.call('ZREM', KEYS[7], ARGV[1])
+redis.call('ZADD', KEYS[4], tonumber(ARGV[4]) + tonumber(ARGV[5]) / 1000, ARGV[1])
+if entry then
+  redis.call('XACK', KEYS[3], ARGV[6], entry)
+  redis.call('XDEL', KEYS[3], entry)
+end
+return 1
+"""
+
+# KEYS: job, running, queued, stream, delayed, leases; ARGV: id, token, now, due, error, group.
+REQUEUE = """
+local status, token, entry, created = unpack(redis.call('HMGET', KEYS[1], 'status', 'token',
+                                                       'entry', 'created'))
+if status ~= 'running' or token ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], 'status', 'queued', 'updated', ARGV[3], 'error', ARGV[5])
+redis.call('HDEL', KEYS[1], 'token', 'entry')
+redis.call('SREM', KEYS[2], ARGV[1])
+redis.call('ZADD', KEYS[3], tonumber(created), ARGV[1])
+if entry then
+  redis.call('XACK', KEYS[4], ARGV[6], entry)
+  redis.call('XDEL', KEYS[4], entry)
+end
+redis.call('ZADD', KEYS[5], ARGV[4], ARGV[1])
+redis.call('ZREM', KEYS[6], ARGV[1])
+return 1
+"""
+
+# KEYS: delayed, stream, prefix; ARGV: now. Jobs whose back-off is over, back on the stream.
+DUE = """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, 100)
+for _, id in ipairs(due) do
+  local entry = redis.call('XADD', KEYS[2], '*', 'id', id)
+  redis.call('HSET', KEYS[3] .. id, 'entry', entry)
+  redis.call('ZREM', KEYS[1], id)
+end
+return #due
+"""
+
+# KEYS: job, stream, leases; ARGV: id, token, group, consumer, until. The lease renewed (and
+# the entry's idle time reset), if the job is still this worker's.
+RENEW = """
+local status, token, entry = unpack(redis.call('HMGET', KEYS[1], 'status', 'token', 'entry'))
+if status ~= 'running' or token ~= ARGV[2] or not entry then return 0 end
+redis.call('XCLAIM', KEYS[2], ARGV[3], ARGV[4], 0, entry, 'JUSTID')
+redis.call('ZADD', KEYS[3], ARGV[5], ARGV[1])
+return 1
+"""

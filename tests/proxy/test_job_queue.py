@@ -1,0 +1,141 @@
+"""The jobs' queue, the same tests on both backends (SQLite in a file; a real redis-server
+with its append-only file, as the jobs need it): leases that run out hand the job to
+another worker, whose final state is the only one written; cancel; back-off; idempotency;
+the bound; the list; expiry."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from proxy.jobs.model import IdempotencyConflict, QueueFull, Submission
+from proxy.jobs.queue import JobQueue, open_queue
+from tests.conftest import redis_or_skip
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+async def queue(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[JobQueue]:
+    if request.param == "sqlite":
+        opened = open_queue(f"sqlite:///{tmp_path / 'jobs.sqlite3'}", keep_s=60)
+        yield opened
+        await opened.close()
+        return
+    server = redis_or_skip(tmp_path / "redis", persistent=True)
+    opened = open_queue(server.url, keep_s=60)
+    yield opened
+    await opened.close()
+    server.stop()
+
+
+def job(pipeline: str = "p", payload: bytes = b"x", **extra) -> Submission:
+    return Submission(pipeline, "image", payload, extra.pop("max_attempts", 3), 1000.0, **extra)
+
+
+async def test_a_lease_that_runs_out_hands_the_job_on_and_one_final_state_is_written(
+    queue: JobQueue,
+) -> None:
+    submitted, new = await queue.submit(job(payload=b"img"), 10)
+    first = await queue.claim(lease_s=1.0, wait_s=0.5)
+    assert new and first is not None and first.job.id == submitted.id
+    assert first.payload == b"img" and first.kind == "image" and first.job.attempts == 1
+    assert await queue.claim(lease_s=1.0, wait_s=0.2) is None  # held
+    await asyncio.sleep(1.1)  # the first worker "died": no renewal
+    second = await queue.claim(lease_s=10.0, wait_s=0.5)
+    assert second is not None and second.job.id == submitted.id and second.job.attempts == 2
+    assert await queue.renew({first.job.id: first.token}, 10.0) == {first.job.id}
+    assert await queue.renew({second.job.id: second.token}, 10.0) == set()
+    assert not await queue.finish(first, "succeeded", {"r": 1}, None, 60)  # too late
+    assert await queue.finish(second, "succeeded", {"r": 2}, None, 60)
+    assert not await queue.finish(second, "failed", None, {"status": 500}, 60)  # once
+    done = await queue.get(submitted.id)
+    assert done is not None and done.status == "succeeded" and done.result == {"r": 2}
+    assert await queue.claim(lease_s=1.0, wait_s=0.2) is None
+
+
+async def test_a_worker_dying_on_the_last_attempt_fails_the_job(queue: JobQueue) -> None:
+    submitted, _ = await queue.submit(job(max_attempts=1), 10)
+    assert await queue.claim(lease_s=1.0, wait_s=0.5) is not None
+    await asyncio.sleep(1.1)
+    assert await queue.claim(lease_s=1.0, wait_s=0.3) is None
+    failed = await queue.get(submitted.id)
+    assert failed is not None and failed.status == "failed" and failed.attempts == 1
+    assert failed.error["status"] == 503 and "stopped" in failed.error["error"]
+
+
+async def test_cancel_ends_a_queued_or_running_job_once(queue: JobQueue) -> None:
+    queued, _ = await queue.submit(job(payload=b"a"), 10)
+    running, _ = await queue.submit(job(payload=b"b"), 10)
+    cancelled, ended = await queue.cancel(queued.id, 60)
+    assert ended and cancelled is not None and cancelled.status == "cancelled"
+    claimed = await queue.claim(lease_s=10.0, wait_s=0.5)
+    assert claimed is not None and claimed.job.id == running.id  # the cancelled one skipped
+    _, ended = await queue.cancel(running.id, 60)
+    assert ended and await queue.renew({running.id: claimed.token}, 10.0) == {running.id}
+    assert not await queue.finish(claimed, "succeeded", {"r": 1}, None, 60)
+    after, again = await queue.cancel(running.id, 60)
+    assert not again and after is not None and after.status == "cancelled"
+    assert await queue.cancel("nope", 60) == (None, False)
+    depth = await queue.depth()
+    assert (depth.queued, depth.running) == (0, 0)
+
+
+async def test_a_requeued_job_waits_out_its_back_off_with_its_last_error(queue: JobQueue) -> None:
+    submitted, _ = await queue.submit(job(), 10)
+    claimed = await queue.claim(lease_s=10.0, wait_s=0.5)
+    assert claimed is not None
+    assert await queue.requeue(claimed, {"status": 503, "error": "down"}, delay_s=0.6)
+    waiting = await queue.get(submitted.id)
+    assert waiting is not None and waiting.status == "queued" and waiting.error["error"] == "down"
+    started = time.monotonic()
+    assert await queue.claim(lease_s=10.0, wait_s=0.3) is None
+    again = await queue.claim(lease_s=10.0, wait_s=2.0)
+    assert again is not None and again.job.attempts == 2
+    assert time.monotonic() - started >= 0.5
+
+
+async def test_an_idempotency_key_names_one_job(queue: JobQueue) -> None:
+    first, new = await queue.submit(job(idempotency_key="k", digest="d1"), 10)
+    same, again = await queue.submit(job(idempotency_key="k", digest="d1"), 10)
+    assert new and not again and same.id == first.id
+    with pytest.raises(IdempotencyConflict):
+        await queue.submit(job(idempotency_key="k", digest="d2"), 10)
+    with pytest.raises(IdempotencyConflict):
+        await queue.submit(job("q", idempotency_key="k", digest="d1"), 10)
+
+
+async def test_the_bound_counts_unfinished_jobs(queue: JobQueue) -> None:
+    ids = [(await queue.submit(job(payload=bytes([i])), 3))[0].id for i in range(3)]
+    with pytest.raises(QueueFull):
+        await queue.submit(job(payload=b"more"), 3)
+    claimed = await queue.claim(lease_s=10.0, wait_s=0.5)
+    assert claimed is not None
+    with pytest.raises(QueueFull):  # running still counts
+        await queue.submit(job(payload=b"more"), 3)
+    assert await queue.finish(claimed, "succeeded", {}, None, 60)
+    await queue.submit(job(payload=b"more"), 3)
+    depth = await queue.depth()
+    assert (depth.queued, depth.running) == (3, 0) and depth.oldest_queued_s >= 0
+    assert claimed.job.id == ids[0]  # oldest first
+
+
+async def test_pages_newest_first_filtered_and_ended_jobs_expire(queue: JobQueue) -> None:
+    ids = []
+    for i in range(5):
+        ids.append((await queue.submit(job("p" if i % 2 else "q", bytes([i])), 10))[0].id)
+        await asyncio.sleep(0.002)  # distinct creation times
+    await queue.cancel(ids[0], keep_s=0.2)
+    first = await queue.page(None, None, 2, None)
+    second = await queue.page(None, None, 2, first.next)
+    third = await queue.page(None, None, 2, second.next)
+    assert [j.id for j in first.jobs + second.jobs + third.jobs] == ids[::-1]
+    assert third.next is None
+    assert [j.id for j in (await queue.page("p", None, 10, None)).jobs] == [ids[3], ids[1]]
+    assert [j.id for j in (await queue.page(None, "cancelled", 10, None)).jobs] == [ids[0]]
+    await asyncio.sleep(0.3)
+    assert await queue.get(ids[0]) is None
+    await queue.sweep(time.time())
+    assert [j.id for j in (await queue.page(None, None, 10, None)).jobs] == ids[:0:-1]
