@@ -50,8 +50,10 @@ def shipped_mesh(prefix: str) -> Iterator:
 
     # Every request run through the pipeline: the benchmarks measure the mesh, not its cache
     # (bench/cache.py turns it on beside).
-    services = load([DEFAULT_FILE], environ={"PROXY_CACHE": "false"}, port_offset=12000)
-    with open(Path(tempfile.mkdtemp(prefix=prefix)) / "mesh.log", "w") as log:
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    environ = {"PROXY_CACHE": "false", "PROXY_JOBS_URL": f"sqlite:///{folder}/jobs.sqlite3"}
+    services = load([DEFAULT_FILE], environ=environ, port_offset=12000)
+    with open(folder / "mesh.log", "w") as log:
         mesh = LocalMesh(services, out=log)
         mesh.up()
         try:

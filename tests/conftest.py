@@ -24,6 +24,15 @@ from tests.pki import PKI, make_pki
 from tests.procs import ROOT, Service, start_service
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Proxies the tests build or start keep their jobs in a folder of the run's own, never
+    in the checkout's data/ (a test of jobs names its own store)."""
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="mesh-tests-jobs-"))
+    os.environ.setdefault("PROXY_JOBS_URL", f"sqlite:///{folder / 'jobs.sqlite3'}")
+
+
 @pytest.fixture(scope="session")
 def test_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_test_repository(tmp_path_factory.mktemp("repository"))
@@ -126,7 +135,8 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     log = tmp_path_factory.mktemp("mesh") / "mesh.log"
     # The suite measures and breaks the services themselves: its mesh answers every request
     # by running it (tests/e2e/test_cache.py runs a proxy with the shipped caches on).
-    services = load([DEFAULT_FILE], environ={"PROXY_CACHE": "false"}, port_offset=PORT_OFFSET)
+    environ = {"PROXY_CACHE": "false", "PROXY_JOBS_URL": f"sqlite:///{log.parent}/jobs.sqlite3"}
+    services = load([DEFAULT_FILE], environ=environ, port_offset=PORT_OFFSET)
     with log.open("w") as out:
         local = LocalMesh(services, out=out)
         try:

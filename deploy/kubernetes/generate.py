@@ -66,9 +66,10 @@ def _component(command: list[str]) -> str:
 def _env(name: str, spec: dict) -> dict[str, str]:
     raw = spec.get("environment") or {}
     env = {str(k): interpolate(str(v), {}) for k, v in raw.items()}
+    env = {k: v for k, v in env.items() if v}  # unset in compose: the setting's default
     if name == "proxy":
         for key, value in env.items():
-            if key.endswith("_URL"):
+            if key.endswith("_URL") and not key.startswith("PROXY_"):  # an endpoint
                 env[key] = f"dns:///{value}"
         env["PROXY_PIPELINES"] = PIPELINES_PATH
     return env
@@ -141,6 +142,9 @@ def deployment(name: str, spec: dict, size: capacity.Size) -> dict:
     if name == "proxy":
         mounts.append({"name": "pipelines", "mountPath": "/etc/mesh", "readOnly": True})
         volumes.append({"name": "pipelines", "configMap": {"name": "proxy-pipelines"}})
+        # The jobs' SQLite file when PROXY_JOBS_URL names no Redis (one pod's own).
+        mounts.append({"name": "data", "mountPath": "/app/data"})
+        volumes.append({"name": "data", "emptyDir": {"sizeLimit": "1Gi"}})
     container = {
         "name": name,
         "image": IMAGE,

@@ -1,5 +1,5 @@
-"""Health and metrics: liveness, readiness (every endpoint any pipeline calls), and the
-proxy's Prometheus metrics."""
+"""Health and metrics: liveness, readiness (every endpoint any pipeline calls, and the
+jobs' queue), and the proxy's Prometheus metrics."""
 
 from __future__ import annotations
 
@@ -38,8 +38,17 @@ class HealthEndpoints:
             for target in plan.targets.values():
                 pairs[(target.address, target.model)] = target.endpoint
         timeout = state.settings.ready_timeout_ms / 1000
+        queue = state.jobs.check(timeout)
         checks = await asyncio.gather(*(state.services.ready(a, m, timeout) for a, m in pairs))
-        report: dict[str, dict[str, Any]] = {}
+        ok, why = await queue
+        report: dict[str, dict[str, Any]] = {
+            "PROXY_JOBS_URL/jobs": {
+                "address": state.jobs.address,
+                "model": "jobs",
+                "ready": ok,
+                **({"error": why} if why else {}),
+            }
+        }
         for ((address, model), variable), (ok, why) in zip(pairs.items(), checks, strict=True):
             report[f"{variable}/{model}"] = {
                 "address": address,

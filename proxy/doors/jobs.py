@@ -8,19 +8,29 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import numpy as np
 from fastapi import Request, Response
 
 from proxy.doors import job_schemas, schemas
+from proxy.doors.pipeline_bodies import budget_s, read_tensors
 from proxy.doors.responses import json_response
-from proxy.doors.rest import budget_s, read_tensors
 from proxy.doors.route import Route
 from proxy.doors.uploads import read_image
 from proxy.engine.cache.entries import Stored, pack
+from proxy.engine.plan import Plan
 from proxy.engine.runner import check_format, check_tensors
 from proxy.errors import Problem
-from proxy.jobs.model import STATUSES, IdempotencyConflict, Job, QueueError, QueueFull, Submission
+from proxy.jobs.model import (
+    STATUSES,
+    IdempotencyConflict,
+    InputKind,
+    Job,
+    QueueError,
+    QueueFull,
+    Submission,
+)
 from proxy.jobs.service import Jobs
 from proxy.state import ProxyState
 
@@ -29,6 +39,53 @@ T = TypeVar("T")
 MAX_KEY = 255
 """Longest Idempotency-Key accepted."""
 MAX_PAGE = 1000
+
+
+async def enqueue(
+    jobs: Jobs,
+    pipeline: str,
+    kind: InputKind,
+    payload: bytes,
+    budget_s: float,
+    callback: str | None = None,
+    key: str | None = None,
+) -> tuple[Job, bool]:
+    """A checked request stored as a job; the queue's refusals as the doors answer them."""
+    digest = hashlib.sha256(f"{pipeline}\0{kind}\0".encode() + payload).hexdigest()
+    attempts = jobs.config.attempts
+    submission = Submission(
+        pipeline, kind, payload, attempts, budget_s * 1000, callback, key, digest
+    )
+    try:
+        return await jobs.submit(submission)
+    except QueueFull as exc:
+        raise Problem(
+            429, f"the jobs' queue is full ({exc.args[0]} unfinished jobs): come back later"
+        ) from None
+    except IdempotencyConflict as exc:
+        raise Problem(
+            422,
+            f"Idempotency-Key {key!r} already names job {exc.args[0]}, of another pipeline or body",
+        ) from None
+    except QueueError as exc:
+        raise Problem(503, str(exc)) from None
+
+
+async def later(
+    state: ProxyState, plan: Plan, kind: InputKind, payload: bytes | dict[str, np.ndarray]
+) -> dict[str, Any]:
+    """A sync-async pipeline's job: its `later` pipeline on the same input. What the answer
+    says of it: the job, or why there is none (the fast answer stands either way)."""
+    name = plan.pipeline.later
+    assert name is not None
+    other = state.engine.plan(name)
+    budget = min(other.pipeline.timeout_ms, state.settings.max_timeout_ms) / 1000
+    data = payload if isinstance(payload, bytes) else pack(Stored(payload))
+    try:
+        job, _ = await enqueue(state.jobs, name, kind, data, budget)
+    except Problem as exc:
+        return {"pipeline": name, "error": {"status": exc.status, "error": exc.message}}
+    return {"pipeline": name, "job": job.id, "location": f"/v1/jobs/{job.id}"}
 
 
 class JobEndpoints:
@@ -40,6 +97,7 @@ class JobEndpoints:
         """POST /v1/pipelines/{name}/jobs: the same bodies as /infer; 202 with the job."""
         state, jobs = self.state, self.jobs
         plan = state.engine.plan(name)
+        kind: InputKind
         budget = budget_s(request, plan.pipeline.timeout_ms, state.settings.max_timeout_ms)
         callback = request.query_params.get("callback")
         if callback is not None:
@@ -62,24 +120,7 @@ class JobEndpoints:
                 payload, kind = pack(Stored(inputs)), "tensors"
         finally:
             ledger.close()
-        digest = hashlib.sha256(f"{name}\0{kind}\0".encode() + payload).hexdigest()
-        submission = Submission(
-            name, kind, payload, state.settings.jobs_attempts, budget * 1000, callback, key, digest
-        )
-        try:
-            job, new = await jobs.submit(submission)
-        except QueueFull as exc:
-            raise Problem(
-                429, f"the jobs' queue is full ({exc.args[0]} unfinished jobs): come back later"
-            ) from None
-        except IdempotencyConflict as exc:
-            raise Problem(
-                422,
-                f"Idempotency-Key {key!r} already names job {exc.args[0]}, of another "
-                "pipeline or body",
-            ) from None
-        except QueueError as exc:
-            raise Problem(503, str(exc)) from None
+        job, new = await enqueue(jobs, name, kind, payload, budget, callback, key)
         headers = {"Location": f"/v1/jobs/{job.id}"}
         if not new:
             headers["Idempotent-Replayed"] = "true"

@@ -9,58 +9,14 @@ from dataclasses import asdict
 import numpy as np
 from fastapi import Request, Response
 
-from proxy.doors import tensor_bodies
+from proxy.doors import jobs
 from proxy.doors.disconnect import until_disconnect
+from proxy.doors.pipeline_bodies import budget_s, read_tensors
 from proxy.doors.responses import json_response
-from proxy.doors.uploads import UploadLimits, read_body, read_image
-from proxy.engine.admission import Ledger
+from proxy.doors.uploads import read_image
 from proxy.engine.cache.stores import StoreError
-from proxy.engine.plan import Plan
 from proxy.errors import Problem, StepError
 from proxy.state import ProxyState
-
-PARSE_IN_THREAD = 256 * 1024
-"""JSON bodies larger than this are parsed in a worker thread."""
-
-
-def budget_s(request: Request, default_ms: float, cap_ms: float) -> float:
-    """The request's budget: X-Request-Timeout-Ms, or the pipeline's, capped."""
-    raw = request.headers.get("x-request-timeout-ms")
-    if raw is None:
-        return min(default_ms, cap_ms) / 1000
-    try:
-        value = float(raw)
-    except ValueError:
-        raise Problem(
-            400, f"X-Request-Timeout-Ms must be a number of milliseconds, not {raw!r}"
-        ) from None
-    if not value > 0:
-        raise Problem(400, "X-Request-Timeout-Ms must be positive")
-    return min(value, cap_ms) / 1000
-
-
-async def read_tensors(
-    request: Request, plan: Plan, limits: UploadLimits, deadline: float, ledger: Ledger
-) -> dict[str, np.ndarray]:
-    """The body of a pipeline taking tensors (tensor_bodies.py); its bytes on the ledger
-    while it is read, then replaced there by the tensors'."""
-    declared = plan.pipeline.inputs or {}
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if kind not in ("application/json", "multipart/form-data"):
-        raise Problem(
-            415,
-            f"pipeline '{plan.name}' takes tensors ({', '.join(declared)}): send them as "
-            "application/json (an object of nested lists) or multipart/form-data",
-        )
-    raw = await read_body(request, limits, deadline, ledger)
-    if kind == "multipart/form-data":
-        inputs = await tensor_bodies.from_form(request, raw, declared, limits.max_bytes)
-    elif len(raw) > PARSE_IN_THREAD:  # a long number list once held the loop for seconds
-        inputs = await asyncio.to_thread(tensor_bodies.from_json, raw, declared)
-    else:
-        inputs = tensor_bodies.from_json(raw, declared)
-    ledger.release(len(raw))
-    return inputs
 
 
 class PipelineEndpoints:
@@ -81,18 +37,22 @@ class PipelineEndpoints:
         )
         try:
             async with engine.ticket(plan, deadline) as ticket:
+                given: bytes | dict[str, np.ndarray]
                 if plan.pipeline.inputs is None:
-                    body = await read_image(request, state.uploads, deadline, ticket.ledger)
-                    running = ticket.run(body, request_id)
+                    given = await read_image(request, state.uploads, deadline, ticket.ledger)
+                    running = ticket.run(given, request_id)
                 else:
-                    inputs = await read_tensors(
+                    given = await read_tensors(
                         request, plan, state.uploads, deadline, ticket.ledger
                     )
-                    running = ticket.run_tensors(inputs, request_id)
+                    running = ticket.run_tensors(given, request_id)
                 run = await until_disconnect(request, running)
                 answer = engine.answer(name, request_id, run, started)
         except StepError as exc:
             raise exc.problem(name) from None
+        if plan.pipeline.later is not None:  # sync-async: the rest of the answer comes later
+            kind = "image" if isinstance(given, bytes) else "tensors"
+            answer["later"] = await jobs.later(state, plan, kind, given)
         headers = {"X-Cache": run.cache} if run.cache else None
         return json_response(answer, headers=headers)
 

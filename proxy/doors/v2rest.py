@@ -19,9 +19,9 @@ from protos.errors import MeshError
 from protos.version import VERSION
 from proxy.doors import v2answers, v2json
 from proxy.doors.disconnect import until_disconnect
+from proxy.doors.pipeline_bodies import budget_s
 from proxy.doors.pipeline_models import PipelineFailed
 from proxy.doors.responses import json_response
-from proxy.doors.rest import budget_s
 from proxy.doors.uploads import read_body
 from proxy.doors.v2plane import SERVER_NAME, ProxyPlane
 from proxy.errors import Problem, http_status

@@ -212,6 +212,10 @@ class Pipeline(Strict):
     /v1 `result` as JSON."""
     cache: CacheConfig | None = None
     """The inference cache (`cache: true`, or its settings); unset or false: none."""
+    later: str | None = Field(default=None, pattern=_NAME)
+    """Sync-async: another pipeline taking the same request, whose answer comes later. /infer
+    answers this pipeline's result now, with `later` naming a job (POST .../jobs) that runs
+    the other one on the same input."""
 
     @field_validator("cache", mode="before")
     @classmethod

@@ -186,4 +186,21 @@ def load(path: Path, env: Mapping[str, str]) -> dict[str, Plan]:
             plans[name] = Plan(name, pipeline, env)
         except DefinitionError as exc:
             raise DefinitionError(f"{path}: {exc}") from exc
+    for name, plan in plans.items():
+        _check_later(name, plan.pipeline, plans, path)
     return plans
+
+
+def _check_later(name: str, pipeline: Pipeline, plans: dict[str, Plan], path: Path) -> None:
+    """A sync-async pipeline's `later` takes the very request it takes, and answers itself."""
+    if pipeline.later is None:
+        return
+    where = f"{path}: pipeline '{name}': later"
+    other = plans.get(pipeline.later)
+    if other is None or pipeline.later == name:
+        known = ", ".join(sorted(set(plans) - {name}))
+        raise DefinitionError(f"{where}: '{pipeline.later}' is no other pipeline (known: {known})")
+    if other.pipeline.later is not None:
+        raise DefinitionError(f"{where}: '{pipeline.later}' has a `later` of its own")
+    if other.pipeline.inputs != pipeline.inputs:
+        raise DefinitionError(f"{where}: '{pipeline.later}' takes another kind of request")

@@ -7,7 +7,6 @@ without a TTL (`volatile-lru`, or `noeviction`): unfinished jobs have none."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 import time
@@ -281,5 +280,4 @@ class RedisQueue(JobQueue):
         await self._call(self._redis.ping())
 
     async def close(self) -> None:
-        await self._redis.aclose()
-        await asyncio.sleep(0)
+        await self._redis.aclose(close_connection_pool=True)

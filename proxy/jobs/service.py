@@ -7,13 +7,14 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
 from proxy import metrics
 from proxy.engine.runner import Engine
 from proxy.jobs import callbacks
-from proxy.jobs.model import Claimed, Job, Submission
+from proxy.jobs.model import Claimed, Job, QueueError, Submission
 from proxy.jobs.queue import JobQueue, Page, open_queue
 from proxy.jobs.running import Outcome, attempt
 from proxy.jobs.workers import WorkerConfig, Workers
@@ -68,6 +69,26 @@ class Jobs:
         if self._client is not None:
             await self._client.aclose()
         await self.queue.close()
+
+    @property
+    def address(self) -> str:
+        """The queue's URL without credentials (what /readyz shows)."""
+        parts = urlsplit(self.config.url)
+        if parts.password is None and parts.username is None:
+            return self.config.url
+        port = f":{parts.port}" if parts.port else ""
+        return urlunsplit(parts._replace(netloc=f"{parts.hostname or ''}{port}"))
+
+    async def check(self, timeout_s: float) -> tuple[bool, str]:
+        """The queue's store answers (for /readyz)."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.queue.ping()
+        except TimeoutError:
+            return False, f"the jobs' store did not answer within {timeout_s:g} s"
+        except QueueError as exc:
+            return False, str(exc)
+        return True, ""
 
     def callback(self, url: str) -> str:
         """`url` if allowed (callbacks.check); 400 otherwise."""

@@ -57,22 +57,31 @@ class Workers:
         self._held: dict[str, tuple[str, asyncio.Task[Outcome]]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
+        self._stopped = asyncio.Event()
 
     def start(self) -> None:
         loops = [self._loop() for _ in range(self.config.concurrency)]
         self._tasks = [asyncio.create_task(c) for c in (*loops, self._renew(), self._sweep())]
 
     async def stop(self) -> None:
-        """Jobs running here go back to the queue at once (not after their lease)."""
+        """Jobs running here go back to the queue at once (not after their lease). Every
+        task ends between two calls to the store (a call cut short could leave a
+        connection half used), or is cancelled after a few seconds."""
         self._stopping = True
+        self._stopped.set()
         for _, task in self._held.values():
             task.cancel()
-        loops = self._tasks[: self.config.concurrency]
-        if loops:  # an idle loop sees `_stopping` when its claim's wait ends
-            await asyncio.wait(loops, timeout=3.0)
+        if self._tasks:  # an idle loop sees `_stopping` when its claim's wait ends
+            await asyncio.wait(self._tasks, timeout=3.0)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _pause(self, seconds: float) -> bool:
+        """Wait `seconds`; False when the workers stop meanwhile."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopped.wait(), seconds)
+        return not self._stopping
 
     async def _loop(self) -> None:
         while not self._stopping:
@@ -131,8 +140,7 @@ class Workers:
             return False
 
     async def _renew(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.renew_s)
+        while await self._pause(self.config.renew_s):
             if not self._held:
                 continue
             held = {job_id: token for job_id, (token, _) in self._held.items()}
@@ -148,7 +156,7 @@ class Workers:
     async def _sweep(self) -> None:
         """Expired jobs removed now and then; the queue's depth on /metrics every 5 s."""
         swept = 0.0
-        while True:
+        while not self._stopping:
             with contextlib.suppress(QueueError):
                 if time.monotonic() - swept >= self.config.sweep_s:
                     swept = time.monotonic()
@@ -159,7 +167,7 @@ class Workers:
                 metrics.JOBS_WAITING.labels("queued").set(depth.queued)
                 metrics.JOBS_WAITING.labels("running").set(depth.running)
                 metrics.JOBS_OLDEST_S.set(depth.oldest_queued_s)
-            await asyncio.sleep(5.0)
+            await self._pause(5.0)
 
 
 _STOPPED = {"status": 503, "error": "the worker running the job stopped; it runs again"}

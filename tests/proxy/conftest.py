@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -23,13 +24,23 @@ def transport(request: pytest.FixtureRequest) -> str:
 def make_client(tmp_path: Path, transport: str) -> Callable[..., AsyncIterator[httpx.AsyncClient]]:
     """An in-process proxy (ASGITransport) for a pipelines dict and an environment."""
 
-    def factory(pipelines: dict, env: dict[str, str], **settings):
+    @contextlib.asynccontextmanager
+    async def factory(
+        pipelines: dict, env: dict[str, str], **settings
+    ) -> AsyncIterator[httpx.AsyncClient]:
         path = tmp_path / "pipelines.yaml"
         path.write_text(yaml.safe_dump({"pipelines": pipelines}))
         settings.setdefault("transport", transport)
         settings.setdefault("merge", transport == "stream")  # "unary": the old path
+        settings.setdefault("grpc_port", None)  # the gRPC door's tests start their own
+        settings.setdefault("jobs_workers", 0)  # the jobs' tests run workers
+        settings.setdefault("jobs_url", f"sqlite:///{tmp_path / 'jobs.sqlite3'}")
         app = create_app(ProxySettings(pipelines=path, **settings), env)
-        return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy")
+        # Its lifespan run as a server runs it: what it opens (channels, caches) is closed.
+        async with app.router.lifespan_context(app):
+            transport_ = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport_, base_url="http://proxy") as client:
+                yield client
 
     return factory
 

@@ -29,14 +29,15 @@ def test_the_shipped_pipelines_load() -> None:
         for v in (
             "PREPROCESS_URL",
             "PREDICTOR_DIGITS_A_URL",
-            "PREDICTOR_DIGITS_B_URL",
+            "PREDICTOR_DIGITS_LOGREG_URL",
             "PREDICTOR_OCR_DET_URL",
             "PREDICTOR_OCR_CLS_URL",
             "PREDICTOR_OCR_REC_URL",
         )
     }
     plans = plan.load(Path("proxy/pipelines.yaml"), env)
-    assert set(plans) == {"digits", "digits-partial", "digits-features", "ocr"}
+    assert set(plans) == {"digits", "digits-partial", "digits-fast", "digits-features", "ocr"}
+    assert plans["digits-fast"].pipeline.later == "digits"
     assert plans["digits"].targets["ensemble/a"].model == "digits_a"
     assert plans["digits-features"].pipeline.input_names() == ["features"]
 

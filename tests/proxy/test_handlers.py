@@ -49,8 +49,10 @@ async def test_readiness_names_each_endpoint_and_why_it_is_not_ready(tmp_path: P
         answer = await HealthEndpoints(state).ready()
     finally:
         await state.channels.close()
+    jobs = report.pop("PROXY_JOBS_URL/jobs")
     assert set(report) == {"PARSE_URL/parse", "MODELS_URL/plus1"}
     assert all(not item["ready"] and item["error"] for item in report.values())
+    assert jobs["ready"] and jobs["address"].startswith("sqlite:///")  # the queue's store
     assert answer.status_code == 503 and orjson.loads(answer.body)["ready"] is False
 
 

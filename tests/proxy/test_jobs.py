@@ -52,6 +52,7 @@ def jobs_proxy(
         path = tmp_path / "pipelines.yaml"
         path.write_text(yaml.safe_dump({"pipelines": pipelines}))
         settings.setdefault("jobs_url", jobs_url)
+        settings.setdefault("grpc_port", None)
         app = create_app(ProxySettings(pipelines=path, **settings), env)
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
