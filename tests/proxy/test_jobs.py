@@ -371,3 +371,62 @@ async def test_callbacks_are_off_without_allowed_hosts(chain, jobs_proxy) -> Non
             headers={"Content-Type": "application/octet-stream"},
         )
     assert refused.status_code == 400 and "PROXY_JOBS_CALLBACK_HOSTS" in refused.json()["error"]
+
+
+async def test_a_sync_async_pipeline_answers_now_and_later(servers, jobs_proxy) -> None:
+    fast, slow = affine("fast", 1, 1), affine("slow", 10, 0, delay_s=0.2)
+    env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": await servers(fast, slow)}
+    pipes = {
+        "quick": pipeline([call("a", "fast", "parse")], RESULT, later="full"),
+        "full": pipeline([call("a", "slow", "parse")], RESULT),
+    }
+    async with jobs_proxy(pipes, env) as client:
+        now = await post(client, "quick", body(1, 2))
+        later = now.json()["later"]
+        done = await ended(client, later["job"])
+        direct = await post(client, "full", body(1, 2))
+        full_now = await post(client, "full", body(3))
+    assert now.status_code == 200 and now.json()["result"] == {"y": [2.0, 3.0]}
+    assert later == {"pipeline": "full", "job": done["id"], "location": f"/v1/jobs/{done['id']}"}
+    assert done["status"] == "succeeded" and done["pipeline"] == "full"
+    assert done["result"]["result"] == direct.json()["result"] == {"y": [10.0, 20.0]}
+    assert "later" not in full_now.json()  # only the pipeline that declares it
+
+
+async def test_a_full_queue_leaves_the_fast_answer_standing(servers, jobs_proxy) -> None:
+    env = {
+        "PARSE_URL": await servers(parse_model()),
+        "MODELS_URL": await servers(affine("fast", 1, 1)),
+    }
+    pipes = {
+        "quick": pipeline([call("a", "fast", "parse")], RESULT, later="full"),
+        "full": pipeline([call("a", "fast", "parse")], RESULT),
+    }
+    async with jobs_proxy(pipes, env, jobs_workers=0, jobs_max_queued=1) as client:
+        first = (await post(client, "quick", body(1))).json()
+        second = await post(client, "quick", body(2))
+    assert "job" in first["later"]
+    assert second.status_code == 200 and second.json()["result"] == {"y": [3.0]}
+    assert second.json()["later"]["error"]["status"] == 429
+
+
+def test_later_must_name_another_pipeline_of_the_same_request(tmp_path: Path) -> None:
+    from proxy.engine import plan
+    from proxy.errors import DefinitionError
+
+    env = {"PARSE_URL": "127.0.0.1:1", "MODELS_URL": "127.0.0.1:1"}
+    one = pipeline([call("a", "fast", "parse")], RESULT)
+    tensors = {**one, "inputs": {"raw": {"datatype": "BYTES", "shape": [1]}}}
+    del tensors["input"]
+    cases = [
+        ({"p": {**one, "later": "nope"}}, "'nope' is no other pipeline"),
+        ({"p": {**one, "later": "p"}}, "'p' is no other pipeline"),
+        ({"p": {**one, "later": "q"}, "q": {**one, "later": "p"}}, "has a `later` of its own"),
+        ({"p": {**one, "later": "q"}, "q": tensors}, "takes another kind of request"),
+    ]
+    for pipes, why in cases:
+        path = tmp_path / "p.yaml"
+        path.write_text(yaml.safe_dump({"pipelines": pipes}))
+        with pytest.raises(DefinitionError) as refused:
+            plan.load(path, env)
+        assert "pipeline 'p': later: " in str(refused.value) and why in str(refused.value)

@@ -1,0 +1,243 @@
+"""Jobs on the running mesh, through its faults, on both backends: 1,000 jobs (digits and
+OCR mixed) drained by two worker processes (python -m proxy.job_worker) while each is
+SIGKILLed once mid-drain and started again, and, on Redis, redis-server restarted once:
+every accepted job reaches one final state, succeeded, with the answer /infer gives for the
+same image. On SQLite, the proxy itself killed with jobs queued and running: all finish."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from bench.mesh import free_port
+from samples.text import suite
+from tests.conftest import Mesh, redis_or_skip
+from tests.e2e.test_digits import held_out, png
+from tests.procs import ROOT
+from tests.report import report
+
+FINAL = {"succeeded", "failed", "cancelled"}
+LEASE_S = "4"
+"""Short, so that a killed worker's jobs are taken again soon; longer than a Redis restart
+(~1 s), which would otherwise end every lease it outlasts (an attempt more each)."""
+ATTEMPTS = "4"
+"""One more than the faults a job may meet here (two kills, a restart): the test shows
+nothing is lost, so no job may run out of attempts."""
+
+
+@contextmanager
+def process(mesh: Mesh, module: str, **env: str) -> Iterator[subprocess.Popen]:
+    """`python -m <module>` with the mesh proxy's environment changed by `env`, once its
+    /healthz answers; killed on exit."""
+    full = {**os.environ, **mesh.local.services["proxy"].env, "PROXY_GRPC_PORT": "off", **env}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", module], cwd=ROOT, env=full,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_live(f"http://127.0.0.1:{env['PROXY_PORT']}", proc)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(30)
+
+
+def wait_live(url: str, proc: subprocess.Popen) -> None:
+    until = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < until and proc.poll() is None, "not live"
+        time.sleep(0.1)
+
+
+def inputs() -> list[tuple[str, bytes]]:
+    """900 digits (the held-out images) and 100 OCR images (text lines and short pages)."""
+    images, _ = held_out()
+    digits = [("digits", png(images[i % len(images)])) for i in range(900)]
+    pages = suite(10, seed=3, categories=["line_small", "line_medium", "few_lines"])
+    ocr = [("ocr", pages[i % len(pages)].image) for i in range(100)]
+    mixed = digits + ocr
+    np.random.default_rng(0).shuffle(mixed)  # type: ignore[arg-type]
+    return mixed
+
+
+async def submit_all(url: str, work: list[tuple[str, bytes]]) -> list[str]:
+    limit = asyncio.Semaphore(32)
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+
+        async def one(pipeline: str, blob: bytes) -> str:
+            async with limit:
+                answer = await client.post(
+                    f"/v1/pipelines/{pipeline}/jobs",
+                    content=blob,
+                    headers={"Content-Type": "image/png"},
+                )
+            assert answer.status_code == 202, answer.text
+            return answer.json()["id"]
+
+        return await asyncio.gather(*(one(p, b) for p, b in work))
+
+
+def statuses(url: str, ids: list[str]) -> dict[str, dict]:
+    with httpx.Client(base_url=url, timeout=30) as client:
+        return {i: client.get(f"/v1/jobs/{i}").json() for i in ids}
+
+
+def final_count(url: str) -> int:
+    """Jobs ended so far (0 while the store restarts: the door answers 503 then)."""
+    count = 0
+    with httpx.Client(base_url=url, timeout=30) as client:
+        for status in FINAL:
+            page = client.get("/v1/jobs", params={"status": status, "limit": "1000"})
+            if page.status_code != 200:
+                assert page.status_code == 503, page.text
+                return 0
+            count += len(page.json()["jobs"])
+    return count
+
+
+def expected(mesh: Mesh, work: list[tuple[str, bytes]]) -> dict[bytes, object]:
+    """What /infer answers for each distinct input."""
+    answers: dict[bytes, object] = {}
+    with mesh.client() as client:
+        for pipeline, blob in work:
+            if blob not in answers:
+                r = client.post(
+                    f"/v1/pipelines/{pipeline}/infer",
+                    content=blob,
+                    headers={"Content-Type": "image/png"},
+                )
+                assert r.status_code == 200, r.text
+                answers[blob] = r.json()["result"]
+    return answers
+
+
+def check(mesh: Mesh, url: str, work: list[tuple[str, bytes]], ids: list[str]) -> Counter:
+    jobs = statuses(url, ids)
+    states = Counter(j["status"] for j in jobs.values())
+    failed = [(j["attempts"], j.get("error")) for j in jobs.values() if j["status"] != "succeeded"]
+    assert states == {"succeeded": len(ids)}, (states, failed[:3])
+    want = expected(mesh, work)
+    for (_, blob), job_id in zip(work, ids, strict=True):
+        got = jobs[job_id]["result"]["result"]
+        if "lines" in got:
+            assert [line["text"] for line in got["lines"]] == [
+                line["text"]
+                for line in want[blob]["lines"]  # type: ignore[index]
+            ]
+        else:
+            assert got["label"] == want[blob]["label"]  # type: ignore[index]
+            np.testing.assert_allclose(
+                got["probabilities"],
+                want[blob]["probabilities"],
+                atol=1e-6,  # type: ignore[index]
+            )
+    return Counter(j["attempts"] for j in jobs.values())
+
+
+def drain(url: str, total: int, events: dict[int, object], timeout_s: float = 300) -> None:
+    """Wait until `total` jobs ended, running each of `events` (finished count -> action)
+    once that many have."""
+    until = time.monotonic() + timeout_s
+    pending = dict(sorted(events.items()))
+    while True:
+        done = final_count(url)
+        for at in [a for a in pending if done >= a]:
+            pending.pop(at)()  # type: ignore[operator]
+        if done >= total:
+            return
+        assert time.monotonic() < until, f"{done} of {total} ended"
+        time.sleep(0.3)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+def test_workers_killed_and_redis_restarted_lose_nothing(
+    mesh: Mesh, tmp_path: Path, backend: str
+) -> None:
+    redis = redis_or_skip(tmp_path / "redis", persistent=True) if backend == "redis" else None
+    queue = redis.url if redis else f"sqlite:///{tmp_path / 'jobs.sqlite3'}"
+    common = {
+        "PROXY_JOBS_URL": queue,
+        "PROXY_JOBS_LEASE_S": LEASE_S,
+        "PROXY_JOBS_ATTEMPTS": ATTEMPTS,
+    }
+    work = inputs()
+    door_port, ports = free_port(), [free_port(), free_port()]
+    try:
+        with process(mesh, "proxy", PROXY_PORT=str(door_port), PROXY_JOBS_WORKERS="0", **common):
+            url = f"http://127.0.0.1:{door_port}"
+            ids = asyncio.run(submit_all(url, work))
+            workers: list[subprocess.Popen] = []
+            env = {**common, "PROXY_JOBS_WORKERS": "8"}
+
+            def start(i: int) -> None:
+                cm = process(mesh, "proxy.job_worker", PROXY_PORT=str(ports[i]), **env)
+                workers.append(cm.__enter__())
+                cleanups.append(cm)
+
+            def kill(i: int) -> callable:
+                def action() -> None:
+                    victim = workers[i]
+                    victim.send_signal(signal.SIGKILL)
+                    victim.wait(10)
+                    start(i)
+                    workers[i] = workers.pop()
+
+                return action
+
+            cleanups: list = []
+            start(0)
+            start(1)
+            events = {150: kill(0), 600: kill(1)}
+            if redis is not None:
+                events[400] = redis.restart
+            try:
+                drain(url, len(ids), events)
+            finally:
+                for cm in cleanups:
+                    cm.__exit__(None, None, None)
+            attempts = check(mesh, url, work, ids)
+    finally:
+        if redis is not None:
+            redis.stop()
+    report(
+        f"jobs ({backend}): 1000 of 1000 succeeded through two worker kills"
+        f"{' and a Redis restart' if redis else ''}; attempts {dict(sorted(attempts.items()))}"
+    )
+    assert len(set(ids)) == len(ids) == 1000
+
+
+def test_a_killed_proxy_finishes_its_jobs_after_a_restart(mesh: Mesh, tmp_path: Path) -> None:
+    queue = f"sqlite:///{tmp_path / 'jobs.sqlite3'}"
+    env = {"PROXY_JOBS_URL": queue, "PROXY_JOBS_LEASE_S": LEASE_S, "PROXY_JOBS_WORKERS": "4"}
+    work = inputs()[:300]
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with process(mesh, "proxy", PROXY_PORT=str(port), **env) as proxy:
+        ids = asyncio.run(submit_all(url, work))
+        while final_count(url) < 20:  # some ended, some running, most queued
+            time.sleep(0.05)
+        proxy.send_signal(signal.SIGKILL)
+        proxy.wait(10)
+    with process(mesh, "proxy", PROXY_PORT=str(port), **env):
+        drain(url, len(ids), {})
+        attempts = check(mesh, url, work, ids)
+    report(f"jobs (sqlite): a killed proxy's 300 jobs all succeeded; attempts {dict(attempts)}")
+    assert attempts[2] >= 1  # the jobs it was running when killed ran again
