@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from bench import cache, capacity, mesh, pipelines, predictor, readiness, swapin
+from bench import cache, capacity, jobs, mesh, pipelines, predictor, readiness, swapin
 
 BENCHMARKS = {
     "predictor": predictor.main,
@@ -15,6 +15,7 @@ BENCHMARKS = {
     "foreign": swapin.main,
     "readiness": readiness.main,
     "cache": cache.main,
+    "jobs": jobs.main,
 }
 
 

@@ -115,9 +115,14 @@ def cycle(items: list) -> Callable[[], object]:
 
 
 async def http_closed_loop(
-    url: str, raw: bytes | list[bytes], concurrency: int, duration: float
+    url: str,
+    raw: bytes | list[bytes],
+    concurrency: int,
+    duration: float,
+    ok: tuple[int, ...] = (200,),
 ) -> Stats:
-    """Closed loop over pre-built requests (a list is sent in turn)."""
+    """Closed loop over pre-built requests (a list is sent in turn); a status not in `ok`
+    is an error."""
     conns = [await Connection.open(url) for _ in range(concurrency)]
     free = list(conns)
     following = cycle(raw if isinstance(raw, list) else [raw])
@@ -126,7 +131,7 @@ async def http_closed_loop(
         conn = free.pop()
         try:
             status, _ = await conn.request(following())  # type: ignore[arg-type]
-            if status != 200:
+            if status not in ok:
                 raise RuntimeError(status)
         finally:
             free.append(conn)

@@ -108,6 +108,11 @@ class RedisQueue(JobQueue):
             raise QueueFull(int(detail))
         if outcome == "conflict":
             raise IdempotencyConflict(detail)
+        if outcome == "new":
+            return Job(
+                job.id, job.pipeline, "queued", job.created, job.created, 0, job.max_attempts,
+                job.budget_ms, callback=job.callback,
+            ), True  # fmt: skip
         found = await self.get(detail)
         if found is None:  # ended and expired between the two calls
             raise QueueError(f"job {detail} of this Idempotency-Key is gone")
