@@ -36,18 +36,23 @@ def ocr_images(count: int) -> list[bytes]:
     return [lines[i % len(lines)].image for i in range(count)]
 
 
-async def submit(url: str, blobs: list[bytes], concurrency: int = 32) -> None:
+async def post_all(url: str, path: str, blobs: list[bytes], concurrency: int) -> None:
+    """Every blob POSTed to `path`, `concurrency` at a time; any error stops the bench."""
     limit = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(base_url=url, timeout=60) as client:
 
         async def one(blob: bytes) -> None:
             async with limit:
-                r = await client.post(
-                    "/v1/pipelines/ocr/jobs", content=blob, headers={"Content-Type": "image/png"}
+                answer = await client.post(
+                    path, content=blob, headers={"Content-Type": "image/png"}
                 )
-                r.raise_for_status()
+                answer.raise_for_status()
 
         await asyncio.gather(*(one(b) for b in blobs))
+
+
+async def submit(url: str, blobs: list[bytes], concurrency: int = 32) -> None:
+    await post_all(url, "/v1/pipelines/ocr/jobs", blobs, concurrency)
 
 
 async def unfinished(client: httpx.AsyncClient) -> int:
@@ -71,17 +76,7 @@ async def drain_s(url: str, blobs: list[bytes]) -> float:
 
 async def infer_s(url: str, blobs: list[bytes], concurrency: int = 8) -> float:
     started = time.perf_counter()
-    limit = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-
-        async def one(blob: bytes) -> None:
-            async with limit:
-                r = await client.post(
-                    "/v1/pipelines/ocr/infer", content=blob, headers={"Content-Type": "image/png"}
-                )
-                r.raise_for_status()
-
-        await asyncio.gather(*(one(b) for b in blobs))
+    await post_all(url, "/v1/pipelines/ocr/infer", blobs, concurrency)
     return time.perf_counter() - started
 
 

@@ -18,8 +18,6 @@ import uvicorn
 import yaml
 
 from protos.errors import InvalidInput, Unavailable
-from proxy.app import create_app
-from proxy.settings import ProxySettings
 from tests.conftest import redis_or_skip
 from tests.proxy.scripted import ScriptedModel, affine
 from tests.proxy.test_pipelines import body, call, parse_model, pipeline, post
@@ -40,24 +38,19 @@ def jobs_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture
-def jobs_proxy(
-    tmp_path: Path, jobs_url: str
-) -> Callable[..., contextlib.AbstractAsyncContextManager]:
-    """A proxy app with its lifespan run (its workers), on the test's jobs backend."""
+def transport() -> str:
+    """Jobs run on the default transport (the proxy's tests cover both)."""
+    return "stream"
 
-    @contextlib.asynccontextmanager
-    async def factory(
-        pipelines: dict, env: dict[str, str], **settings
-    ) -> AsyncIterator[httpx.AsyncClient]:
-        path = tmp_path / "pipelines.yaml"
-        path.write_text(yaml.safe_dump({"pipelines": pipelines}))
+
+@pytest.fixture
+def jobs_proxy(make_client, jobs_url: str) -> Callable[..., contextlib.AbstractAsyncContextManager]:
+    """An in-process proxy (its lifespan run: its workers) on the test's jobs backend."""
+
+    def factory(pipelines: dict, env: dict[str, str], **settings):
         settings.setdefault("jobs_url", jobs_url)
-        settings.setdefault("grpc_port", None)
-        app = create_app(ProxySettings(pipelines=path, **settings), env)
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
-                yield client
+        settings.setdefault("jobs_workers", 4)
+        return make_client(pipelines, env, **settings)
 
     return factory
 
