@@ -102,6 +102,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--jobs", type=int, default=500)
+    parser.add_argument("--backends", default="sqlite,redis")
     args = parser.parse_args(argv)
     pages = ocr_images(args.jobs)
     backlog = ocr_images(1000)
@@ -109,7 +110,7 @@ def main(argv: list[str]) -> int:
     lines: list[str] = []
     with shipped_mesh("bench-jobs") as mesh:
         env = mesh.services["proxy"].env
-        for backend in ("sqlite", "redis"):
+        for backend in args.backends.split(","):
             drains, infers, enqueues, quiet, busy = [], [], [], [], []
             for _ in range(args.rounds):
                 with jobs_proxy(env, backend, workers=8) as url:

@@ -62,7 +62,9 @@ def create_app(
     for route in routes.table(pipelines, health, v2, jobs):
         app.add_api_route(route.path, route.endpoint, methods=[route.method], **route.docs)
     # Starlette runs the middleware added last first: the request id and API key come first.
-    app.add_middleware(routes.PipelineRoute, handler=pipelines.infer)
+    app.add_middleware(
+        routes.PipelineRoute, handlers={"infer": pipelines.infer, "jobs": jobs.submit}
+    )
     open_paths = {p.strip() for p in settings.open_paths.split(",") if p.strip()}
     app.add_middleware(RequestContext, api_key=settings.api_key, open_paths=open_paths)
 

@@ -80,20 +80,22 @@ class Run:
         return self.deadline - asyncio.get_running_loop().time()
 
     def put(self, ref: str, value: np.ndarray) -> None:
-        self.ledger.hold(_nbytes(value))
+        self.ledger.hold(held_bytes(value))
         self.tensors[ref] = value
 
     def put_branches(self, step: str, outputs: dict[str, dict[str, np.ndarray]]) -> None:
-        self.ledger.hold(sum(_nbytes(v) for out in outputs.values() for v in out.values()))
+        self.ledger.hold(sum(held_bytes(v) for out in outputs.values() for v in out.values()))
         self.branches[step] = outputs
 
     def keep_only(self, producers: frozenset[str]) -> None:
         """Drop every tensor no later step or the result reads (its bytes leave the ledger)."""
         for ref in [r for r in self.tensors if r.partition(".")[0] not in producers]:
-            self.ledger.release(_nbytes(self.tensors.pop(ref)))
+            self.ledger.release(held_bytes(self.tensors.pop(ref)))
         for step in [s for s in self.branches if s not in producers]:
             outputs = self.branches.pop(step)
-            self.ledger.release(sum(_nbytes(v) for out in outputs.values() for v in out.values()))
+            self.ledger.release(
+                sum(held_bytes(v) for out in outputs.values() for v in out.values())
+            )
 
     def resolve(self, ref: str, step: str) -> np.ndarray:
         try:
@@ -240,7 +242,8 @@ class Executor:
         await self._steps(chosen, run)
 
 
-def _nbytes(value: np.ndarray) -> int:
+def held_bytes(value: np.ndarray) -> int:
+    """What a tensor holds in memory (the ledger's measure; a BYTES element's own bytes)."""
     if value.dtype == object:
         return sum(len(v) if isinstance(v, bytes | str) else 8 for v in value.reshape(-1))
     return value.nbytes

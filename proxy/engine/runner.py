@@ -29,10 +29,9 @@ from proxy import metrics
 from proxy.engine.admission import Admission, Ledger
 from proxy.engine.cache.caches import Caches
 from proxy.engine.cache.keys import pipeline_key
-from proxy.engine.executor import Executor, Run
+from proxy.engine.executor import Executor, Run, held_bytes
 from proxy.engine.plan import Plan
 from proxy.errors import ClientGone, Problem, StepError
-from proxy.transport.chunks import nbytes
 from v2server.model import TensorSpec
 from v2server.validation import check_inputs
 
@@ -128,7 +127,7 @@ class Ticket:
         """A pipeline's declared `inputs` through it: each checked against its declaration
         (400 naming the tensor), then held on the ledger."""
         check_tensors(self.plan, inputs)
-        self.ledger.hold(sum(nbytes(a) for a in inputs.values()))
+        self.ledger.hold(sum(held_bytes(a) for a in inputs.values()))
         return await self._run(inputs, 0, request_id)
 
     async def _run(self, inputs: dict[str, np.ndarray], pixels: int, request_id: str) -> Run:

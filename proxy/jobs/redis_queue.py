@@ -69,6 +69,7 @@ class RedisQueue(JobQueue):
             for name in ("SUBMIT", "TAKE", "FINISH", "REQUEUE", "DUE", "RENEW")
         }
         self._group_made = False
+        self._swept_stranded = 0.0
 
     async def _call(self, work: Awaitable[T]) -> T:
         try:
@@ -185,23 +186,21 @@ class RedisQueue(JobQueue):
 
     async def _claim_once(self, lease_s: float, block_s: float) -> Claimed | None:
         k, now = self._k, time.time()
-        await self._call(self._scripts["DUE"]([k["delayed"], k["stream"], self._job], [now]))
-        # A job whose worker died: its lease ran out.
-        expired = await self._call(
-            self._redis.zrangebyscore(k["leases"], "-inf", now, start=0, num=1)
-        )
-        for raw in expired:
-            entry = await self._call(self._redis.hget(self._job + raw.decode(), "entry"))
-            if entry is not None:
-                claimed = await self._take(entry.decode(), raw.decode(), lease_s)
-                if claimed is not None:
-                    return claimed
-        # An entry read by a worker that died before it took the job: idle for long.
-        _, taken, *_ = await self._call(
-            self._redis.xautoclaim(
-                k["stream"], GROUP, self.consumer, int(lease_s * 2000), "0-0", count=1
+        keys = [k["delayed"], k["stream"], self._job, k["leases"]]
+        expired = await self._call(self._scripts["DUE"](keys, [now]))
+        if expired:  # a job whose worker died: its lease ran out
+            claimed = await self._take(expired[1].decode(), expired[0].decode(), lease_s)
+            if claimed is not None:
+                return claimed
+        taken: list = []
+        if time.monotonic() - self._swept_stranded > lease_s:
+            # An entry read by a worker that died before it took the job: idle for long.
+            self._swept_stranded = time.monotonic()
+            _, taken, *_ = await self._call(
+                self._redis.xautoclaim(
+                    k["stream"], GROUP, self.consumer, int(lease_s * 2000), "0-0", count=1
+                )
             )
-        )
         if not taken:
             read = await self._call(
                 self._redis.xreadgroup(
@@ -222,13 +221,10 @@ class RedisQueue(JobQueue):
         keys = [self._job + job_id, k["queued"], k["running"], k["stream"], k["expiry"]]
         keys.append(k["leases"])
         args = [job_id, entry, token, repr(now), GROUP, int(self.keep_s * 1000), LOST]
-        args += [int(lease_s * 1000), self.consumer]
-        outcome = (await self._call(self._scripts["TAKE"](keys, args))).decode()
-        if outcome != "taken":
+        args += [int(lease_s * 1000), self.consumer, *SHOWN, "kind", "payload"]
+        fields = await self._call(self._scripts["TAKE"](keys, args))
+        if not isinstance(fields, list):  # gone, held or exhausted
             return None
-        fields = await self._call(
-            self._redis.hmget(self._job + job_id, [*SHOWN, "kind", "payload"])
-        )
         job = _job(job_id, fields[: len(SHOWN)])
         if job is None:
             return None

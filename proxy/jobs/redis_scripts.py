@@ -43,7 +43,8 @@ return {'new', ARGV[1]}
 """
 
 # KEYS: job, queued, running, stream, expiry, leases; ARGV: id, entry, token, now, group,
-# keep_ms, error, lease_ms, consumer. An entry this worker read, or a job whose lease ran out:
+# keep_ms, error, lease_ms, consumer, then the fields to answer (once taken). An entry this
+# worker read, or a job whose lease ran out:
 # run it (the entry now this consumer's), leave it (its lease still runs: its worker lives),
 # drop it (its job ended, or it is an old attempt's), or fail the job (its worker died on
 # its last attempt).
@@ -81,7 +82,7 @@ redis.call('HSET', KEYS[1], 'status', 'running', 'token', ARGV[3], 'updated', AR
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('SADD', KEYS[3], ARGV[1])
 redis.call('ZADD', KEYS[6], now + tonumber(ARGV[8]) / 1000, ARGV[1])
-return 'taken'
+return redis.call('HMGET', KEYS[1], unpack(ARGV, 10))
 """
 
 # KEYS: job, running, stream, expiry, queued, delayed, leases; ARGV: id, token ('' for a cancel),
@@ -125,7 +126,8 @@ redis.call('ZREM', KEYS[6], ARGV[1])
 return 1
 """
 
-# KEYS: delayed, stream, prefix; ARGV: now. Jobs whose back-off is over, back on the stream.
+# KEYS: delayed, stream, prefix, leases; ARGV: now. Jobs whose back-off is over, back on the
+# stream; then the first job whose lease ran out (its worker died), with its entry, if any.
 DUE = """
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, 100)
 for _, id in ipairs(due) do
@@ -133,7 +135,11 @@ for _, id in ipairs(due) do
   redis.call('HSET', KEYS[3] .. id, 'entry', entry)
   redis.call('ZREM', KEYS[1], id)
 end
-return #due
+local expired = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', ARGV[1], 'LIMIT', 0, 1)
+if #expired == 0 then return false end
+local entry = redis.call('HGET', KEYS[3] .. expired[1], 'entry')
+if not entry then return false end
+return {expired[1], entry}
 """
 
 # KEYS: job, stream, leases; ARGV: id, token, group, consumer, until. The lease renewed (and

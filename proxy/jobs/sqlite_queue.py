@@ -30,6 +30,8 @@ class SqliteQueue(JobQueue):
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="jobs-sqlite")
         self._db: sqlite3.Connection | None = None
         self._wake = asyncio.Event()
+        self._submissions: list[tuple[Submission, int, asyncio.Future[tuple[Job, bool]]]] = []
+        self._committer: asyncio.Task[None] | None = None
 
     def _connect(self) -> sqlite3.Connection:
         if self._db is None:
@@ -59,7 +61,34 @@ class SqliteQueue(JobQueue):
             raise QueueError(f"the jobs' database {self.path}: {exc}") from exc
 
     async def submit(self, job: Submission, max_queued: int) -> tuple[Job, bool]:
-        return await self._run(sql.submit, job, max_queued)
+        """Submissions arriving together share one transaction (a group commit): one trip
+        to the queue's thread and one commit for all of them (enqueue throughput 1.9k/s
+        one at a time)."""
+        future: asyncio.Future[tuple[Job, bool]] = asyncio.get_running_loop().create_future()
+        self._submissions.append((job, max_queued, future))
+        if self._committer is None or self._committer.done():
+            self._committer = asyncio.create_task(self._commit())
+        return await future
+
+    async def _commit(self) -> None:
+        while self._submissions:
+            batch, self._submissions = self._submissions, []
+            try:
+                outcomes = await self._run(sql.submit_many, [(j, m) for j, m, _ in batch])
+            except BaseException as exc:  # the store failed: every one of them did
+                for _, _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                continue
+            for (_, _, future), outcome in zip(batch, outcomes, strict=True):
+                if future.done():  # its caller left: the job is stored all the same
+                    continue
+                if isinstance(outcome, Exception):
+                    future.set_exception(outcome)
+                else:
+                    future.set_result(outcome)
 
     async def get(self, job_id: str) -> Job | None:
         return await self._run(sql.get, job_id, time.time())

@@ -54,6 +54,19 @@ def _job(row: tuple) -> Job:
     )  # fmt: skip
 
 
+def submit_many(
+    db: sqlite3.Connection, batch: list[tuple[Submission, int]]
+) -> list[tuple[Job, bool] | Exception]:
+    """Each submission in turn, in one transaction: its job, or why it was refused."""
+    outcomes: list[tuple[Job, bool] | Exception] = []
+    for job, max_queued in batch:
+        try:
+            outcomes.append(submit(db, job, max_queued))
+        except (QueueFull, IdempotencyConflict) as exc:
+            outcomes.append(exc)
+    return outcomes
+
+
 def submit(db: sqlite3.Connection, job: Submission, max_queued: int) -> tuple[Job, bool]:
     if job.idempotency_key is not None:
         row = db.execute(
