@@ -15,7 +15,8 @@ from proxy.engine.cache.caches import Caches
 from proxy.engine.executor import Executor
 from proxy.engine.runner import Engine
 from proxy.jobs.callbacks import allowed_hosts
-from proxy.jobs.service import Jobs, JobsConfig
+from proxy.jobs.model import JobsConfig
+from proxy.jobs.service import Jobs
 from proxy.settings import ProxySettings
 from proxy.transport.calls import Calls
 from proxy.transport.channels import Channels

@@ -17,9 +17,6 @@ from proxy.errors import Problem
 
 log = logging.getLogger("proxy")
 
-BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
-"""Waits between delivery attempts: six tries over ~15 s."""
-
 
 def allowed_hosts(setting: str) -> frozenset[str]:
     """`host` or `host:port` entries, comma-separated; lower-cased."""
@@ -50,7 +47,7 @@ def check(url: str, allowed: frozenset[str]) -> str:
 
 
 async def deliver(
-    client: httpx.AsyncClient, url: str, body: dict[str, Any], backoff: Sequence[float] = BACKOFF_S
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], backoff: Sequence[float]
 ) -> str:
     """POST `body` until a 2xx answer; "delivered", or the last failure."""
     payload = orjson.dumps(body)

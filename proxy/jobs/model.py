@@ -20,6 +20,30 @@ FINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 InputKind = Literal["image", "tensors"]
 
 
+@dataclass(frozen=True)
+class JobsConfig:
+    """The jobs' settings (PROXY_JOBS_*), as the service and its workers read them."""
+
+    url: str
+    workers: int
+    """Jobs this process runs at once."""
+    max_queued: int
+    keep_s: float
+    lease_s: float
+    attempts: int
+    share: float
+    callback_hosts: frozenset[str]
+    backoff_s: float = 1.0
+    """First wait before another attempt; doubled each time, jittered, at most 60 s."""
+    callback_backoff_s: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0)
+    """Waits between a callback's delivery attempts: six tries over ~15 s."""
+
+    @property
+    def renew_s(self) -> float:
+        # Often enough to cancel a job's calls soon after DELETE, and to keep a lease.
+        return min(self.lease_s / 3, 0.5)
+
+
 class QueueFull(Exception):
     """The queue holds its bound of unfinished jobs (429)."""
 

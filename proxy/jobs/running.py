@@ -4,7 +4,6 @@ merged calls, caches), as a background request; what /infer would have answered.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -13,8 +12,6 @@ from proxy.engine.cache.entries import unpack
 from proxy.engine.runner import Engine
 from proxy.errors import Problem, StepError
 from proxy.jobs.model import Claimed
-
-log = logging.getLogger("proxy")
 
 RETRYABLE = frozenset({502, 503, 504})
 """Errors another attempt may not meet (a service down, overloaded or late); any other is

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -14,26 +13,12 @@ import httpx
 from proxy import metrics
 from proxy.engine.runner import Engine
 from proxy.jobs import callbacks
-from proxy.jobs.model import Claimed, Job, QueueError, Submission
+from proxy.jobs.model import Claimed, Job, JobsConfig, QueueError, Submission
 from proxy.jobs.queue import JobQueue, Page, open_queue
 from proxy.jobs.running import Outcome, attempt
-from proxy.jobs.workers import WorkerConfig, Workers
+from proxy.jobs.workers import Workers
 
 log = logging.getLogger("proxy")
-
-
-@dataclass(frozen=True)
-class JobsConfig:
-    url: str
-    workers: int
-    max_queued: int
-    keep_s: float
-    lease_s: float
-    attempts: int
-    share: float
-    callback_hosts: frozenset[str]
-    backoff_s: float = 1.0
-    callback_backoff_s: tuple[float, ...] = callbacks.BACKOFF_S
 
 
 class Jobs:
@@ -42,14 +27,7 @@ class Jobs:
         self.config = config
         self.queue: JobQueue = open_queue(config.url, config.keep_s)
         self.workers = (
-            Workers(
-                self.queue,
-                self._attempt,
-                WorkerConfig(config.workers, config.lease_s, config.keep_s, config.backoff_s),
-                self._ended,
-            )
-            if config.workers
-            else None
+            Workers(self.queue, self._attempt, config, self._ended) if config.workers else None
         )
         self._client: httpx.AsyncClient | None = None
         self._deliveries: set[asyncio.Task[None]] = set()
@@ -114,16 +92,19 @@ class Jobs:
         job, ended = await self.queue.cancel(job_id, self.config.keep_s)
         if ended and job is not None:
             metrics.JOBS_FINISHED.labels(job.pipeline, "cancelled").inc()
-            await self._ended(job_id)
+            await self._ended(job)
         return job, ended
 
     async def _attempt(self, claimed: Claimed) -> Outcome:
         return await attempt(self.engine, claimed, self.config.share)
 
-    async def _ended(self, job_id: str) -> None:
-        """A job's final state was written here: its callback, if it has one."""
-        job = await self.queue.get(job_id)
-        if job is None or not job.callback or self._client is None:
+    async def _ended(self, ended: Job) -> None:
+        """A job's final state was written here: its callback, if it has one (sent as the
+        job now reads; a job without one costs no read)."""
+        if not ended.callback or self._client is None:
+            return
+        job = await self.queue.get(ended.id)
+        if job is None:
             return
         task = asyncio.create_task(self._deliver(job))
         self._deliveries.add(task)

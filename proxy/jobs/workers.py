@@ -1,5 +1,5 @@
 """The workers that run jobs: a bounded number of tasks, in the proxy or in a worker-only
-process (python -m proxy.jobs), each taking the oldest job due, running it as a background
+process (python -m proxy.job_worker), each taking the oldest job due, running it as a background
 request (it waits for room within its share rather than taking room from waiting
 clients), and writing its one final state.
 
@@ -16,51 +16,39 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 from proxy import metrics
-from proxy.jobs.model import Claimed, QueueError
+from proxy.jobs.model import Claimed, Job, JobsConfig, QueueError
 from proxy.jobs.queue import JobQueue
 from proxy.jobs.running import Outcome
 
 log = logging.getLogger("proxy")
 
 
-@dataclass(frozen=True)
-class WorkerConfig:
-    concurrency: int
-    lease_s: float
-    keep_s: float
-    backoff_s: float = 1.0
-    """First wait before another attempt; doubled each time, jittered, at most 60 s."""
-    sweep_s: float = 60.0
-
-    @property
-    def renew_s(self) -> float:
-        # Often enough to cancel a job's calls soon after DELETE, and to keep a lease.
-        return min(self.lease_s / 3, 0.5)
+SWEEP_S = 60.0
+"""How often ended jobs past their time to keep are removed."""
 
 
 Attempt = Callable[[Claimed], Awaitable[Outcome]]
-Finished = Callable[[str], Awaitable[None]]
+Finished = Callable[[Job], Awaitable[None]]
 
 
 class Workers:
     def __init__(
-        self, queue: JobQueue, attempt: Attempt, config: WorkerConfig, finished: Finished
+        self, queue: JobQueue, attempt: Attempt, config: JobsConfig, finished: Finished
     ) -> None:
         self.queue = queue
         self.attempt = attempt
         self.config = config
         self.finished = finished
-        """Called with a job's id once its final state is written (its callback)."""
+        """Called with a job (as claimed) once its final state is written (its callback)."""
         self._held: dict[str, tuple[str, asyncio.Task[Outcome]]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._stopped = asyncio.Event()
 
     def start(self) -> None:
-        loops = [self._loop() for _ in range(self.config.concurrency)]
+        loops = [self._loop() for _ in range(self.config.workers)]
         self._tasks = [asyncio.create_task(c) for c in (*loops, self._renew(), self._sweep())]
 
     async def stop(self) -> None:
@@ -91,7 +79,7 @@ class Workers:
                 log.warning(
                     "jobs: the queue cannot be reached", extra={"fields": {"error": str(exc)}}
                 )
-                await asyncio.sleep(1.0)
+                await self._pause(1.0)
                 continue
             if claimed is not None and self._stopping:
                 await self._write(self.queue.requeue(claimed, _STOPPED, 0.0))
@@ -128,7 +116,7 @@ class Workers:
         )
         if written:
             metrics.JOBS_FINISHED.labels(claimed.job.pipeline, status).inc()
-            await self.finished(claimed.job.id)
+            await self.finished(claimed.job)
 
     async def _write(self, change: Awaitable[bool]) -> bool:
         """A state change; one the store refuses (the job is no longer this worker's) or
@@ -158,7 +146,7 @@ class Workers:
         swept = 0.0
         while not self._stopping:
             with contextlib.suppress(QueueError):
-                if time.monotonic() - swept >= self.config.sweep_s:
+                if time.monotonic() - swept >= SWEEP_S:
                     swept = time.monotonic()
                     removed = await self.queue.sweep(time.time())
                     if removed:
