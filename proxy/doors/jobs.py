@@ -30,6 +30,7 @@ from proxy.jobs.model import (
     QueueError,
     QueueFull,
     Submission,
+    iso,
 )
 from proxy.jobs.service import Jobs
 from proxy.state import ProxyState
@@ -125,7 +126,7 @@ class JobEndpoints:
         if not new:
             headers["Idempotent-Replayed"] = "true"
         body = {"id": job.id, "status": job.status, "pipeline": job.pipeline}
-        return json_response({**body, "created": job.public()["created"]}, 202, headers)
+        return json_response({**body, "created": iso(job.created)}, 202, headers)
 
     async def get(self, job_id: str) -> Response:
         """GET /v1/jobs/{id}."""

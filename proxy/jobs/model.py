@@ -104,12 +104,12 @@ class Job:
             "id": self.id,
             "pipeline": self.pipeline,
             "status": self.status,
-            "created": _iso(self.created),
-            "updated": _iso(self.updated),
+            "created": iso(self.created),
+            "updated": iso(self.updated),
             "attempts": self.attempts,
         }
         if self.finished is not None:
-            shown["finished"] = _iso(self.finished)
+            shown["finished"] = iso(self.finished)
         if self.result is not None:
             shown["result"] = self.result
         if self.error is not None:
@@ -130,7 +130,8 @@ class Claimed:
     token: str
 
 
-def _iso(at: float) -> str:
+def iso(at: float) -> str:
+    """`at` (epoch seconds) as ISO 8601 UTC with milliseconds."""
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at)) + f".{int(at % 1 * 1000):03d}Z"
 
 
