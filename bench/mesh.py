@@ -49,10 +49,10 @@ def shipped_mesh(prefix: str) -> Iterator:
     from compose.topology import load
 
     # Every request run through the pipeline: the benchmarks measure the mesh, not its cache
-    # (bench/cache.py turns it on beside).
+    # (bench/cache.py turns it on beside). Jobs in SQLite: bench/jobs.py runs its own Redis.
     folder = Path(tempfile.mkdtemp(prefix=prefix))
     environ = {"PROXY_CACHE": "false", "PROXY_JOBS_URL": f"sqlite:///{folder}/jobs.sqlite3"}
-    services = load([DEFAULT_FILE], environ=environ, port_offset=12000)
+    services = load([DEFAULT_FILE], environ=environ, port_offset=12000, leave_out={"redis"})
     with open(folder / "mesh.log", "w") as log:
         mesh = LocalMesh(services, out=log)
         mesh.up()

@@ -3,6 +3,8 @@
 Starts every service of compose/compose.yaml on 127.0.0.1 in dependency
 order, waits for each one's healthcheck, streams prefixed logs, and stops
 everything (SIGTERM, then SIGKILL after a grace period) on Ctrl-C or SIGTERM.
+A service whose program is not installed (Debian's redis-server) is left out, and
+the settings naming it keep their defaults (the jobs' queue then in SQLite).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from compose.topology import LocalService, TopologyError, load, start_order
+from compose.topology import LocalService, TopologyError, load, start_order, unavailable
 
 COMPOSE_DIR = Path(__file__).resolve().parent
 ROOT = COMPOSE_DIR.parent
@@ -43,6 +45,8 @@ class LocalMesh:
 
     def start(self, name: str) -> None:
         svc = self.services[name]
+        for folder in svc.folders:
+            folder.mkdir(parents=True, exist_ok=True)
         proc = subprocess.Popen(
             svc.argv,
             cwd=ROOT,
@@ -143,9 +147,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=0,
         help="add this to every port (to run a second mesh beside another)",
     )
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=ROOT / "data",
+        help="folder of the named volumes (default data/)",
+    )
     args = parser.parse_args(argv)
+    files = args.file or [DEFAULT_FILE]
     try:
-        services = load(args.file or [DEFAULT_FILE], port_offset=args.port_offset)
+        missing = unavailable(files)
+        for name, program in missing.items():
+            print(
+                f"compose.local: {program} is not installed: '{name}' left out, and the "
+                "settings naming it keep their defaults",
+                file=sys.stderr,
+            )
+        services = load(
+            files, port_offset=args.port_offset, data_dir=args.data, leave_out=set(missing)
+        )
     except (TopologyError, OSError) as exc:
         print(f"compose.local: {exc}", file=sys.stderr)
         return 2

@@ -134,9 +134,10 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     """The shipped topology (compose/compose.yaml) as real local processes."""
     log = tmp_path_factory.mktemp("mesh") / "mesh.log"
     # The suite measures and breaks the services themselves: its mesh answers every request
-    # by running it (tests/e2e/test_cache.py runs a proxy with the shipped caches on).
+    # by running it (tests/e2e/test_cache.py runs a proxy with the shipped caches on). Its
+    # jobs stay in SQLite (tests/e2e/test_run_command.py runs the topology with its Redis).
     environ = {"PROXY_CACHE": "false", "PROXY_JOBS_URL": f"sqlite:///{log.parent}/jobs.sqlite3"}
-    services = load([DEFAULT_FILE], environ=environ, port_offset=PORT_OFFSET)
+    services = load([DEFAULT_FILE], environ=environ, port_offset=PORT_OFFSET, leave_out={"redis"})
     with log.open("w") as out:
         local = LocalMesh(services, out=out)
         try:

@@ -34,6 +34,7 @@ import yaml
 
 from compose.topology import interpolate, merged_specs
 from deploy import capacity
+from deploy.kubernetes import queue
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose" / "compose.yaml"
@@ -223,8 +224,8 @@ def service(name: str, spec: dict) -> dict:
 
 def network_policies(names: list[str]) -> list[dict]:
     """Nothing reaches a mesh pod unless admitted: the proxy's doors from anywhere, each
-    service's gRPC port from the proxy only, every metrics port from the `monitoring`
-    namespace."""
+    service's gRPC port from the proxy (and the job workers) only, the jobs' Redis from the
+    same, every metrics port from the `monitoring` namespace."""
 
     def policy(name: str, selector: dict, ingress: list[dict]) -> dict:
         return {
@@ -238,7 +239,9 @@ def network_policies(names: list[str]) -> list[dict]:
             },
         }
 
-    proxy_pods = {"podSelector": {"matchLabels": _labels("proxy")}}
+    callers = [{"podSelector": {"matchLabels": _labels("proxy")}}]
+    if queue.WORKER in names:
+        callers.append({"podSelector": {"matchLabels": _labels(queue.WORKER)}})
     monitoring = {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
     }
@@ -252,8 +255,11 @@ def network_policies(names: list[str]) -> list[dict]:
         policy("mesh-metrics", PART_OF, [{"from": [monitoring], "ports": [{"port": "metrics"}]}]),
     ]
     for name in names:
-        if name != "proxy":
-            rule = {"from": [proxy_pods], "ports": [{"port": "grpc", "protocol": "TCP"}]}
+        if name == queue.NAME:
+            rule = {"from": callers, "ports": [{"port": "redis", "protocol": "TCP"}]}
+            policies.append(policy(f"{name}-from-mesh", _labels(name), [rule]))
+        elif name not in ("proxy", queue.WORKER):
+            rule = {"from": callers, "ports": [{"port": "grpc", "protocol": "TCP"}]}
             policies.append(policy(f"{name}-from-proxy", _labels(name), [rule]))
     return policies
 
@@ -293,6 +299,7 @@ def scaling(names: list[str]) -> list[dict]:
     """A HorizontalPodAutoscaler (CPU, at the capacity plan's utilisation) and a
     PodDisruptionBudget for every service."""
     plan = capacity.replicas(capacity.load(), PRODUCTION_RATES)
+    plan[queue.WORKER] = plan["proxy"]  # a worker runs what a proxy would
     out: list[dict] = []
     for name in names:
         ref = {"apiVersion": "apps/v1", "kind": "Deployment", "name": name}
@@ -328,14 +335,24 @@ def render() -> dict[str, str]:
     specs = merged_specs([COMPOSE])
     sized = capacity.sizes(capacity.load())
     files: dict[str, str] = {}
+    deployed: list[str] = []
     for name, spec in specs.items():
-        documents = [deployment(name, spec, sized[name]), service(name, spec)]
-        files[f"base/{name}.yaml"] = _dump(documents)
-    files["base/networkpolicy.yaml"] = _dump(network_policies(list(specs)))
+        if name == queue.NAME:
+            files[f"base/{name}.yaml"] = _dump(queue.redis(spec, _labels(name), _restricted()))
+            continue
+        made = deployment(name, spec, sized[name])
+        files[f"base/{name}.yaml"] = _dump([made, service(name, spec)])
+        deployed.append(name)
+        if name == "proxy" and queue.shares_a_queue(made):
+            worker = queue.job_worker(made, _labels(queue.WORKER))
+            files[f"base/{queue.WORKER}.yaml"] = _dump([worker])
+            deployed.append(queue.WORKER)
+    stores = [n for n in specs if n == queue.NAME]
+    files["base/networkpolicy.yaml"] = _dump(network_policies(stores + deployed))
     resources = [Path(path).name for path in files]
     files["base/kustomization.yaml"] = _dump([kustomization(resources)])
     files["base/pipelines.yaml"] = PIPELINES.read_text()
-    files["overlays/production/scaling.yaml"] = _dump(scaling(list(specs)))
+    files["overlays/production/scaling.yaml"] = _dump(scaling(deployed))
     return files
 
 

@@ -6,7 +6,8 @@ What it takes (see issue #6 and the README's "Docker" section):
 - dockerd started by us with no default bridge and no iptables rules, its data and exec
   roots in a temporary folder, listening on a socket there (nothing else on the machine
   is touched);
-- a base image made with debootstrap (bookworm, minbase, python3 + venv) and `docker
+- a base image made with debootstrap (bookworm, minbase, python3 + venv, and Debian's
+  redis-server, so that the same image serves as compose's REDIS_IMAGE) and `docker
   import`, cached under build/compose/ so that a rerun skips the minute it takes;
 - the wheelhouse of compose.wheelhouse, so the image build installs with `--no-index`
   in seconds.
@@ -158,8 +159,9 @@ def engine() -> Iterator[Engine]:
 
 
 def base_image(engine: Engine) -> str:
-    """`BASE_IMAGE` for the Dockerfile: Debian bookworm minbase with python3 and venv."""
-    tarball = CACHE / "bookworm-minbase.tar"
+    """`BASE_IMAGE` for the Dockerfile, and `REDIS_IMAGE` for compose: Debian bookworm
+    minbase with python3, venv and redis-server."""
+    tarball = CACHE / "bookworm-minbase-redis.tar"
     if not tarball.is_file():
         CACHE.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="mesh-rootfs-") as rootfs:
@@ -167,7 +169,7 @@ def base_image(engine: Engine) -> str:
                 [
                     "debootstrap",
                     "--variant=minbase",
-                    "--include=python3,python3-venv",
+                    "--include=python3,python3-venv,redis-server",
                     "bookworm",
                     rootfs,
                     DEBIAN_MIRROR,

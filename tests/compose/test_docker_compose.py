@@ -1,5 +1,6 @@
 """The real `docker compose up`: images built from compose/Dockerfile, the shipped
-compose files, both pipelines over REST, a predictor swapped by environment variable.
+compose files, both pipelines over REST, a predictor swapped by environment variable, jobs
+kept in the compose Redis across its restart.
 
 Runs when MESH_COMPOSE_SMOKE=1 (CI sets it; it needs root to install Debian's docker.io,
 docker-compose and debootstrap, and starts a private dockerd). Host networking
@@ -40,13 +41,15 @@ pytestmark = [
 HOST_FILES = ("compose.yaml", "compose.host.yaml")
 BRIDGE_PUBLISH = "127.0.0.1:18080"
 BRIDGE_GRPC_PUBLISH = "127.0.0.1:18081"
+REDIS = {"REDIS_IMAGE": docker.BASE_IMAGE}
+"""No registry here: the base image has Debian's redis-server."""
 
 
 @dataclass
 class Compose:
     engine: docker.Engine
     files: tuple[str, ...]
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=lambda: dict(REDIS))
 
     def run(self, *args: str, extra: Mapping[str, str] | None = None, timeout: float = 300) -> str:
         argv = ["docker-compose", *(a for f in self.files for a in ("-f", f)), *args]
@@ -88,9 +91,9 @@ class Compose:
 
 def _listening_ports() -> list[int]:
     services = topology.load([docker.COMPOSE_DIR / "compose.yaml"], environ={})
-    return sorted(
-        int(v) for s in services.values() for k, v in s.env.items() if k.endswith("_PORT")
-    )
+    ports = [int(v) for s in services.values() for k, v in s.env.items() if k.endswith("_PORT")]
+    redis = services["redis"].argv
+    return sorted([*ports, int(redis[redis.index("--port") + 1])])
 
 
 def _assert_free(ports: list[int]) -> None:
@@ -149,8 +152,9 @@ def test_every_service_is_healthy_and_not_root(host_mesh: Compose) -> None:
     assert set(containers) == expected
     for name, c in containers.items():
         assert c["State"]["Health"]["Status"] == "healthy", name
-        assert c["Config"]["User"] == "mesh", name
         assert c["HostConfig"]["NetworkMode"] == "host", name
+        if name != "redis":  # REDIS_IMAGE's own user
+            assert c["Config"]["User"] == "mesh", name
     ready = httpx.get("http://127.0.0.1:8080/readyz", timeout=10).json()
     assert ready["ready"] is True and all(e["ready"] for e in ready["endpoints"].values())
 
@@ -172,6 +176,38 @@ def test_both_pipelines_answer_like_one_process(host_mesh: Compose) -> None:
         assert r.status_code == 200, r.text
         texts = [line["text"] for line in r.json()["result"]["lines"]]
         assert texts == [line["text"] for line in local.ocr(blob)["lines"]], truth
+
+
+def _finished(url: str, location: str) -> dict:
+    deadline = time.monotonic() + 60
+    while True:
+        job = httpx.get(url + location, timeout=10).json()
+        if job["status"] not in ("queued", "running"):
+            return job
+        assert time.monotonic() < deadline, job
+        time.sleep(0.2)
+
+
+def test_jobs_live_in_the_compose_redis_and_survive_its_restart(host_mesh: Compose) -> None:
+    url = "http://127.0.0.1:8080"
+    ready = httpx.get(f"{url}/readyz", timeout=10).json()["endpoints"]
+    assert ready["PROXY_JOBS_URL/jobs"]["address"] == "redis://127.0.0.1:6380/0"
+    images, _ = held_out()
+    r = httpx.post(
+        f"{url}/v1/pipelines/digits/jobs",
+        content=png(images[3]),
+        headers={"Content-Type": "image/png"},
+        timeout=30,
+    )
+    assert r.status_code == 202, r.text
+    job = _finished(url, r.headers["Location"])
+    assert job["status"] == "succeeded", job
+    assert job["result"]["result"]["label"] == _digits(url, images[3])["label"]
+    # The append-only file on the compose volume keeps the job across a restart.
+    host_mesh.run("restart", "redis")
+    host_mesh.wait_healthy()
+    again = httpx.get(url + r.headers["Location"], timeout=10)
+    assert again.status_code == 200 and again.json()["result"] == job["result"]
 
 
 def test_an_env_var_swaps_a_predictor(host_mesh: Compose) -> None:
@@ -204,7 +240,7 @@ def test_plain_file_on_the_engine_network(
     mesh = Compose(
         engine,
         ("compose.yaml", "compose.override.yaml"),
-        {"PROXY_PUBLISH": BRIDGE_PUBLISH, "PROXY_GRPC_PUBLISH": BRIDGE_GRPC_PUBLISH},
+        {**REDIS, "PROXY_PUBLISH": BRIDGE_PUBLISH, "PROXY_GRPC_PUBLISH": BRIDGE_GRPC_PUBLISH},
     )
     mesh.run("up", "-d", "--no-build")
     try:

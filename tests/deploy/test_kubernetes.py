@@ -27,6 +27,10 @@ KUBERNETES = "1.32.0"
 """The API version the objects must be valid for (kubectl on the machine is 1.32)."""
 OVERLAYS = generate.HERE / "overlays"
 NAMES = list(merged_specs([generate.COMPOSE]))
+"""Every compose service: the mesh's own as Deployments, `redis` as a StatefulSet."""
+SERVICES = [n for n in NAMES if n != "redis"]
+DEPLOYED = [*SERVICES, "job-worker"]
+"""The Deployments: the mesh's services and the job workers derived from the proxy."""
 
 
 @cache
@@ -81,7 +85,7 @@ def _compose(name: str) -> dict:
     return merged_specs([generate.COMPOSE])[name]
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", SERVICES)
 def test_each_compose_service_has_its_deployment(name: str) -> None:
     spec = _compose(name)
     deployment = objects("local", "Deployment")[name]
@@ -105,7 +109,7 @@ def test_each_compose_service_has_its_deployment(name: str) -> None:
     )
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", SERVICES)
 def test_probes_check_what_the_compose_healthcheck_checks(name: str) -> None:
     test = _compose(name)["healthcheck"]["test"]
     main = container(objects("local", "Deployment")[name])
@@ -141,11 +145,55 @@ def test_every_endpoint_the_pipelines_use_reaches_a_service_port() -> None:
             exposed = {p["name"]: p["containerPort"] for p in container(backend)["ports"]}
             assert exposed[by_port[int(port)]["targetPort"]] == int(port)
             reached.add(host)
-    assert reached == set(NAMES) - {"proxy"}
+    assert reached == set(SERVICES) - {"proxy"}
+
+
+def test_the_jobs_queue_is_the_compose_redis_on_a_volume_both_callers_reach() -> None:
+    spec = _compose("redis")
+    statefulset = objects("local", "StatefulSet")["redis"]
+    main = container(statefulset)
+    assert main["command"] == [str(c) for c in spec["command"]]
+    argv = main["command"]
+    assert argv[argv.index("--appendonly") + 1] == "yes"
+    assert argv[argv.index("--maxmemory-policy") + 1] == "volatile-lru"
+    mounts = {m["name"]: m["mountPath"] for m in main["volumeMounts"]}
+    claims = statefulset["spec"]["volumeClaimTemplates"]
+    assert [c["metadata"]["name"] for c in claims] == ["data"]
+    assert mounts["data"] == argv[argv.index("--dir") + 1]
+    # The probe asks the pod itself what compose's healthcheck asks the service.
+    shell = spec["healthcheck"]["test"][1].replace("redis://redis:", "redis://127.0.0.1:")
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert main[probe]["exec"]["command"] == ["sh", "-c", shell]
+    port = int(argv[argv.index("--port") + 1])
+    service = objects("local", "Service")["redis"]
+    assert service["spec"]["ports"][0]["port"] == port
+    assert statefulset["spec"]["serviceName"] == "redis"
+    deployments = objects("local", "Deployment")
+    for caller in ("proxy", "job-worker"):
+        url = env_of(deployments[caller])["PROXY_JOBS_URL"]
+        assert url == f"redis://redis:{port}/0", caller
+
+
+def test_job_workers_run_the_proxys_engine_without_its_doors() -> None:
+    deployments = objects("production-mtls", "Deployment")
+    proxy, worker = container(deployments["proxy"]), container(deployments["job-worker"])
+    assert worker["command"] == ["python", "-m", "proxy.job_worker"]
+    assert worker["image"] == proxy["image"]
+    # The same settings (endpoints, queue, mutual TLS) but no gRPC door.
+    assert {**env_of(deployments["proxy"])} == {
+        **env_of(deployments["job-worker"]),
+        "PROXY_GRPC_PORT": env_of(deployments["proxy"])["PROXY_GRPC_PORT"],
+    }
+    assert env_of(deployments["job-worker"])["PROXY_TLS_CA"] == "/etc/mesh/tls/ca.crt"
+    assert [p["name"] for p in worker["ports"]] == ["metrics"]
+    assert worker["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert worker["volumeMounts"] == proxy["volumeMounts"]
 
 
 def test_pods_run_unprivileged_and_outlive_their_drain() -> None:
-    for name, deployment in objects("production", "Deployment").items():
+    workloads = {**objects("production", "Deployment"), **objects("production", "StatefulSet")}
+    assert set(workloads) == {*DEPLOYED, "redis"}
+    for name, deployment in workloads.items():
         pod = deployment["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True, name
         for c in pod["containers"] + pod.get("initContainers", []):
@@ -154,6 +202,8 @@ def test_pods_run_unprivileged_and_outlive_their_drain() -> None:
             assert context["allowPrivilegeEscalation"] is False, name
             assert context["capabilities"]["drop"] == ["ALL"], name
             assert {"cpu", "memory"} <= c["resources"]["requests"].keys(), name
+        if name == "redis":
+            continue  # no requests to drain: SIGTERM flushes its append-only file and exits
         pre_stop = int(pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][1])
         assert pod["terminationGracePeriodSeconds"] > pre_stop + generate.DRAIN_S, name
 
@@ -162,7 +212,7 @@ def test_production_scales_every_service_and_keeps_one_up() -> None:
     deployments = objects("production", "Deployment")
     autoscalers = objects("production", "HorizontalPodAutoscaler")
     budgets = objects("production", "PodDisruptionBudget")
-    assert set(autoscalers) == set(budgets) == set(deployments) == set(NAMES)
+    assert set(autoscalers) == set(budgets) == set(deployments) == set(DEPLOYED)
     for name, deployment in deployments.items():
         assert "replicas" not in deployment["spec"], f"{name}: the autoscaler owns it"
         hpa = autoscalers[name]["spec"]
@@ -224,7 +274,7 @@ def admitted(overlay: str, source: tuple[str, dict[str, str]], pod: dict, port: 
 
 
 def test_network_policies_admit_exactly_the_mesh_connections() -> None:
-    deployments = objects("local", "Deployment")
+    deployments = {**objects("local", "Deployment"), **objects("local", "StatefulSet")}
     sources = {
         name: (NAMESPACE, d["spec"]["template"]["metadata"]["labels"])
         for name, d in deployments.items()
@@ -238,12 +288,16 @@ def test_network_policies_admit_exactly_the_mesh_connections() -> None:
             for source, peer in sources.items():
                 if admitted("local", peer, deployment, port):
                     seen.add((source, destination, port["name"]))
-    expected = set()
+    expected = {("prometheus", "job-worker", "metrics")}
+    callers = ("proxy", "job-worker")
     for name in NAMES:
         if name == "proxy":
             expected |= {(s, "proxy", p) for s in sources for p in ("http", "grpc")}
+        elif name == "redis":
+            expected |= {(caller, "redis", "redis") for caller in callers}
         else:
-            expected |= {("proxy", name, "grpc"), ("prometheus", name, "metrics")}
+            expected |= {(caller, name, "grpc") for caller in callers}
+            expected.add(("prometheus", name, "metrics"))
     assert seen == expected
 
 

@@ -1,14 +1,19 @@
-"""The README's run command: `python -m compose.local` brings the mesh up and down cleanly."""
+"""The README's run command: `python -m compose.local` brings the mesh up and down cleanly,
+with the shipped Redis as its jobs' queue where Debian's redis-server is installed."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
+import pytest
 
+from bench import redis_server
 from samples.images import encode, render_digit
 from tests.procs import ROOT
 
@@ -17,12 +22,44 @@ from tests.procs import ROOT
 OFFSET = 22000
 
 
-def test_local_runner_serves_and_stops_on_sigterm(tmp_path) -> None:
+def _job(url: str, digit: bytes) -> dict:
+    r = httpx.post(
+        f"{url}/v1/pipelines/digits/jobs",
+        content=digit,
+        headers={"Content-Type": "image/png"},
+        timeout=30,
+    )
+    assert r.status_code == 202, r.text
+    deadline = time.monotonic() + 60
+    while True:
+        job = httpx.get(f"{url}{r.headers['Location']}", timeout=10).json()
+        if job["status"] not in ("queued", "running"):
+            return job
+        assert time.monotonic() < deadline, job
+        time.sleep(0.1)
+
+
+def test_local_runner_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
+    if not redis_server.available():
+        if os.environ.get("CI"):
+            pytest.fail("CI must run the shipped Redis: redis-server is missing")
+        pytest.skip("redis-server is missing (./mesh test installs it when run as root)")
     log = tmp_path / "up.log"
+    # The shipped settings, not the suite's (its proxies keep jobs in SQLite files).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROXY_")}
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "compose.local", "--port-offset", str(OFFSET)],
+            [
+                sys.executable,
+                "-m",
+                "compose.local",
+                "--port-offset",
+                str(OFFSET),
+                "--data",
+                str(tmp_path / "data"),
+            ],
             cwd=ROOT,
+            env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
         )
@@ -42,10 +79,17 @@ def test_local_runner_serves_and_stops_on_sigterm(tmp_path) -> None:
             timeout=30,
         )
         assert r.status_code == 200 and isinstance(r.json()["result"]["label"], int)
+        # Jobs go to the topology's redis-server, its append-only file in the named volume.
+        ready = httpx.get(f"{url}/readyz", timeout=10).json()["endpoints"]
+        assert ready["PROXY_JOBS_URL/jobs"]["address"] == f"redis://127.0.0.1:{6380 + OFFSET}/0"
+        job = _job(url, digit)
+        assert job["status"] == "succeeded", job
+        assert job["result"]["result"] == r.json()["result"]
+        assert list((tmp_path / "data" / "redis-data").glob("appendonlydir/*.aof"))
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(60)
     assert code == 0, log.read_text()[-3000:]
     text = log.read_text()
-    # 7 services and the proxy's gRPC door.
+    # 7 services of ours and the proxy's gRPC door.
     assert text.count('"msg": "stopped"') == 8, "every gRPC server stopped gracefully"

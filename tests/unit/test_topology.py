@@ -1,0 +1,42 @@
+"""The local runner's reading of the shipped compose file: what moves with the port offset,
+where named volumes go, and what a machine without redis-server runs instead."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from compose.local import DEFAULT_FILE
+from compose.topology import load, unavailable
+
+
+def test_redis_moves_with_the_offset_and_keeps_its_data_in_a_folder(tmp_path: Path) -> None:
+    services = load([DEFAULT_FILE], environ={}, port_offset=1000, data_dir=tmp_path)
+    redis = services["redis"]
+    argv = redis.argv
+    assert argv[argv.index("--port") + 1] == "7380"
+    assert argv[argv.index("--bind") + 1] == "127.0.0.1"
+    assert argv[argv.index("--dir") + 1] == str(tmp_path / "redis-data")
+    assert argv[argv.index("--appendonly") + 1] == "yes"
+    assert redis.folders == [tmp_path / "redis-data"]
+    assert redis.healthcheck is not None and "redis://127.0.0.1:7380" in redis.healthcheck[-1]
+    proxy = services["proxy"]
+    assert proxy.env["PROXY_JOBS_URL"] == "redis://127.0.0.1:7380/0"
+    assert "redis" in proxy.depends_on
+
+
+def test_a_machine_without_redis_server_runs_the_rest_on_sqlite() -> None:
+    missing = unavailable([DEFAULT_FILE], can_run=lambda program: program != "redis-server")
+    assert missing == {"redis": "redis-server"}
+    services = load([DEFAULT_FILE], environ={}, leave_out=set(missing))
+    assert "redis" not in services
+    proxy = services["proxy"]
+    assert proxy.env["PROXY_JOBS_URL"] == ""  # unset: the proxy's SQLite default
+    assert "redis" not in proxy.depends_on
+    # Nothing else is touched.
+    assert proxy.env["PREPROCESS_URL"] == "127.0.0.1:8002"
+
+
+def test_a_queue_the_user_names_is_kept() -> None:
+    environ = {"PROXY_JOBS_URL": "redis://queue.internal:6379/2"}
+    services = load([DEFAULT_FILE], environ=environ, leave_out={"redis"})
+    assert services["proxy"].env["PROXY_JOBS_URL"] == "redis://queue.internal:6379/2"
