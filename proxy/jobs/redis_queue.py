@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
 from proxy.jobs import redis_scripts as lua
+from proxy.jobs.grouping import Grouped
 from proxy.jobs.model import (
     Claimed,
     IdempotencyConflict,
@@ -70,6 +71,7 @@ class RedisQueue(JobQueue):
         }
         self._group_made = False
         self._swept_stranded = 0.0
+        self._submit: Grouped[tuple[Submission, int], Any] = Grouped(self._submit_many)
 
     async def _call(self, work: Awaitable[T]) -> T:
         try:
@@ -88,7 +90,7 @@ class RedisQueue(JobQueue):
                 raise
         self._group_made = True
 
-    async def submit(self, job: Submission, max_queued: int) -> tuple[Job, bool]:
+    def _submission(self, job: Submission, max_queued: int) -> tuple[list[str], list[Any]]:
         k = self._k
         fields: dict[str, Any] = {
             "pipeline": job.pipeline, "status": "queued", "created": repr(job.created),
@@ -102,9 +104,23 @@ class RedisQueue(JobQueue):
         for name, value in fields.items():
             args += [name, value]
         keys = [self._job + job.id, k["queued"], k["running"], k["index"], k["stream"], idem]
+        return keys, args
+
+    async def _submit_many(self, group: list[tuple[Submission, int]]) -> list[Any]:
+        """The group's SUBMIT scripts in one pipeline (one round trip); each one's reply."""
         await self._call(self._group())
-        outcome, detail = await self._call(self._scripts["SUBMIT"](keys, args))
-        outcome, detail = outcome.decode(), detail.decode()
+        script = self._scripts["SUBMIT"]
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for job, max_queued in group:
+                keys, args = self._submission(job, max_queued)
+                await script(keys, args, client=pipe)
+            return await self._call(pipe.execute(raise_on_error=False))
+
+    async def submit(self, job: Submission, max_queued: int) -> tuple[Job, bool]:
+        reply = await self._submit((job, max_queued))
+        if isinstance(reply, Exception):
+            raise QueueError(f"redis {self.url}: {reply!r}")
+        outcome, detail = reply[0].decode(), reply[1].decode()
         if outcome == "full":
             raise QueueFull(int(detail))
         if outcome == "conflict":

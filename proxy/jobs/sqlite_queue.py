@@ -3,7 +3,12 @@ proxy), shared by the proxy's own worker processes on one machine.
 
 One connection on one thread per process; every change is one transaction (BEGIN IMMEDIATE,
 so processes sharing the file take turns). WAL with synchronous=NORMAL: a committed job
-survives the process being killed (not the machine losing power mid-write)."""
+survives the process being killed (not the machine losing power mid-write).
+
+The WAL is copied back into the database by a connection and thread of its own, half a second
+after a change (a PASSIVE checkpoint: it never holds up a writer), not by whichever commit
+crosses SQLite's 1,000-page mark: that commit then waited for the copy and its fsync, and
+enqueue's p99 at c=32 was 12-13 ms instead of 7-8."""
 
 from __future__ import annotations
 
@@ -16,10 +21,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from proxy.jobs import sqlite_sql as sql
+from proxy.jobs.grouping import Grouped
 from proxy.jobs.model import Claimed, Job, QueueError, Submission
 from proxy.jobs.queue import Depth, JobQueue, Page
 
 T = TypeVar("T")
+CHECKPOINT_S = 0.5
+"""How long after a change the WAL is checkpointed (changes in between share it)."""
 
 
 class SqliteQueue(JobQueue):
@@ -30,8 +38,10 @@ class SqliteQueue(JobQueue):
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="jobs-sqlite")
         self._db: sqlite3.Connection | None = None
         self._wake = asyncio.Event()
-        self._submissions: list[tuple[Submission, int, asyncio.Future[tuple[Job, bool]]]] = []
-        self._committer: asyncio.Task[None] | None = None
+        self._submit = Grouped(lambda group: self._run(sql.submit_many, group))
+        self._checkpointer = ThreadPoolExecutor(1, thread_name_prefix="jobs-checkpoint")
+        self._checkpoint_db: sqlite3.Connection | None = None
+        self._checkpoint: asyncio.Task[None] | None = None
 
     def _connect(self) -> sqlite3.Connection:
         if self._db is None:
@@ -39,9 +49,25 @@ class SqliteQueue(JobQueue):
             db = sqlite3.connect(self.path, timeout=10, isolation_level=None)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("PRAGMA wal_autocheckpoint=0")  # _checkpoint_soon's thread does it
             db.executescript(sql.SCHEMA)
             self._db = db
         return self._db
+
+    def _checkpoint_soon(self) -> None:
+        if self._checkpoint is None or self._checkpoint.done():
+            self._checkpoint = asyncio.create_task(self._copy_back())
+
+    async def _copy_back(self, mode: str = "PASSIVE", delay_s: float = CHECKPOINT_S) -> None:
+        def copy() -> None:
+            if self._checkpoint_db is None:
+                self._checkpoint_db = sqlite3.connect(self.path, timeout=10, isolation_level=None)
+            self._checkpoint_db.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
+
+        await asyncio.sleep(delay_s)
+        # On an error the next change tries again; meanwhile SQLite reads through the WAL.
+        with contextlib.suppress(sqlite3.Error):
+            await asyncio.get_running_loop().run_in_executor(self._checkpointer, copy)
 
     async def _run(self, work: Any, *args: Any) -> T:
         def inside() -> T:
@@ -56,39 +82,14 @@ class SqliteQueue(JobQueue):
             return out
 
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._thread, inside)
+            out = await asyncio.get_running_loop().run_in_executor(self._thread, inside)
         except sqlite3.Error as exc:
             raise QueueError(f"the jobs' database {self.path}: {exc}") from exc
+        self._checkpoint_soon()
+        return out
 
     async def submit(self, job: Submission, max_queued: int) -> tuple[Job, bool]:
-        """Submissions arriving together share one transaction (a group commit): one trip
-        to the queue's thread and one commit for all of them (enqueue throughput 1.9k/s
-        one at a time)."""
-        future: asyncio.Future[tuple[Job, bool]] = asyncio.get_running_loop().create_future()
-        self._submissions.append((job, max_queued, future))
-        if self._committer is None or self._committer.done():
-            self._committer = asyncio.create_task(self._commit())
-        return await future
-
-    async def _commit(self) -> None:
-        while self._submissions:
-            batch, self._submissions = self._submissions, []
-            try:
-                outcomes = await self._run(sql.submit_many, [(j, m) for j, m, _ in batch])
-            except BaseException as exc:  # the store failed: every one of them did
-                for _, _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-                if isinstance(exc, asyncio.CancelledError):
-                    raise
-                continue
-            for (_, _, future), outcome in zip(batch, outcomes, strict=True):
-                if future.done():  # its caller left: the job is stored all the same
-                    continue
-                if isinstance(outcome, Exception):
-                    future.set_exception(outcome)
-                else:
-                    future.set_result(outcome)
+        return await self._submit((job, max_queued))
 
     async def get(self, job_id: str) -> Job | None:
         return await self._run(sql.get, job_id, time.time())
@@ -146,5 +147,19 @@ class SqliteQueue(JobQueue):
                 self._db.close()
                 self._db = None
 
+        if self._checkpoint is not None:
+            self._checkpoint.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._checkpoint
+        if self._db is not None:
+            await self._copy_back("TRUNCATE", delay_s=0)  # leave an empty WAL behind
+
+        def forget() -> None:
+            if self._checkpoint_db is not None:
+                self._checkpoint_db.close()
+                self._checkpoint_db = None
+
+        await asyncio.get_running_loop().run_in_executor(self._checkpointer, forget)
+        self._checkpointer.shutdown(wait=True)
         await asyncio.get_running_loop().run_in_executor(self._thread, shut)
         self._thread.shutdown(wait=True)

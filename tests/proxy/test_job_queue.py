@@ -6,6 +6,7 @@ the bound; the list; expiry."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -139,3 +140,32 @@ async def test_pages_newest_first_filtered_and_ended_jobs_expire(queue: JobQueue
     assert await queue.get(ids[0]) is None
     await queue.sweep(time.time())
     assert [j.id for j in (await queue.page(None, None, 10, None)).jobs] == ids[:0:-1]
+
+
+async def test_sqlite_copies_the_wal_back_off_the_writers_path(tmp_path: Path) -> None:
+    # The database file alone (immutable: the WAL unread) holds the jobs once the
+    # checkpointer has run, and closing leaves no WAL behind.
+    from proxy.jobs.sqlite_queue import CHECKPOINT_S
+
+    path = tmp_path / "jobs.sqlite3"
+    queue = open_queue(f"sqlite:///{path}", keep_s=60)
+
+    def in_the_file_alone() -> int:
+        import sqlite3
+
+        with contextlib.closing(sqlite3.connect(f"file:{path}?immutable=1", uri=True)) as db:
+            try:
+                return db.execute("SELECT count(*) FROM jobs").fetchone()[0]
+            except sqlite3.OperationalError:  # the schema itself is still in the WAL
+                return 0
+
+    await asyncio.gather(*(queue.submit(job(payload=bytes([i])), 100) for i in range(50)))
+    assert in_the_file_alone() < 50
+    deadline = time.monotonic() + CHECKPOINT_S + 5
+    while in_the_file_alone() < 50:
+        assert time.monotonic() < deadline, "the WAL was never checkpointed"
+        await asyncio.sleep(0.05)
+    await queue.submit(job(payload=b"last"), 100)
+    await queue.close()
+    wal = path.with_name(path.name + "-wal")
+    assert not wal.exists() or wal.stat().st_size == 0
