@@ -1,0 +1,96 @@
+"""`python -m batch PIPELINE SOURCE -o SINK` (also `mesh-batch`, `./mesh batch`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Sequence
+
+from batch.calls import Retry
+from batch.runner import MeshError, Options, run
+from batch.sinks import open_sink
+from batch.sources import SourceError, open_source
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="mesh batch",
+        description="Run a pipeline of the mesh over many inputs; rerun to resume.",
+    )
+    p.add_argument("pipeline", help="the pipeline to run, e.g. digits or ocr")
+    p.add_argument("source", help="a folder, a glob (quoted), or a .jsonl / .csv manifest")
+    p.add_argument("-o", "--output", required=True, help="a .jsonl or .csv file (appended)")
+    p.add_argument("--url", default=DEFAULT_URL, help=f"the mesh's proxy (default {DEFAULT_URL})")
+    p.add_argument("--path-column", default="path", help="a manifest's file column (path)")
+    p.add_argument("-c", "--concurrency", type=int, default=32, help="requests in flight (32)")
+    p.add_argument("--rate", type=float, help="requests started per second at most")
+    p.add_argument("--attempts", type=int, default=5, help="tries per input on 429/502/503/504 (5)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds per request (120)")
+    p.add_argument(
+        "--max-failed",
+        type=float,
+        metavar="FRACTION",
+        help="exit 1 when more than this fraction of the inputs sent failed (e.g. 0.01)",
+    )
+    p.add_argument("--progress-every", type=float, default=10.0, help="seconds between log lines")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.concurrency < 1 or args.attempts < 1 or (args.rate is not None and args.rate <= 0):
+        print("mesh batch: --concurrency, --attempts and --rate must be positive", file=sys.stderr)
+        return 2
+    try:
+        source = open_source(args.source, args.path_column)
+        sink = open_sink(args.output, source.columns)
+    except (SourceError, ValueError, OSError) as exc:
+        print(f"mesh batch: {exc}", file=sys.stderr)
+        return 2
+    options = Options(
+        url=args.url,
+        pipeline=args.pipeline,
+        concurrency=args.concurrency,
+        rate=args.rate,
+        retry=Retry(attempts=args.attempts),
+        timeout_s=args.timeout,
+        progress_every_s=args.progress_every,
+    )
+
+    async def batch() -> int:
+        task = asyncio.current_task()
+        assert task is not None
+        # SIGTERM (a CronJob's pod stopping) ends the run like Ctrl-C: answered rows kept.
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        try:
+            progress = await run(source, sink, options)
+        except MeshError as exc:
+            print(f"mesh batch: {exc}", file=sys.stderr)
+            return 2
+        except asyncio.CancelledError:
+            print("mesh batch: stopped; rerun the same command to resume", file=sys.stderr)
+            return 130
+        progress.close()
+        sent = progress.sent
+        failed = progress.counts["failed"]
+        if args.max_failed is not None and sent and failed / sent > args.max_failed:
+            print(
+                f"mesh batch: {failed} of {sent} failed, more than --max-failed {args.max_failed}",
+                file=sys.stderr,
+            )
+            return 1
+        return 0
+
+    try:
+        return asyncio.run(batch())
+    except KeyboardInterrupt:
+        print("mesh batch: interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

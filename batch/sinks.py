@@ -1,0 +1,151 @@
+"""Where a batch's answers go: one row per input, appended as each answer arrives, to a
+JSONL or CSV file. Rows are flushed one by one (a killed batch loses only the requests in
+flight) and fsynced on close.
+
+A rerun appends to the same file and skips every key it already holds (`answered()`); a row
+torn by a kill mid-write is cut off first, so every key appears exactly once."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BASE_COLUMNS = ("key", "status", "latency_ms", "result", "error")
+
+
+@dataclass(frozen=True)
+class Row:
+    key: str
+    status: str
+    """`ok` or `failed`."""
+    latency_ms: float | None
+    result: Any = None
+    """What /infer answered (the whole answer: result, partial, steps)."""
+    error: Any = None
+    """{"status": HTTP status or null, "error": message}: the mesh's error, or the batch's."""
+    extra: dict[str, str] | None = None
+
+    def fields(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "key": self.key,
+            "status": self.status,
+            "latency_ms": self.latency_ms,
+            "result": self.result,
+            "error": self.error,
+        }
+        for name, value in (self.extra or {}).items():
+            out[name if name not in out else f"input.{name}"] = value
+        return out
+
+
+class Sink:
+    def answered(self) -> set[str]:
+        """Keys already in the output (after cutting off a torn last row)."""
+        raise NotImplementedError
+
+    def write(self, row: Row) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+def _cut_torn_tail(path: Path) -> None:
+    """A kill mid-write leaves a last line without its newline: cut it off."""
+    with path.open("rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return
+        step = 1 << 16
+        end = size
+        while end > 0:
+            start = max(0, end - step)
+            f.seek(start)
+            newline = f.read(end - start).rfind(b"\n")
+            if newline >= 0:
+                f.truncate(start + newline + 1)
+                return
+            end = start
+        f.truncate(0)
+
+
+class JsonlSink(Sink):
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+        _cut_torn_tail(path)
+        self._file = path.open("a", encoding="utf-8")
+
+    def answered(self) -> set[str]:
+        keys: set[str] = set()
+        with self.path.open(encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    keys.add(json.loads(line)["key"])
+        return keys
+
+    def write(self, row: Row) -> None:
+        self._file.write(json.dumps(row.fields(), separators=(",", ":")) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+
+
+class CsvSink(Sink):
+    """`result` and `error` as JSON text; the manifest's columns after the batch's own."""
+
+    def __init__(self, path: Path, extra_columns: tuple[str, ...] = ()) -> None:
+        self.path = path
+        self.columns = [
+            *BASE_COLUMNS,
+            *(c if c not in BASE_COLUMNS else f"input.{c}" for c in extra_columns),
+        ]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+        _cut_torn_tail(path)
+        fresh = path.stat().st_size == 0
+        self._file = path.open("a", encoding="utf-8", newline="")
+        self._writer = csv.DictWriter(self._file, self.columns, extrasaction="ignore")
+        if fresh:
+            self._writer.writeheader()
+            self._file.flush()
+
+    def answered(self) -> set[str]:
+        with self.path.open(encoding="utf-8", newline="") as f:
+            return {row["key"] for row in csv.DictReader(f)}
+
+    def write(self, row: Row) -> None:
+        fields = row.fields()
+        for name in ("result", "error"):
+            value = fields[name]
+            fields[name] = "" if value is None else json.dumps(value, separators=(",", ":"))
+        buffer = io.StringIO()
+        csv.DictWriter(buffer, self.columns, extrasaction="ignore").writerow(fields)
+        self._file.write(buffer.getvalue())  # one write per row: a kill tears one row at most
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+
+
+def open_sink(spec: str, extra_columns: tuple[str, ...] = ()) -> Sink:
+    path = Path(spec)
+    if path.suffix == ".jsonl":
+        return JsonlSink(path)
+    if path.suffix == ".csv":
+        return CsvSink(path, extra_columns)
+    raise ValueError(f"{spec}: the output must be a .jsonl or .csv file")

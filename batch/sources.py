@@ -1,0 +1,143 @@
+"""Where a batch's inputs come from, streamed: a folder or glob of files, or a JSONL / CSV
+manifest naming one file per line. Each input is read when its turn comes, so a batch of a
+million files holds only the ones in flight; a source is walked twice (once to count, for the
+progress bar's total and ETA), never held.
+
+A key names an input in the output and across reruns: a file's path relative to the folder
+(or the glob's fixed part), or the manifest's path as written."""
+
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class SourceError(ValueError):
+    """The source itself cannot be read (not one of its inputs); the message says why."""
+
+
+@dataclass(frozen=True)
+class Input:
+    key: str
+    path: Path | None = None
+    """The file to send; read when its turn comes."""
+    extra: dict[str, str] = field(default_factory=dict)
+    """A manifest's other columns, passed through to the output row."""
+    problem: str | None = None
+    """Why this input cannot be sent at all (recorded as its failure, the batch goes on)."""
+
+    def read(self) -> bytes:
+        assert self.path is not None
+        return self.path.read_bytes()
+
+
+class Source:
+    """Inputs in a stable order; `count()` walks them without keeping them."""
+
+    columns: tuple[str, ...] = ()
+    """The extra columns every input carries (a manifest's, in its order)."""
+
+    def __iter__(self) -> Iterator[Input]:
+        raise NotImplementedError
+
+    def count(self) -> int:
+        return sum(1 for _ in self)
+
+
+class Files(Source):
+    """Every file under a folder (recursively, sorted), or every file a glob matches."""
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+        if glob.has_magic(spec):
+            fixed: list[str] = []
+            for part in Path(spec).parts:
+                if glob.has_magic(part):
+                    break
+                fixed.append(part)
+            self.root = Path(*fixed) if fixed else Path(".")
+        else:
+            self.root = Path(spec)
+            if not self.root.is_dir():
+                raise SourceError(f"{spec}: not a folder, a glob, a .jsonl or a .csv manifest")
+
+    def _paths(self) -> Iterator[Path]:
+        if glob.has_magic(self.spec):
+            for name in glob.iglob(self.spec, recursive=True):
+                if os.path.isfile(name):
+                    yield Path(name)
+            return
+        for folder, dirs, files in os.walk(self.root):
+            dirs.sort()
+            for name in sorted(files):
+                yield Path(folder, name)
+
+    def __iter__(self) -> Iterator[Input]:
+        for path in self._paths():
+            yield Input(path.relative_to(self.root).as_posix(), path)
+
+
+class Manifest(Source):
+    """One input per line of a JSONL or CSV file: `path_column` names the file (relative to
+    the manifest's folder unless absolute); the other columns go through to the output."""
+
+    def __init__(self, path: Path, path_column: str = "path") -> None:
+        self.path = path
+        self.path_column = path_column
+        if not path.is_file():
+            raise SourceError(f"{path}: no such manifest")
+        if path.suffix == ".csv":
+            with path.open(newline="") as f:
+                header = next(csv.reader(f), [])
+            if path_column not in header:
+                raise SourceError(f"{path}: no column '{path_column}' (columns: {header})")
+            self.columns = tuple(c for c in header if c != path_column)
+
+    def _records(self) -> Iterator[tuple[int, dict[str, object] | None, str | None]]:
+        with self.path.open(newline="") as f:
+            if self.path.suffix == ".csv":
+                for n, row in enumerate(csv.DictReader(f), start=2):
+                    yield n, dict(row), None
+                return
+            for n, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    yield n, None, f"line {n} is not JSON ({exc.msg})"
+                    continue
+                if not isinstance(record, dict):
+                    yield n, None, f"line {n} is not a JSON object"
+                    continue
+                yield n, record, None
+
+    def __iter__(self) -> Iterator[Input]:
+        for n, record, problem in self._records():
+            if record is None:
+                yield Input(f"{self.path.name}:{n}", problem=problem)
+                continue
+            named = record.get(self.path_column)
+            extra = {k: _text(v) for k, v in record.items() if k != self.path_column}
+            if not isinstance(named, str) or not named:
+                problem = f"line {n} has no '{self.path_column}'"
+                yield Input(f"{self.path.name}:{n}", extra=extra, problem=problem)
+                continue
+            file = Path(named) if Path(named).is_absolute() else self.path.parent / named
+            problem = None if file.is_file() else f"no such file: {named}"
+            yield Input(named, None if problem else file, extra, problem)
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def open_source(spec: str, path_column: str = "path") -> Source:
+    if spec.endswith((".jsonl", ".csv")):
+        return Manifest(Path(spec), path_column)
+    return Files(spec)

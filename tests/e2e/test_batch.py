@@ -1,0 +1,186 @@
+"""`mesh batch` against the running mesh, as a user runs it: a folder of 2,000 generated digit
+photos, the batch SIGKILLed half-way and rerun (every input answered exactly once, each answer
+the one /infer gives); a manifest with bad inputs recorded while the batch goes on; OCR."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from samples import digits as digit_samples
+from samples.text import suite as text_suite
+from tests.conftest import Mesh
+from tests.e2e.test_digits import held_out
+from tests.procs import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def batch(*args: str) -> list[str]:
+    return [sys.executable, "-m", "batch", *args]
+
+
+LOOKS = [name for name in digit_samples.CATEGORIES if name != "everything"]
+"""Every look of samples.digits but the one that combines them all (73 ms to draw each)."""
+
+
+def write_digits(folder: Path, count: int) -> dict[str, bytes]:
+    """`count` realistic digit photos, PNG or JPEG, in one folder per look; {key: image}."""
+    images, _ = held_out()
+    rng = np.random.default_rng(23)
+    out: dict[str, bytes] = {}
+    for i in range(count):
+        name = LOOKS[i % len(LOOKS)]
+        look = digit_samples.CATEGORIES[name](rng)
+        blob = digit_samples.encode(
+            digit_samples.draw(images[i % len(images)], look, rng), look.jpeg
+        )
+        suffix = "jpg" if blob[:2] == b"\xff\xd8" else "png"
+        key = f"{name}/{i:05d}.{suffix}"
+        (folder / key).parent.mkdir(parents=True, exist_ok=True)
+        (folder / key).write_bytes(blob)
+        out[key] = blob
+    return out
+
+
+def rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+async def infer_all(url: str, pipeline: str, blobs: dict[str, bytes]) -> dict[str, dict]:
+    limit = asyncio.Semaphore(32)
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+
+        async def one(key: str, blob: bytes) -> tuple[str, dict]:
+            async with limit:
+                r = await client.post(f"/v1/pipelines/{pipeline}/infer", content=blob)
+                assert r.status_code == 200, (key, r.text)
+                return key, r.json()["result"]
+
+        return dict(await asyncio.gather(*(one(k, b) for k, b in blobs.items())))
+
+
+def test_a_killed_batch_resumes_and_answers_every_input_once(mesh: Mesh, tmp_path: Path) -> None:
+    folder, out = tmp_path / "photos", tmp_path / "answers.jsonl"
+    images = write_digits(folder, 2000)
+    argv = batch("digits", str(folder), "-o", str(out), "--url", mesh.url, "-c", "16")
+    log = tmp_path / "first.log"
+    with log.open("w") as err:
+        first = subprocess.Popen(argv, cwd=ROOT, stderr=err)
+    deadline = time.monotonic() + 120
+    while not out.exists() or out.read_text().count("\n") < 1000:
+        assert first.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, "the batch never got half-way"
+        time.sleep(0.02)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    assert 1000 <= len(rows(out)) < 2000, "killed half-way"
+
+    second = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr
+    assert "answered before" in second.stderr
+    answers = rows(out)
+    keys = [row["key"] for row in answers]
+    assert sorted(keys) == sorted(images), "every input exactly once"
+    assert {row["status"] for row in answers} == {"ok"}
+    expected = asyncio.run(infer_all(mesh.url, "digits", images))
+    for row in answers:
+        got, want = row["result"]["result"], expected[row["key"]]
+        assert got["label"] == want["label"], row["key"]
+        np.testing.assert_allclose(got["probabilities"], want["probabilities"], atol=1e-6)
+
+    # A third run has nothing left to send.
+    third = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert third.returncode == 0 and len(rows(out)) == 2000
+    assert "0 ok, 0 failed, 2000 answered before" in third.stderr
+
+
+def test_bad_inputs_are_recorded_and_the_batch_goes_on(mesh: Mesh, tmp_path: Path) -> None:
+    good = write_digits(tmp_path / "good", 6)
+    (tmp_path / "corrupt.png").write_bytes(next(iter(good.values()))[:60])
+    (tmp_path / "notes.png").write_bytes(b"this is a text file, not an image\n" * 4)
+    (tmp_path / "blank.png").write_bytes(digit_samples.blank_images(1, seed=3)[0])
+    manifest = tmp_path / "inputs.csv"
+    with manifest.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["path", "customer"])
+        for i, key in enumerate(good):
+            writer.writerow([f"good/{key}", f"c{i}"])
+        for name in ("corrupt.png", "missing.png", "notes.png", "blank.png"):
+            writer.writerow([name, "bad"])
+    out = tmp_path / "answers.csv"
+    argv = batch("digits", str(manifest), "-o", str(out), "--url", mesh.url)
+    done = subprocess.run([*argv, "--max-failed", "0.5"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    with out.open(newline="") as f:
+        written = {row["key"]: row for row in csv.DictReader(f)}
+    assert len(written) == 10
+    for i, key in enumerate(good):
+        row = written[f"good/{key}"]
+        assert row["status"] == "ok" and row["customer"] == f"c{i}", row
+        assert isinstance(json.loads(row["result"])["result"]["label"], int)
+    errors = {name: json.loads(written[name]["error"]) for name in
+              ("corrupt.png", "missing.png", "notes.png", "blank.png")}  # fmt: skip
+    assert all(written[name]["status"] == "failed" for name in errors)
+    assert errors["missing.png"] == {"status": None, "error": "no such file: missing.png"}
+    assert errors["corrupt.png"]["status"] == 400
+    assert "not a decodable image" in errors["corrupt.png"]["error"]
+    assert errors["notes.png"]["status"] == 415  # not an image at all
+    assert errors["blank.png"]["status"] == 400 and "has no ink" in errors["blank.png"]["error"]
+    # Into a fresh output (all ten sent again), 4 of 10 failing is over a tenth: exit 1.
+    out.unlink()
+    strict = subprocess.run(
+        [*argv, "--max-failed", "0.1"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert strict.returncode == 1 and "4 of 10 failed" in strict.stderr
+
+
+def test_ocr_pages_from_a_jsonl_manifest_read_as_infer_reads_them(
+    mesh: Mesh, tmp_path: Path
+) -> None:
+    pages = text_suite(2, seed=9, categories=["line_small", "line_medium"])
+    blobs: dict[str, bytes] = {}
+    with (tmp_path / "pages.jsonl").open("w") as manifest:
+        for i, page in enumerate(pages):
+            (tmp_path / f"page{i}.png").write_bytes(page.image)
+            blobs[f"page{i}.png"] = page.image
+            manifest.write(json.dumps({"path": f"page{i}.png", "batch": 7}) + "\n")
+    out = tmp_path / "text.jsonl"
+    argv = batch("ocr", str(tmp_path / "pages.jsonl"), "-o", str(out), "--url", mesh.url)
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    expected = asyncio.run(infer_all(mesh.url, "ocr", blobs))
+    answers = rows(out)
+    assert len(answers) == len(pages)
+    for row in answers:
+        assert row["batch"] == "7"
+        lines = [line["text"] for line in row["result"]["result"]["lines"]]
+        assert lines == [line["text"] for line in expected[row["key"]]["lines"]]
+
+
+def test_an_unknown_pipeline_or_source_stops_before_sending(mesh: Mesh, tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    wrong = subprocess.run(
+        batch("digitz", str(tmp_path), "-o", str(out), "--url", mesh.url),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert wrong.returncode == 2 and "no pipeline 'digitz'" in wrong.stderr
+    missing = subprocess.run(
+        batch("digits", str(tmp_path / "nowhere"), "-o", str(out), "--url", mesh.url),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert missing.returncode == 2 and "not a folder" in missing.stderr
