@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 from batch.calls import Retry
 from batch.runner import MeshError, Options, run
-from batch.sinks import open_sink
-from batch.sources import SourceError, open_source
+from batch.sinks import Sink, open_sink
+from batch.sources import Source, SourceError, open_source
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 
@@ -22,8 +22,22 @@ def parser() -> argparse.ArgumentParser:
         description="Run a pipeline of the mesh over many inputs; rerun to resume.",
     )
     p.add_argument("pipeline", help="the pipeline to run, e.g. digits or ocr")
-    p.add_argument("source", help="a folder, a glob (quoted), or a .jsonl / .csv manifest")
-    p.add_argument("-o", "--output", required=True, help="a .jsonl or .csv file (appended)")
+    p.add_argument(
+        "source",
+        help="a folder, a glob (quoted), a .jsonl / .csv manifest, or a SQLAlchemy URL "
+        "(with --table or --query, --key, --image)",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="a .jsonl or .csv file (appended), or a SQLAlchemy URL with --output-table",
+    )
+    p.add_argument("--table", help="a database source's table")
+    p.add_argument("--query", help="a database source's SELECT (instead of --table)")
+    p.add_argument("--key", default="id", help="a database source's key column (id)")
+    p.add_argument("--image", default="image", help="its image column: bytes or a path (image)")
+    p.add_argument("--output-table", help="a database sink's table (made if missing)")
     p.add_argument("--url", default=DEFAULT_URL, help=f"the mesh's proxy (default {DEFAULT_URL})")
     p.add_argument("--path-column", default="path", help="a manifest's file column (path)")
     p.add_argument("-c", "--concurrency", type=int, default=32, help="requests in flight (32)")
@@ -40,14 +54,45 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _is_url(spec: str) -> bool:
+    return "://" in spec
+
+
+def _source(args: argparse.Namespace) -> Source:
+    if not _is_url(args.source):
+        if args.table or args.query:
+            raise SourceError("--table and --query name a database source's rows: give a URL")
+        return open_source(args.source, args.path_column)
+    from batch.sql import TableSource  # SQLAlchemy only when a database is named
+
+    return TableSource(
+        args.source, table=args.table, query=args.query, key=args.key, image=args.image
+    )
+
+
+def _sink(args: argparse.Namespace, columns: tuple[str, ...]) -> Sink:
+    if not _is_url(args.output):
+        return open_sink(args.output, columns)
+    if not args.output_table:
+        raise SourceError("a database output needs --output-table")
+    from batch.sql import TableSink
+
+    return TableSink(args.output, args.output_table)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.concurrency < 1 or args.attempts < 1 or (args.rate is not None and args.rate <= 0):
         print("mesh batch: --concurrency, --attempts and --rate must be positive", file=sys.stderr)
         return 2
     try:
-        source = open_source(args.source, args.path_column)
-        sink = open_sink(args.output, source.columns)
+        source = _source(args)
+        sink = _sink(args, source.columns)
+        if _is_url(args.source) and _is_url(args.output):
+            from batch.sql import TableSink, TableSource
+
+            if isinstance(source, TableSource) and isinstance(sink, TableSink):
+                source.skip_answered_in(sink)
     except (SourceError, ValueError, OSError) as exc:
         print(f"mesh batch: {exc}", file=sys.stderr)
         return 2
@@ -71,6 +116,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except MeshError as exc:
             print(f"mesh batch: {exc}", file=sys.stderr)
             return 2
+        except RuntimeError as exc:  # the output cannot be written
+            print(f"mesh batch: {exc}", file=sys.stderr)
+            return 1
         except asyncio.CancelledError:
             print("mesh batch: stopped; rerun the same command to resume", file=sys.stderr)
             return 130

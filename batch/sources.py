@@ -30,8 +30,12 @@ class Input:
     """A manifest's other columns, passed through to the output row."""
     problem: str | None = None
     """Why this input cannot be sent at all (recorded as its failure, the batch goes on)."""
+    data: bytes | None = None
+    """The image itself, when the source holds it (a database's bytes column)."""
 
     def read(self) -> bytes:
+        if self.data is not None:
+            return self.data
         assert self.path is not None
         return self.path.read_bytes()
 
@@ -138,6 +142,7 @@ def _text(value: object) -> str:
 
 
 def open_source(spec: str, path_column: str = "path") -> Source:
+    """A folder, a glob or a manifest (a database: batch.sql.TableSource)."""
     if spec.endswith((".jsonl", ".csv")):
         return Manifest(Path(spec), path_column)
     return Files(spec)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from bench import cache, capacity, jobs, mesh, pipelines, predictor, readiness, swapin
+from bench import batch, cache, capacity, jobs, mesh, pipelines, predictor, readiness, swapin
 
 BENCHMARKS = {
     "predictor": predictor.main,
@@ -16,6 +16,7 @@ BENCHMARKS = {
     "readiness": readiness.main,
     "cache": cache.main,
     "jobs": jobs.main,
+    "batch": batch.main,
 }
 
 

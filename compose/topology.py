@@ -63,18 +63,22 @@ def interpolate(text: str, environ: Mapping[str, str]) -> str:
 
 def merged_specs(files: list[Path]) -> dict:
     """The services of the compose file(s), later files overriding earlier ones, as written
-    (variables not interpolated)."""
+    (variables not interpolated). Services under a profile (one-off tools such as `batch`,
+    run by hand with `docker compose run`) are not part of the running topology: left out."""
     merged: dict = {}
+    profiled: set[str] = set()
     for path in files:
         data = yaml.safe_load(path.read_text()) or {}
         for name, spec in (data.get("services") or {}).items():
+            if (spec or {}).get("profiles"):
+                profiled.add(name)
             base = merged.setdefault(name, {})
             for key, value in (spec or {}).items():
                 if isinstance(value, dict) and isinstance(base.get(key), dict):
                     base[key] = {**base[key], **value}
                 else:
                     base[key] = value
-    return merged
+    return {name: spec for name, spec in merged.items() if name not in profiled}
 
 
 def _as_env(raw: object) -> dict[str, str]:

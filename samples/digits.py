@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -258,4 +259,23 @@ def blank_images(count: int, seed: int = 0) -> list[bytes]:
             img += _texture(h, w, float(rng.uniform(0, 8)), rng)[..., np.newaxis]
         img += rng.normal(0, float(rng.uniform(0, 6)), img.shape)
         out.append(encode(np.clip(img, 0, 255).astype(np.uint8), None))
+    return out
+
+
+def write_folder(folder: Path, images: np.ndarray, count: int, seed: int = 23) -> dict[str, bytes]:
+    """`count` digit photos drawn from `images` (8x8 samples) with every look but the one that
+    combines them all (73 ms to draw each; the rest take ~1 ms), PNG or JPEG, one folder per
+    look, as a user's folder of scans would be; {path relative to `folder`: image}."""
+    looks = [name for name in CATEGORIES if name != "everything"]
+    rng = np.random.default_rng(seed)
+    out: dict[str, bytes] = {}
+    for i in range(count):
+        name = looks[i % len(looks)]
+        look = CATEGORIES[name](rng)
+        blob = encode(draw(images[i % len(images)], look, rng), look.jpeg)
+        suffix = "jpg" if blob[:2] == b"\xff\xd8" else "png"
+        key = f"{name}/{i:05d}.{suffix}"
+        (folder / key).parent.mkdir(parents=True, exist_ok=True)
+        (folder / key).write_bytes(blob)
+        out[key] = blob
     return out

@@ -13,7 +13,7 @@ import grpc
 import httpx
 import pytest
 
-from bench import redis_server
+from bench import postgres_server, redis_server
 from bench.foreign import servers as foreign
 from compose.local import DEFAULT_FILE, LocalMesh
 from compose.topology import load
@@ -161,6 +161,17 @@ def _foreign(kind: str, workdir: Path) -> Iterator[foreign.Foreign]:
     server = foreign.start(kind, workdir, foreign.NAME, foreign.ONNX)
     yield server
     server.stop()
+
+
+def postgres_or_skip() -> postgres_server.PostgresServer:
+    """A real PostgreSQL on 127.0.0.1 in a fresh cluster. In CI it must run (`./mesh test`
+    installs Debian's postgresql as root); elsewhere, without it, its tests are skipped."""
+    if not postgres_server.available():
+        message = "PostgreSQL is missing (./mesh test installs it when run as root)"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the PostgreSQL tests: {message}")
+        pytest.skip(message)
+    return postgres_server.start()
 
 
 def redis_or_skip(workdir: Path, **kwargs) -> redis_server.RedisServer:

@@ -210,6 +210,29 @@ def test_jobs_live_in_the_compose_redis_and_survive_its_restart(host_mesh: Compo
     assert again.status_code == 200 and again.json()["result"] == job["result"]
 
 
+def test_the_batch_example_runs_a_folder_through_the_mesh(
+    host_mesh: Compose, tmp_path: Path
+) -> None:
+    images, _ = held_out()
+    folder = tmp_path / "batch"
+    (folder / "photos").mkdir(parents=True)
+    for i in range(5):
+        (folder / "photos" / f"{i}.png").write_bytes(png(images[i]))
+    folder.chmod(0o777)  # the container's user writes the answers there
+    host_mesh.run(
+        "run", "--rm", "batch", "digits", "/batch/photos", "-o", "/batch/answers.jsonl",
+        extra={"BATCH_DIR": str(folder)},
+    )  # fmt: skip
+    answers = [json.loads(line) for line in (folder / "answers.jsonl").read_text().splitlines()]
+    assert sorted(a["key"] for a in answers) == [f"{i}.png" for i in range(5)]
+    for answer in answers:
+        i = int(answer["key"].split(".")[0])
+        assert (
+            answer["result"]["result"]["label"]
+            == _digits("http://127.0.0.1:8080", images[i])["label"]
+        )
+
+
 def test_an_env_var_swaps_a_predictor(host_mesh: Compose) -> None:
     # Re-point the "mlp" branch at the logistic-regression container; only the proxy is
     # re-created, the predictors keep running.

@@ -336,3 +336,24 @@ def test_the_mutual_tls_probe_command_checks_a_tls_predictor(
         assert probe(pki.other_ca) != 0  # a server it cannot trust is not healthy
     finally:
         server.stop()
+
+
+def test_the_nightly_batch_runs_the_batch_cli_against_the_proxy() -> None:
+    from batch.__main__ import parser
+
+    cronjob = objects("production", "CronJob")["batch-ocr-invoices"]
+    assert cronjob["spec"]["concurrencyPolicy"] == "Forbid"
+    pod = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    main = pod["containers"][0]
+    assert main["image"] == container(objects("production", "Deployment")["proxy"])["image"]
+    assert main["command"] == ["python", "-m", "batch"]
+    # The kubelet expands $(BATCH_DB_URL); the CLI must take what it then receives.
+    url = "postgresql+psycopg://batch@db/scans"
+    args = parser().parse_args([a.replace("$(BATCH_DB_URL)", url) for a in main["args"]])
+    assert (args.pipeline, args.source, args.output) == ("ocr", url, url)
+    assert args.table and args.output_table and args.url == "http://proxy:8080"
+    proxy_port = objects("production", "Service")["proxy"]["spec"]["ports"][0]["port"]
+    assert args.url.endswith(f":{proxy_port}")
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert main["securityContext"]["readOnlyRootFilesystem"] is True
+    assert [e["name"] for e in main["env"]] == ["BATCH_DB_URL"]

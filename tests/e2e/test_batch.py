@@ -11,6 +11,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -19,7 +21,7 @@ import pytest
 
 from samples import digits as digit_samples
 from samples.text import suite as text_suite
-from tests.conftest import Mesh
+from tests.conftest import Mesh, postgres_or_skip
 from tests.e2e.test_digits import held_out
 from tests.procs import ROOT
 
@@ -30,27 +32,8 @@ def batch(*args: str) -> list[str]:
     return [sys.executable, "-m", "batch", *args]
 
 
-LOOKS = [name for name in digit_samples.CATEGORIES if name != "everything"]
-"""Every look of samples.digits but the one that combines them all (73 ms to draw each)."""
-
-
 def write_digits(folder: Path, count: int) -> dict[str, bytes]:
-    """`count` realistic digit photos, PNG or JPEG, in one folder per look; {key: image}."""
-    images, _ = held_out()
-    rng = np.random.default_rng(23)
-    out: dict[str, bytes] = {}
-    for i in range(count):
-        name = LOOKS[i % len(LOOKS)]
-        look = digit_samples.CATEGORIES[name](rng)
-        blob = digit_samples.encode(
-            digit_samples.draw(images[i % len(images)], look, rng), look.jpeg
-        )
-        suffix = "jpg" if blob[:2] == b"\xff\xd8" else "png"
-        key = f"{name}/{i:05d}.{suffix}"
-        (folder / key).parent.mkdir(parents=True, exist_ok=True)
-        (folder / key).write_bytes(blob)
-        out[key] = blob
-    return out
+    return digit_samples.write_folder(folder, held_out()[0], count)
 
 
 def rows(path: Path) -> list[dict]:
@@ -70,34 +53,58 @@ async def infer_all(url: str, pipeline: str, blobs: dict[str, bytes]) -> dict[st
         return dict(await asyncio.gather(*(one(k, b) for k, b in blobs.items())))
 
 
-def test_a_killed_batch_resumes_and_answers_every_input_once(mesh: Mesh, tmp_path: Path) -> None:
-    folder, out = tmp_path / "photos", tmp_path / "answers.jsonl"
+@dataclass
+class Photos:
+    folder: Path
+    images: dict[str, bytes]
+    expected: dict[str, dict]
+    """/infer's answer for each."""
+
+
+@pytest.fixture(scope="module")
+def photos(mesh: Mesh, tmp_path_factory: pytest.TempPathFactory) -> Photos:
+    folder = tmp_path_factory.mktemp("photos")
     images = write_digits(folder, 2000)
-    argv = batch("digits", str(folder), "-o", str(out), "--url", mesh.url, "-c", "16")
-    log = tmp_path / "first.log"
+    return Photos(folder, images, asyncio.run(infer_all(mesh.url, "digits", images)))
+
+
+def kill_half_way(argv: list[str], written: Callable[[], int], log: Path) -> None:
+    """Start the batch, SIGKILL it once half of the 2,000 answers are written."""
     with log.open("w") as err:
         first = subprocess.Popen(argv, cwd=ROOT, stderr=err)
     deadline = time.monotonic() + 120
-    while not out.exists() or out.read_text().count("\n") < 1000:
+    while written() < 1000:
         assert first.poll() is None, log.read_text()
         assert time.monotonic() < deadline, "the batch never got half-way"
         time.sleep(0.02)
     first.send_signal(signal.SIGKILL)
     first.wait()
-    assert 1000 <= len(rows(out)) < 2000, "killed half-way"
+    assert 1000 <= written() < 2000, "killed half-way"
 
+
+def assert_answers_equal_infer(answers: list[dict], photos: Photos) -> None:
+    assert sorted(row["key"] for row in answers) == sorted(photos.images), "each once"
+    assert {row["status"] for row in answers} == {"ok"}
+    for row in answers:
+        got, want = row["result"]["result"], photos.expected[row["key"]]
+        assert got["label"] == want["label"], row["key"]
+        np.testing.assert_allclose(got["probabilities"], want["probabilities"], atol=1e-6)
+
+
+def test_a_killed_batch_resumes_and_answers_every_input_once(
+    mesh: Mesh, photos: Photos, tmp_path: Path
+) -> None:
+    out = tmp_path / "answers.jsonl"
+    argv = batch("digits", str(photos.folder), "-o", str(out), "--url", mesh.url, "-c", "16")
+
+    def written() -> int:
+        return out.read_text().count("\n") if out.exists() else 0
+
+    kill_half_way(argv, written, tmp_path / "first.log")
     second = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr
     assert "answered before" in second.stderr
-    answers = rows(out)
-    keys = [row["key"] for row in answers]
-    assert sorted(keys) == sorted(images), "every input exactly once"
-    assert {row["status"] for row in answers} == {"ok"}
-    expected = asyncio.run(infer_all(mesh.url, "digits", images))
-    for row in answers:
-        got, want = row["result"]["result"], expected[row["key"]]
-        assert got["label"] == want["label"], row["key"]
-        np.testing.assert_allclose(got["probabilities"], want["probabilities"], atol=1e-6)
+    assert_answers_equal_infer(rows(out), photos)
 
     # A third run has nothing left to send.
     third = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -184,3 +191,87 @@ def test_an_unknown_pipeline_or_source_stops_before_sending(mesh: Mesh, tmp_path
         text=True,
     )
     assert missing.returncode == 2 and "not a folder" in missing.stderr
+
+
+def test_a_postgresql_table_in_and_out_killed_and_resumed(
+    mesh: Mesh, photos: Photos, tmp_path: Path
+) -> None:
+    """The reference design's batch: rows of a table not answered yet, through the mesh, the
+    answers into another table; killed half-way and rerun."""
+    import sqlalchemy as sa
+
+    server = postgres_or_skip()
+    engine = sa.create_engine(server.url)
+    try:
+        scans = sa.Table(
+            "scans",
+            sa.MetaData(),
+            sa.Column("id", sa.Text, primary_key=True),
+            sa.Column("image", sa.LargeBinary),
+        )
+        scans.create(engine)
+        with engine.begin() as conn:
+            conn.execute(scans.insert(), [{"id": k, "image": b} for k, b in photos.images.items()])
+            conn.execute(scans.insert(), [{"id": "zz-not-an-image", "image": b"hello"}])
+            conn.execute(scans.insert(), [{"id": "zz-null", "image": None}])
+        argv = batch(
+            "digits", server.url, "--table", "scans", "--key", "id", "--image", "image",
+            "-o", server.url, "--output-table", "answers", "--url", mesh.url, "-c", "16",
+        )  # fmt: skip
+
+        def written() -> int:
+            with engine.connect() as conn:
+                try:
+                    return conn.execute(sa.text("SELECT count(*) FROM answers")).scalar_one()
+                except sa.exc.ProgrammingError:  # not made yet
+                    return 0
+
+        kill_half_way(argv, written, tmp_path / "first.log")
+        second = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert second.returncode == 0, second.stderr
+        # The rerun read only the rows the output table lacked (an anti-join in the database).
+        assert ", 0 answered before;" in second.stderr, second.stderr
+        with engine.connect() as conn:
+            answers = [dict(r._mapping) for r in conn.execute(sa.text("SELECT * FROM answers"))]
+        bad = {row["key"]: row for row in answers if row["key"].startswith("zz-")}
+        assert bad["zz-not-an-image"]["status"] == "failed"
+        assert bad["zz-not-an-image"]["error"]["status"] == 415
+        assert bad["zz-null"]["error"] == {
+            "status": None,
+            "error": "the image column holds NoneType, not bytes or a path",
+        }
+        assert_answers_equal_infer([r for r in answers if r["key"] not in bad], photos)
+    finally:
+        engine.dispose()
+        server.stop()
+
+
+def test_an_sqlite_query_naming_files(mesh: Mesh, tmp_path: Path) -> None:
+    import sqlalchemy as sa
+
+    good = write_digits(tmp_path, 3)
+    url = f"sqlite:///{tmp_path / 'scans.db'}"
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE scans (n INTEGER PRIMARY KEY, file TEXT, kept INT)"))
+        for i, key in enumerate(good):
+            conn.execute(
+                sa.text("INSERT INTO scans VALUES (:n, :f, 1)"), {"n": i, "f": str(tmp_path / key)}
+            )
+        conn.execute(
+            sa.text("INSERT INTO scans VALUES (7, :f, 1)"), {"f": str(tmp_path / "gone.png")}
+        )
+        conn.execute(sa.text("INSERT INTO scans VALUES (8, :f, 0)"), {"f": str(tmp_path / key)})
+    engine.dispose()
+    out = tmp_path / "out.jsonl"
+    query = "SELECT n, file FROM scans WHERE kept = 1"
+    done = subprocess.run(
+        batch("digits", url, "--query", query, "--key", "n", "--image", "file", "-o", str(out),
+              "--url", mesh.url),
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    answers = {row["key"]: row for row in rows(out)}
+    assert set(answers) == {"0", "1", "2", "7"}  # row 8 is not selected
+    assert all(answers[k]["status"] == "ok" for k in ("0", "1", "2"))
+    assert answers["7"]["error"]["error"].startswith("no such file: ")

@@ -1,0 +1,89 @@
+"""`python -m bench batch`: `mesh batch` against the shipped mesh, measured side by side in one
+run:
+
+- throughput: 1,000 digit photos in a folder through `mesh batch -c 32`, over the mesh's best
+  closed-loop throughput at c=32 (the bench's own raw HTTP client posting one photo);
+- memory: the batch process's peak resident set over 1,000 and over 20,000 inputs.
+Goals (issue 28): throughput >= 0.9x; memory +50 MB at most from 1,000 to 20,000."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.httpload import post_bytes
+from bench.mesh import ROOT, http_closed_loop, median, proxy_url, shipped_mesh
+from models.digits import load_split
+from samples.digits import write_folder
+
+GOALS = "Goals (issue 28): batch >= 0.9x the closed loop at c=32; memory +50 MB at most."
+MEASURE_RSS = (  # VmHWM: this process's own peak (ru_maxrss keeps the forking parent's)
+    "import re, sys\n"
+    "from batch.__main__ import main\n"
+    "code = main(sys.argv[1:])\n"
+    "peak = re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)\n"
+    "print('maxrss_kb', peak, file=sys.stderr)\n"
+    "sys.exit(code)\n"
+)
+
+
+def run_batch(url: str, folder: Path, out: Path, concurrency: int) -> tuple[float, float, str]:
+    """One batch over the folder into a fresh output: (seconds, peak RSS MiB, summary)."""
+    out.unlink(missing_ok=True)
+    started = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-c", MEASURE_RSS, "digits", str(folder), "-o", str(out),
+         "--url", url, "-c", str(concurrency)],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    seconds = time.perf_counter() - started
+    rss = re.search(r"maxrss_kb (\d+)", done.stderr)
+    summary = next(line for line in done.stderr.splitlines() if " inputs: " in line)
+    return seconds, int(rss.group(1)) / 1024 if rss else float("nan"), summary
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description="mesh batch: throughput and memory")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--large", type=int, default=20_000)
+    args = parser.parse_args(argv)
+    split = load_split()
+    images = split.images[split.test_idx]
+    work = Path(tempfile.mkdtemp(prefix="bench-batch-"))
+    small, large = work / "small", work / "large"
+    photos = write_folder(small, images, 1000)
+    write_folder(large, images, args.large, seed=29)
+    one = next(iter(photos.values()))
+    rates, loops, rss = [], [], {}
+    with shipped_mesh("bench-batch") as mesh:
+        url = proxy_url(mesh)
+        raw = post_bytes(url + "/v1/pipelines/digits/infer", one, "application/octet-stream")
+        asyncio.run(http_closed_loop(url, raw, 32, 2.0))  # warm
+        for _ in range(args.rounds):
+            loops.append(asyncio.run(http_closed_loop(url, raw, 32, 5.0)))
+            _, rss["1,000"], summary = run_batch(url, small, work / "out.jsonl", 32)
+            # Its own rate: from the first request to the last answer (not the interpreter's
+            # start, ~1 s of a 1,000-input run).
+            rates.append(float(re.search(r"; ([\d.]+)/s over", summary).group(1)))  # type: ignore[union-attr]
+        _, rss[f"{args.large:,}"], large_summary = run_batch(url, large, work / "big.jsonl", 32)
+    loop = median(loops)
+    rate = sorted(rates)[len(rates) // 2]
+    print("\n### Batch\n")
+    print("| what | measured | ratio |\n| --- | --- | --- |")
+    print(
+        f"| 1,000 digit photos, `mesh batch -c 32` | {rate:,.0f} inputs/s | "
+        f"{rate / loop.rps:.2f}x the closed loop at c=32 ({loop.rps:,.0f}/s) |"
+    )
+    first, last = rss.values()
+    print(
+        f"| peak RSS of the batch process | {first:.0f} MiB (1,000), "
+        f"{last:.0f} MiB ({args.large:,}) | +{last - first:.0f} MiB |"
+    )
+    print(f"\n{summary}\n{large_summary}\n\n{GOALS}")
+    return 0
