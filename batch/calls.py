@@ -9,8 +9,10 @@ import asyncio
 import random
 import time
 from dataclasses import dataclass
+from urllib.parse import quote
 
-import httpx
+import aiohttp
+import orjson
 
 from batch.sinks import Row
 from batch.sources import Input
@@ -35,16 +37,16 @@ class Retry:
         return base * (0.5 + random.random() / 2)  # jittered: retries do not arrive together
 
 
-def _error(answer: httpx.Response) -> dict:
+def _error(status: int, body: bytes) -> dict:
     try:
-        body = answer.json()
-    except ValueError:
-        body = None
-    message = body.get("error") if isinstance(body, dict) else None
-    return {"status": answer.status_code, "error": message or answer.text[:500]}
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        parsed = None
+    message = parsed.get("error") if isinstance(parsed, dict) else None
+    return {"status": status, "error": message or body[:500].decode(errors="replace")}
 
 
-async def infer(client: httpx.AsyncClient, pipeline: str, item: Input, retry: Retry) -> Row:
+async def infer(session: aiohttp.ClientSession, pipeline: str, item: Input, retry: Retry) -> Row:
     if item.problem is not None:
         return Row(
             item.key,
@@ -61,24 +63,26 @@ async def infer(client: httpx.AsyncClient, pipeline: str, item: Input, retry: Re
     path = f"/v1/pipelines/{pipeline}/infer"
     headers = {
         "Content-Type": "application/octet-stream",
-        "X-Request-Id": f"batch-{item.key}"[:128],
+        # The key names the request in the mesh's logs (ASCII: a header)
+        "X-Request-Id": quote(f"batch-{item.key}", safe="/._-:")[:128],
     }
     error: dict = {}
     for attempt in range(1, retry.attempts + 1):
         started = time.perf_counter()
+        retry_after = None
         try:
-            answer = await client.post(path, content=data, headers=headers)
-        except httpx.TransportError as exc:
+            async with session.post(path, data=data, headers=headers) as answer:
+                status, body = answer.status, await answer.read()
+                retry_after = answer.headers.get("Retry-After")
+        except (aiohttp.ClientError, TimeoutError) as exc:
             error = {"status": None, "error": f"{type(exc).__name__}: {exc}"}
-            retry_after = None
         else:
             latency_ms = round((time.perf_counter() - started) * 1000, 2)
-            if answer.status_code == 200:
-                return Row(item.key, "ok", latency_ms, result=answer.json(), extra=item.extra)
-            error = _error(answer)
-            if answer.status_code not in TRANSIENT:
+            if status == 200:
+                return Row(item.key, "ok", latency_ms, result=orjson.loads(body), extra=item.extra)
+            error = _error(status, body)
+            if status not in TRANSIENT:
                 return Row(item.key, "failed", latency_ms, error=error, extra=item.extra)
-            retry_after = answer.headers.get("retry-after")
         if attempt < retry.attempts:
             await asyncio.sleep(retry.delay_s(attempt, retry_after))
     error["attempts"] = retry.attempts

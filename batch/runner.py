@@ -6,12 +6,11 @@ only what was not answered (at most the requests that were in flight)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ssl
 import time
 from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
+import orjson
 
 from batch import calls
 from batch.progress import Progress
@@ -51,37 +50,33 @@ class _Pace:
             await asyncio.sleep(slot - now)
 
 
-async def check_pipeline(client: httpx.AsyncClient, pipeline: str) -> None:
+async def check_pipeline(session: aiohttp.ClientSession, url: str, pipeline: str) -> None:
     try:
-        listing = await client.get("/v1/pipelines")
-    except httpx.TransportError as exc:
-        raise MeshError(f"the mesh at {client.base_url} cannot be reached: {exc}") from None
-    if listing.status_code != 200:
-        raise MeshError(f"{client.base_url}/v1/pipelines answered {listing.status_code}")
-    if pipeline not in listing.json():
-        known = ", ".join(sorted(listing.json()))
+        async with session.get("/v1/pipelines") as answer:
+            status, body = answer.status, await answer.read()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise MeshError(f"the mesh at {url} cannot be reached: {exc!r}") from None
+    if status != 200:
+        raise MeshError(f"{url}/v1/pipelines answered {status}")
+    pipelines = orjson.loads(body)
+    if pipeline not in pipelines:
+        known = ", ".join(sorted(pipelines))
         raise MeshError(f"the mesh has no pipeline '{pipeline}' (it has: {known})")
 
 
 async def run(source: Source, sink: Sink, options: Options) -> Progress:
     done = sink.answered()
     progress = Progress(await asyncio.to_thread(source.count), every_s=options.progress_every_s)
-    timeout = httpx.Timeout(options.timeout_s, connect=10.0)
     queue: asyncio.Queue[Input | None] = asyncio.Queue(maxsize=2 * options.concurrency)
     pace = _Pace(options.rate)
-    # A client (one keep-alive connection) per caller: httpcore's pool looks at every one of
-    # its connections on every request (a getpeername and a poll each), which held 32 callers
-    # sharing one pool to ~180 requests/s.
-    one = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-    tls = ssl.create_default_context()  # one for all (each made its own: 20 ms apiece)
-    async with contextlib.AsyncExitStack() as stack:
-        clients = [
-            await stack.enter_async_context(
-                httpx.AsyncClient(base_url=options.url, limits=one, timeout=timeout, verify=tls)
-            )
-            for _ in range(options.concurrency)
-        ]
-        await check_pipeline(clients[0], options.pipeline)
+    # aiohttp, not httpx: 1.3-1.4x the throughput at c=32 on the same photos (bench batch);
+    # every request's CPU in this process is CPU the mesh beside it does not get.
+    connector = aiohttp.TCPConnector(limit=options.concurrency, ttl_dns_cache=300)
+    timeout = aiohttp.ClientTimeout(total=options.timeout_s, connect=10.0)
+    async with aiohttp.ClientSession(
+        options.url, connector=connector, timeout=timeout, raise_for_status=False
+    ) as session:
+        await check_pipeline(session, options.url, options.pipeline)
 
         async def feed() -> None:
             for item in source:
@@ -93,15 +88,15 @@ async def run(source: Source, sink: Sink, options: Options) -> Progress:
             for _ in range(options.concurrency):
                 await queue.put(None)
 
-        async def call(client: httpx.AsyncClient) -> None:
+        async def call() -> None:
             while (item := await queue.get()) is not None:
                 await pace.wait()
-                row = await calls.infer(client, options.pipeline, item, options.retry)
+                row = await calls.infer(session, options.pipeline, item, options.retry)
                 sink.write(row)
                 progress.answered(row.status)
 
         try:
-            await asyncio.gather(feed(), *(call(c) for c in clients))
+            await asyncio.gather(feed(), *(call() for _ in range(options.concurrency)))
         finally:
             sink.close()
     return progress

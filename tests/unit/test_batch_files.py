@@ -4,11 +4,15 @@ refusal is retried while the input's own fault never is."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 
-import httpx
+import aiohttp
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from batch import calls
 from batch.sinks import CsvSink, JsonlSink, Row
@@ -68,12 +72,29 @@ def test_sources_stream_folders_globs_and_manifests(tmp_path: Path) -> None:
         Manifest(tmp_path / "m.csv")
 
 
-def _client(answers: list[httpx.Response], seen: list[int]) -> httpx.AsyncClient:
-    def handle(request: httpx.Request) -> httpx.Response:
-        seen.append(1)
-        return answers[min(len(seen), len(answers)) - 1]
+@contextlib.asynccontextmanager
+async def _mesh(answers: list[tuple[int, dict, dict]], seen: list[bytes]) -> AsyncIterator[str]:
+    """A real HTTP server on 127.0.0.1 answering each POST with the next of `answers`
+    (status, JSON body, headers), the last one again once they run out."""
 
-    return httpx.AsyncClient(transport=httpx.MockTransport(handle), base_url="http://mesh")
+    async def handle(request: web.Request) -> web.Response:
+        seen.append(await request.read())
+        status, body, headers = answers[min(len(seen), len(answers)) - 1]
+        return web.json_response(body, status=status, headers=headers)
+
+    app = web.Application()
+    app.router.add_post("/v1/pipelines/digits/infer", handle)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield str(server.make_url("/"))
+    finally:
+        await server.close()
+
+
+async def _infer(url: str, item: Input, retry: calls.Retry) -> Row:
+    async with aiohttp.ClientSession(url) as session:
+        return await calls.infer(session, "digits", item, retry)
 
 
 async def test_transient_refusals_are_retried_and_a_bad_input_never(tmp_path: Path) -> None:
@@ -81,22 +102,21 @@ async def test_transient_refusals_are_retried_and_a_bad_input_never(tmp_path: Pa
     image.write_bytes(b"img")
     item = Input("a.png", image)
     retry = calls.Retry(attempts=3, first_s=0.01)
-    busy = httpx.Response(503, json={"error": "pipeline at capacity"}, headers={"Retry-After": "0"})
-    answer = httpx.Response(200, json={"result": {"label": 4}})
-    seen: list[int] = []
-    async with _client([busy, answer], seen) as client:
-        row = await calls.infer(client, "digits", item, retry)
-    assert row.status == "ok" and row.result == {"result": {"label": 4}} and len(seen) == 2
+    busy = (503, {"error": "pipeline at capacity"}, {"Retry-After": "0"})
+    seen: list[bytes] = []
+    async with _mesh([busy, (200, {"result": {"label": 4}}, {})], seen) as url:
+        row = await _infer(url, item, retry)
+    assert row.status == "ok" and row.result == {"result": {"label": 4}}
+    assert seen == [b"img", b"img"]
 
     seen = []
-    refused = httpx.Response(422, json={"error": "no ink in the image"})
-    async with _client([refused], seen) as client:
-        row = await calls.infer(client, "digits", item, retry)
+    async with _mesh([(422, {"error": "no ink in the image"}, {})], seen) as url:
+        row = await _infer(url, item, retry)
     assert row.status == "failed" and len(seen) == 1
     assert row.error == {"status": 422, "error": "no ink in the image"}
 
     seen = []
-    async with _client([httpx.Response(429, json={"error": "slow down"})], seen) as client:
-        row = await calls.infer(client, "digits", item, retry)
+    async with _mesh([(429, {"error": "slow down"}, {})], seen) as url:
+        row = await _infer(url, item, retry)
     assert row.status == "failed" and len(seen) == 3
     assert row.error == {"status": 429, "error": "slow down", "attempts": 3}
