@@ -56,7 +56,7 @@ async def infer(session: aiohttp.ClientSession, pipeline: str, item: Input, retr
             extra=item.extra,
         )
     try:
-        data = await asyncio.to_thread(item.read)
+        data = item.read() if item.small() else await asyncio.to_thread(item.read)
     except OSError as exc:
         error = {"status": None, "error": f"cannot read {item.path}: {exc.strerror}"}
         return Row(item.key, "failed", None, error=error, extra=item.extra)

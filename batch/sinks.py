@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 BASE_COLUMNS = ("key", "status", "latency_ms", "result", "error")
 
@@ -90,11 +91,11 @@ class JsonlSink(Sink):
         with self.path.open(encoding="utf-8") as f:
             for line in f:
                 if line.strip():
-                    keys.add(json.loads(line)["key"])
+                    keys.add(orjson.loads(line)["key"])
         return keys
 
     def write(self, row: Row) -> None:
-        self._file.write(json.dumps(row.fields(), separators=(",", ":")) + "\n")
+        self._file.write(orjson.dumps(row.fields(), option=orjson.OPT_APPEND_NEWLINE).decode())
         self._file.flush()
 
     def close(self) -> None:
@@ -130,7 +131,7 @@ class CsvSink(Sink):
         fields = row.fields()
         for name in ("result", "error"):
             value = fields[name]
-            fields[name] = "" if value is None else json.dumps(value, separators=(",", ":"))
+            fields[name] = "" if value is None else orjson.dumps(value).decode()
         buffer = io.StringIO()
         csv.DictWriter(buffer, self.columns, extrasaction="ignore").writerow(fields)
         self._file.write(buffer.getvalue())  # one write per row: a kill tears one row at most

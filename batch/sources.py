@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+SMALL_FILE = 256 << 10
+
 
 class SourceError(ValueError):
     """The source itself cannot be read (not one of its inputs); the message says why."""
@@ -32,6 +34,14 @@ class Input:
     """Why this input cannot be sent at all (recorded as its failure, the batch goes on)."""
     data: bytes | None = None
     """The image itself, when the source holds it (a database's bytes column)."""
+
+    def small(self) -> bool:
+        """Read at once rather than on a thread: a thread's round trip costs more than
+        reading a photo of a few kilobytes (a 10 MB scan goes to the thread)."""
+        if self.data is not None:
+            return True
+        assert self.path is not None
+        return self.path.stat().st_size < SMALL_FILE
 
     def read(self) -> bytes:
         if self.data is not None:
