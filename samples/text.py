@@ -279,6 +279,9 @@ class Sample:
 
 def suite(per_category: int, seed: int = 0, categories: list[str] | None = None) -> list[Sample]:
     """`per_category` images of every category (or of the named ones)."""
+    unknown = sorted(set(categories or ()) - set(CATEGORIES))
+    if unknown:
+        raise ValueError(f"no text category {unknown} (there are: {', '.join(CATEGORIES)})")
     out = []
     for c, (name, sampler) in enumerate(CATEGORIES.items()):
         if categories is not None and name not in categories:
@@ -288,4 +291,21 @@ def suite(per_category: int, seed: int = 0, categories: list[str] | None = None)
             look = sampler(rng)
             text = [sentence(rng) for _ in range(look.lines)]
             out.append(Sample(name, encode(draw(text, look, rng), look.jpeg), text))
+    return out
+
+
+def write_folder(
+    folder: Path, counts: dict[str, int], seed: int = 31
+) -> dict[str, tuple[bytes, list[str]]]:
+    """`counts[category]` images of each named category in a folder of its own under
+    `folder`, PNG or JPEG as the category draws them; {path relative to `folder`: (image,
+    true lines)}."""
+    out: dict[str, tuple[bytes, list[str]]] = {}
+    for category, count in counts.items():
+        for i, sample in enumerate(suite(count, seed=seed, categories=[category])):
+            suffix = "jpg" if sample.image[:2] == b"\xff\xd8" else "png"
+            key = f"{category}/{i:04d}.{suffix}"
+            (folder / key).parent.mkdir(parents=True, exist_ok=True)
+            (folder / key).write_bytes(sample.image)
+            out[key] = (sample.image, sample.lines)
     return out

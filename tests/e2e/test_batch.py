@@ -1,11 +1,14 @@
-"""`mesh batch` against the running mesh, as a user runs it: a folder of 2,000 generated digit
-photos, the batch SIGKILLed half-way and rerun (every input answered exactly once, each answer
-the one /infer gives); a manifest with bad inputs recorded while the batch goes on; OCR."""
+"""`mesh batch` against the running mesh, as a user runs it: 2,000 generated scans (1,840 digit
+photos and 160 text images: lines of every size, and short notes noisy, compressed, coloured
+or light on dark) in a folder and in a PostgreSQL table, each kind through its pipeline, each
+batch SIGKILLed half-way and rerun (every input answered exactly once, each answer the one
+/infer gives); a manifest with bad inputs recorded while the batch goes on; a query."""
 
 from __future__ import annotations
 
 import asyncio
 import csv
+import functools
 import json
 import signal
 import subprocess
@@ -20,6 +23,7 @@ import numpy as np
 import pytest
 
 from samples import digits as digit_samples
+from samples import text as text_samples
 from samples.text import suite as text_suite
 from tests.conftest import Mesh, postgres_or_skip
 from tests.e2e.test_digits import held_out
@@ -54,63 +58,87 @@ async def infer_all(url: str, pipeline: str, blobs: dict[str, bytes]) -> dict[st
         return dict(await asyncio.gather(*(one(k, b) for k, b in blobs.items())))
 
 
+TEXT = {"line_small": 40, "line_medium": 40, "line_large": 40,
+        "noisy": 10, "jpeg": 10, "coloured": 10, "light_on_dark": 10}  # fmt: skip
+"""160 text images: OCR costs ~60 ms a line on two cores, ~150 ms a short note."""
+FOLDERS = {"digits": "digits", "ocr": "text"}
+
+
 @dataclass
-class Photos:
+class Scans:
     folder: Path
-    images: dict[str, bytes]
-    expected: dict[str, dict]
-    """/infer's answer for each."""
+    """digits/<look>/*.png|jpg and text/<category>/*.png|jpg"""
+    images: dict[str, dict[str, bytes]]
+    """{pipeline: {key relative to its folder: image}}"""
+    expected: dict[str, dict[str, dict]]
+    """{pipeline: {key: /infer's result}}"""
 
 
 @pytest.fixture(scope="module")
-def photos(mesh: Mesh, tmp_path_factory: pytest.TempPathFactory) -> Photos:
-    folder = tmp_path_factory.mktemp("photos")
-    images = write_digits(folder, 2000)
-    return Photos(folder, images, asyncio.run(infer_all(mesh.url, "digits", images)))
+def scans(mesh: Mesh, tmp_path_factory: pytest.TempPathFactory) -> Scans:
+    folder = tmp_path_factory.mktemp("scans")
+    images = {
+        "digits": write_digits(folder / "digits", 1840),
+        "ocr": {k: v[0] for k, v in text_samples.write_folder(folder / "text", TEXT).items()},
+    }
+    expected = {p: asyncio.run(infer_all(mesh.url, p, blobs)) for p, blobs in images.items()}
+    return Scans(folder, images, expected)
 
 
-def kill_half_way(argv: list[str], written: Callable[[], int], log: Path) -> None:
-    """Start the batch, SIGKILL it once half of the 2,000 answers are written."""
+def kill_half_way(argv: list[str], written: Callable[[], int], total: int, log: Path) -> None:
+    """Start the batch, SIGKILL it once half of its `total` answers are written."""
     with log.open("w") as err:
         first = subprocess.Popen(argv, cwd=ROOT, stderr=err)
     deadline = time.monotonic() + 120
-    while written() < 1000:
+    while written() < total // 2:
         assert first.poll() is None, log.read_text()
         assert time.monotonic() < deadline, "the batch never got half-way"
         time.sleep(0.02)
     first.send_signal(signal.SIGKILL)
     first.wait()
-    assert 1000 <= written() < 2000, "killed half-way"
+    assert total // 2 <= written() < total, "killed half-way"
 
 
-def assert_answers_equal_infer(answers: list[dict], photos: Photos) -> None:
-    assert sorted(row["key"] for row in answers) == sorted(photos.images), "each once"
+def assert_answers_equal_infer(answers: list[dict], expected: dict[str, dict]) -> None:
+    assert sorted(row["key"] for row in answers) == sorted(expected), "each once"
     assert {row["status"] for row in answers} == {"ok"}
     for row in answers:
-        got, want = row["result"]["result"], photos.expected[row["key"]]
+        got, want = row["result"]["result"], expected[row["key"]]
+        if "lines" in want:  # OCR
+            assert [x["text"] for x in got["lines"]] == [x["text"] for x in want["lines"]]
+            for mine, theirs in zip(got["lines"], want["lines"], strict=True):
+                np.testing.assert_allclose(mine["box"], theirs["box"], atol=1.0)
+            continue
         assert got["label"] == want["label"], row["key"]
         np.testing.assert_allclose(got["probabilities"], want["probabilities"], atol=1e-6)
 
 
+def concurrency(pipeline: str) -> str:
+    return "16" if pipeline == "digits" else "8"
+
+
+@pytest.mark.parametrize("pipeline", ["digits", "ocr"])
 def test_a_killed_batch_resumes_and_answers_every_input_once(
-    mesh: Mesh, photos: Photos, tmp_path: Path
+    mesh: Mesh, scans: Scans, pipeline: str, tmp_path: Path
 ) -> None:
     out = tmp_path / "answers.jsonl"
-    argv = batch("digits", str(photos.folder), "-o", str(out), "--url", mesh.url, "-c", "16")
+    total = len(scans.images[pipeline])
+    argv = batch(pipeline, str(scans.folder / FOLDERS[pipeline]), "-o", str(out),
+                 "--url", mesh.url, "-c", concurrency(pipeline))  # fmt: skip
 
     def written() -> int:
         return out.read_text().count("\n") if out.exists() else 0
 
-    kill_half_way(argv, written, tmp_path / "first.log")
+    kill_half_way(argv, written, total, tmp_path / "first.log")
     second = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr
     assert "answered before" in second.stderr
-    assert_answers_equal_infer(rows(out), photos)
+    assert_answers_equal_infer(rows(out), scans.expected[pipeline])
 
     # A third run has nothing left to send.
     third = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert third.returncode == 0 and len(rows(out)) == 2000
-    assert "0 ok, 0 failed, 2000 answered before" in third.stderr
+    assert third.returncode == 0 and len(rows(out)) == total
+    assert f"0 ok, 0 failed, {total} answered before" in third.stderr
 
 
 def test_bad_inputs_are_recorded_and_the_batch_goes_on(mesh: Mesh, tmp_path: Path) -> None:
@@ -195,45 +223,62 @@ def test_an_unknown_pipeline_or_source_stops_before_sending(mesh: Mesh, tmp_path
 
 
 def test_a_postgresql_table_in_and_out_killed_and_resumed(
-    mesh: Mesh, photos: Photos, tmp_path: Path
+    mesh: Mesh, scans: Scans, tmp_path: Path
 ) -> None:
     """The reference design's batch: rows of a table not answered yet, through the mesh, the
-    answers into another table; killed half-way and rerun."""
+    answers into another table; killed half-way and rerun. One table of mixed scans, each kind
+    sent to its pipeline by a query, both answering into one table."""
     import sqlalchemy as sa
 
     server = postgres_or_skip()
     engine = sa.create_engine(server.url)
     try:
-        scans = sa.Table(
+        table = sa.Table(
             "scans",
             sa.MetaData(),
             sa.Column("id", sa.Text, primary_key=True),
+            sa.Column("kind", sa.Text),
             sa.Column("image", sa.LargeBinary),
         )
-        scans.create(engine)
+        table.create(engine)
+        kinds = {"digits": "digit", "ocr": "text"}
         with engine.begin() as conn:
-            conn.execute(scans.insert(), [{"id": k, "image": b} for k, b in photos.images.items()])
-            conn.execute(scans.insert(), [{"id": "zz-not-an-image", "image": b"hello"}])
-            conn.execute(scans.insert(), [{"id": "zz-null", "image": None}])
-        argv = batch(
-            "digits", server.url, "--table", "scans", "--key", "id", "--image", "image",
-            "-o", server.url, "--output-table", "answers", "--url", mesh.url, "-c", "16",
-        )  # fmt: skip
+            for pipeline, blobs in scans.images.items():
+                conn.execute(table.insert(), [
+                    {"id": f"{FOLDERS[pipeline]}/{k}", "kind": kinds[pipeline], "image": b}
+                    for k, b in blobs.items()
+                ])  # fmt: skip
+            conn.execute(table.insert(), [{"id": "zz-not-an-image", "kind": "digit",
+                                           "image": b"hello"}])  # fmt: skip
+            conn.execute(table.insert(), [{"id": "zz-null", "kind": "digit", "image": None}])
 
-        def written() -> int:
+        def written(kind: str) -> int:
             with engine.connect() as conn:
                 try:
-                    return conn.execute(sa.text("SELECT count(*) FROM answers")).scalar_one()
+                    return conn.execute(
+                        sa.text("SELECT count(*) FROM answers JOIN scans ON key = id "
+                                "WHERE kind = :kind"), {"kind": kind}
+                    ).scalar_one()  # fmt: skip
                 except sa.exc.ProgrammingError:  # not made yet
                     return 0
 
-        kill_half_way(argv, written, tmp_path / "first.log")
-        second = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
-        assert second.returncode == 0, second.stderr
-        # The rerun read only the rows the output table lacked (an anti-join in the database).
-        assert ", 0 answered before;" in second.stderr, second.stderr
+        for pipeline, kind in kinds.items():
+            query = f"SELECT id, image FROM scans WHERE kind = '{kind}'"
+            argv = batch(
+                pipeline, server.url, "--query", query, "-o", server.url,
+                "--output-table", "answers", "--url", mesh.url, "-c", concurrency(pipeline),
+            )  # fmt: skip
+            total = len(scans.images[pipeline]) + (2 if kind == "digit" else 0)
+            kill_half_way(
+                argv, functools.partial(written, kind), total, tmp_path / f"{pipeline}.log"
+            )
+            second = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+            assert second.returncode == 0, second.stderr
+            # The rerun read only the rows the output table lacked (an anti-join in the database).
+            assert ", 0 answered before;" in second.stderr, second.stderr
         with engine.connect() as conn:
             answers = [dict(r._mapping) for r in conn.execute(sa.text("SELECT * FROM answers"))]
+        assert len(answers) == 2002
         bad = {row["key"]: row for row in answers if row["key"].startswith("zz-")}
         assert bad["zz-not-an-image"]["status"] == "failed"
         assert bad["zz-not-an-image"]["error"]["status"] == 415
@@ -241,7 +286,13 @@ def test_a_postgresql_table_in_and_out_killed_and_resumed(
             "status": None,
             "error": "the image column holds NoneType, not bytes or a path",
         }
-        assert_answers_equal_infer([r for r in answers if r["key"] not in bad], photos)
+        for pipeline, folder in FOLDERS.items():
+            mine = [
+                {**r, "key": r["key"].removeprefix(f"{folder}/")}
+                for r in answers
+                if r["key"].startswith(f"{folder}/")
+            ]
+            assert_answers_equal_infer(mine, scans.expected[pipeline])
     finally:
         engine.dispose()
         server.stop()

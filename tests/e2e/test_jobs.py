@@ -68,10 +68,10 @@ def wait_live(url: str, proc: subprocess.Popen) -> None:
 
 
 def inputs() -> list[tuple[str, bytes]]:
-    """900 digits (the held-out images) and 100 OCR images (text lines and short pages)."""
+    """900 digits (the held-out images) and 100 OCR images (text lines of every size)."""
     images, _ = held_out()
     digits = [("digits", png(images[i % len(images)])) for i in range(900)]
-    pages = suite(10, seed=3, categories=["line_small", "line_medium", "few_lines"])
+    pages = suite(10, seed=3, categories=["line_small", "line_medium", "line_large"])
     ocr = [("ocr", pages[i % len(pages)].image) for i in range(100)]
     mixed = digits + ocr
     np.random.default_rng(0).shuffle(mixed)  # type: ignore[arg-type]
