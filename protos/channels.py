@@ -11,6 +11,11 @@ METHOD_PREFIX = f"/{SERVICE_NAME}/"
 STREAM_STATUS_PARAMETER = "status_code"
 """On a ModelStreamInfer answer with an error_message: the error's gRPC status code (int64);
 the v2 stream response has no status of its own. Clients that do not know it ignore it."""
+HTTP_STATUS_PARAMETER = "http_status"
+"""On an error answer of the proxy's gRPC door (a ModelStreamInfer answer's parameter, int64;
+a unary call's trailing metadata `http-status`): the status its REST door gives the same
+failure, which one gRPC code may not tell apart (413 and 429 are both RESOURCE_EXHAUSTED)."""
+HTTP_STATUS_METADATA = "http-status"
 STREAM_CANCEL_PARAMETER = "cancel"
 """A stream message with this parameter (bool true) and a request's id cancels that request
 if it is still running (it is then not answered)."""

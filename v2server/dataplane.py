@@ -22,6 +22,8 @@ from v2server.registry import Registry
 from v2server.shm import SharedMemory
 from v2server.validation import check_declared
 
+_NONE: frozenset[str] = frozenset()
+
 
 @dataclass(frozen=True)
 class Requested:
@@ -196,7 +198,8 @@ class DataPlane:
             check_declared(
                 model.name, model.inputs, request.declared, model.scheduling.max_batch_size
             )
-            wanted = requested_outputs(model.name, model.outputs, request.requested)
+            on_request = getattr(model, "on_request", _NONE)
+            wanted = requested_outputs(model.name, model.outputs, request.requested, on_request)
             inputs = request.decode()
             # Work past the caller's deadline is for nobody: a streamed request has no
             # call for gRPC to cancel, so the deadline is kept here for every request.
@@ -212,16 +215,21 @@ class DataPlane:
             raise
         model.statistics.request(True, time.perf_counter_ns() - arrived)
         parameters = dict(getattr(outputs, "parameters", {}))
-        return Answer(model.name, model.version, pick(outputs, wanted, model.labels), parameters)
+        picked = pick(outputs, wanted, model.labels, on_request)
+        return Answer(model.name, model.version, picked, parameters)
 
 
 def pick(
     outputs: dict[str, np.ndarray],
     wanted: Sequence[Requested] | None,
     labels: Mapping[str, list[str]],
+    on_request: frozenset[str] = _NONE,
 ) -> dict[str, np.ndarray]:
-    """The outputs asked for (all when None), those asked with `classification` classified."""
+    """The outputs asked for (when None, all but those given only `on_request`), those asked
+    with `classification` classified."""
     if wanted is None:
+        if on_request:
+            return {k: v for k, v in outputs.items() if k not in on_request}
         return outputs
     picked = {}
     for asked in wanted:
@@ -238,11 +246,16 @@ def _classification(parameters: Mapping[str, pb.InferParameter]) -> int:
 
 
 def requested_outputs(
-    model: str, specs: Sequence[TensorSpec], requested: Sequence[Requested]
+    model: str,
+    specs: Sequence[TensorSpec],
+    requested: Sequence[Requested],
+    on_request: frozenset[str] = _NONE,
 ) -> list[Requested] | None:
+    """The outputs asked for, each one the model has; None: all. `on_request`: outputs a
+    model gives only when asked for by name (not in its metadata)."""
     if not requested:
         return None
-    known = {s.name for s in specs}
+    known = {s.name for s in specs} | on_request
     for asked in requested:
         if asked.name not in known:
             raise InvalidInput(

@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
+from protos.channels import HTTP_STATUS_METADATA
 from protos.errors import MeshError
 from protos.logs import REQUEST_ID, plain_id
 from v2server import metrics
@@ -133,7 +134,9 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):
                     raise
                 except Exception as exc:
                     call.code, text = error_status(exc, method)
-                    await context.abort(call.code, text)
+                    http = getattr(exc, "http_status", None)
+                    trailer = () if http is None else ((HTTP_STATUS_METADATA, str(http)),)
+                    await context.abort(call.code, text, trailing_metadata=trailer)
 
         return grpc.unary_unary_rpc_method_handler(
             wrapped,

@@ -10,7 +10,11 @@ import grpc
 from grpc import aio
 
 from protos import pb, pb_grpc, wire
-from protos.channels import STREAM_CANCEL_PARAMETER, STREAM_STATUS_PARAMETER
+from protos.channels import (
+    HTTP_STATUS_PARAMETER,
+    STREAM_CANCEL_PARAMETER,
+    STREAM_STATUS_PARAMETER,
+)
 from protos.errors import Overloaded
 from v2server.bytewindow import ByteWindow
 from v2server.dataplane import DataPlane
@@ -145,7 +149,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     raise
                 except Exception as exc:
                     call.code, text = error_status(exc, "ModelStreamInfer")
-                    error = _stream_error(request.message, text, call.code)
+                    http = getattr(exc, "http_status", None)
+                    error = _stream_error(request.message, text, call.code, http)
                     answers.put_nowait((error, request.size))
 
         async def read() -> None:
@@ -203,11 +208,15 @@ its running requests are answered, so that a graceful stop does not wait for idl
 until its grace runs out."""
 
 
-def _stream_error(request: pb.ModelInferRequest, text: str, code: grpc.StatusCode) -> bytes:
+def _stream_error(
+    request: pb.ModelInferRequest, text: str, code: grpc.StatusCode, http: int | None
+) -> bytes:
     about = pb.ModelInferResponse(
         model_name=request.model_name, model_version=request.model_version, id=request.id
     )
     about.parameters[STREAM_STATUS_PARAMETER].int64_param = code.value[0]
+    if http is not None:
+        about.parameters[HTTP_STATUS_PARAMETER].int64_param = http
     return pb.ModelStreamInferResponse(error_message=text, infer_response=about).SerializeToString()
 
 

@@ -1,6 +1,12 @@
 """Pipelines as v2 models: what the proxy's gRPC door (the shared v2 server core) and its
 /v2 REST routes serve. Input: the image, BYTES [1]; outputs: as the definition declares
-(`outputs`), or one BYTES `result` holding the /v1 result as JSON."""
+(`outputs`), or one BYTES `result` holding the /v1 result as JSON. A pipeline that declares
+outputs gives `result` too when it is asked for by name (not in its metadata, so a client
+asking for every output gets the declared ones).
+
+Every answer's parameters say what /v1's answer says beside its result: `partial` (bool) and
+`steps` (JSON text: each step's name, status, latency and error, as /v1's `steps`), so that a
+partial answer over gRPC names the branch that failed; `cache` when the pipeline has one."""
 
 from __future__ import annotations
 
@@ -34,6 +40,8 @@ class PipelineFailed(MeshError):
         super().__init__(problem.message)
         self.code = grpc_code(problem.status)
         self.problem = problem
+        self.http_status = problem.status
+        """Told to gRPC callers beside the code (protos.channels.HTTP_STATUS_PARAMETER)."""
 
 
 class PipelineModel:
@@ -64,6 +72,7 @@ class PipelineModel:
             if declared
             else (TensorSpec(RESULT, "BYTES", (1,)),)
         )
+        self.on_request = frozenset({RESULT}) if declared else frozenset()
         self.statistics = ModelStatistics()
 
     @property
@@ -115,23 +124,29 @@ class PipelineModel:
                 if run.cache == "miss":
                     self.statistics.cache_miss.add(0)
                 self.statistics.execution(1, 1, 0, elapsed, 0)
-            if run.cache is None:
-                return outputs
-            return Outputs(outputs, {"cache": run.cache})
+            about: dict[str, str | int | bool] = {
+                "partial": run.partial,
+                "steps": orjson.dumps([s.__dict__ for s in run.steps]).decode(),
+            }
+            if run.cache is not None:
+                about["cache"] = run.cache
+            return Outputs(outputs, about)
         except StepError as exc:
             raise PipelineFailed(exc.problem(self.name)) from None
         except Problem as exc:
             raise PipelineFailed(exc) from None
 
     def tensors(self, run: Run) -> dict[str, np.ndarray]:
+        answer = orjson.dumps(self.engine.result(run), option=orjson.OPT_SERIALIZE_NUMPY)
+        result = np.array([answer], dtype=object)
         declared = self.plan.pipeline.outputs
         if not declared:
-            result = self.engine.result(run)
-            return {RESULT: np.array([orjson.dumps(result)], dtype=object)}
+            return {RESULT: result}
         out = {}
         for spec in self.outputs:
             value = run.tensors.get(declared[spec.name].tensor)
             out[spec.name] = self._checked(spec, value)
+        out[RESULT] = result  # given when asked for by name (on_request)
         return out
 
     def _checked(self, spec: TensorSpec, value: np.ndarray | None) -> np.ndarray:

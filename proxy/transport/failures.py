@@ -17,8 +17,12 @@ class CallFailed(Exception):
         stream: bool = False,
         unfit: bool = False,
         unproven: bool = False,
+        http_status: int | None = None,
     ) -> None:
         super().__init__(details)
+        self.http_status = http_status
+        """The status the proxy's REST door gives the same failure, when the answer says
+        (protos.channels.HTTP_STATUS_PARAMETER: the proxy's gRPC door)."""
         self._code = code
         self._details = details
         self.stream = stream

@@ -7,8 +7,7 @@ honours); each answer its own status (our services put the code beside `error_me
 v2server/servicer.py; another server's error counts as UNKNOWN). A stream that breaks fails
 only the requests in flight on it, with the stream's status (UNAVAILABLE when the service
 died), and the next request opens a new one. A request whose caller leaves is cancelled
-on the service too when the service says it can (`stream_cancellation` in ServerMetadata).
-"""
+on the service too when the service says it can (`stream_cancellation` in ServerMetadata)."""
 
 from __future__ import annotations
 
@@ -21,7 +20,12 @@ from google.protobuf.message import DecodeError
 from grpc import aio
 
 from protos import pb, wire
-from protos.channels import METHOD_PREFIX, STREAM_CANCEL_PARAMETER, STREAM_STATUS_PARAMETER
+from protos.channels import (
+    HTTP_STATUS_PARAMETER,
+    METHOD_PREFIX,
+    STREAM_CANCEL_PARAMETER,
+    STREAM_STATUS_PARAMETER,
+)
 from protos.errors import InvalidInput
 from proxy.transport.failures import CallFailed
 
@@ -51,9 +55,11 @@ def parse_stream_response(data: bytes) -> StreamAnswer:
         return StreamAnswer("", None, failure)
     if not error:
         return StreamAnswer(parsed.message.id, parsed)
-    param = parsed.message.parameters.get(STREAM_STATUS_PARAMETER)
+    parameters = parsed.message.parameters
+    param, http = parameters.get(STREAM_STATUS_PARAMETER), parameters.get(HTTP_STATUS_PARAMETER)
     code = _CODES.get(param.int64_param if param is not None else -1, grpc.StatusCode.UNKNOWN)
-    return StreamAnswer(parsed.message.id, None, CallFailed(code, error))
+    failure = CallFailed(code, error, http_status=http.int64_param if http is not None else None)
+    return StreamAnswer(parsed.message.id, None, failure)
 
 
 def _as_is(data: bytes) -> bytes:
@@ -83,7 +89,7 @@ class MuxStream:
             request_serializer=_as_is,
             response_deserializer=parse_stream_response,
         )
-        self._call = method()
+        self._call = method(metadata=pool.metadata)
         self._pool = pool
         self._pending: dict[str, asyncio.Future[wire.ParsedInferResponse]] = {}
         self._outbox: asyncio.Queue[_Outgoing] = asyncio.Queue()
@@ -255,9 +261,12 @@ def _broken(code: grpc.StatusCode, details: str | None) -> CallFailed:
 class StreamPool:
     """Up to `size` streams to one address; each request goes to the least busy one."""
 
-    def __init__(self, channel: aio.Channel, size: int) -> None:
+    def __init__(
+        self, channel: aio.Channel, size: int, metadata: tuple[tuple[str, str], ...] = ()
+    ) -> None:
         self._channel = channel
         self._size = size
+        self.metadata = metadata  # sent as each stream opens: `mesh batch`'s API key
         self.cancels = False
         """The service cancels a request on our word (set once its metadata says so)."""
         self.learned = asyncio.Event()

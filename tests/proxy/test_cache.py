@@ -178,8 +178,12 @@ async def test_v2_rest_answers_say_where_they_came_from(chain, make_client) -> N
         first = await client.post("/v2/models/p/infer", json=request)
         second = await client.post("/v2/models/p/infer", json=request)
         stats = (await client.get("/v2/models/p/stats")).json()["model_stats"][0]
-    assert first.json()["parameters"] == {"cache": "miss"}
-    assert second.json()["parameters"] == {"cache": "hit"}
+    assert first.json()["parameters"]["cache"] == "miss"
+    assert second.json()["parameters"]["cache"] == "hit"
+    # As on /v1: an answer from the cache ran no step.
+    assert second.json()["parameters"]["partial"] is False
+    assert json.loads(first.json()["parameters"]["steps"])[0]["name"] == "parse"
+    assert json.loads(second.json()["parameters"]["steps"]) == []
     assert second.headers["X-Cache"] == "hit" and model.calls == 1
     counters = stats["inference_stats"]
     assert counters["cache_hit"]["count"] == 1 and counters["cache_miss"]["count"] == 1

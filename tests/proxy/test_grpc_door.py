@@ -9,6 +9,7 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+import orjson
 import pytest
 import yaml
 from grpc import aio
@@ -274,3 +275,102 @@ async def test_an_output_unlike_its_declaration_is_named(door) -> None:
             await stub.ModelInfer(image(body(1)), timeout=5)
     assert broken.value.code() == grpc.StatusCode.INTERNAL
     assert "output 'y' came as FP32 [1, 1], declared INT64 [1, -1]" in broken.value.details()
+
+
+def _parameters(answer: pb.ModelInferResponse) -> dict:
+    return {k: getattr(v, v.WhichOneof("parameter_choice")) for k, v in answer.parameters.items()}
+
+
+async def test_answers_say_what_v1_says_beside_the_result(
+    door, servers, make_client, tmp_path
+) -> None:
+    """Every answer carries /v1's `partial` and `steps` as parameters; `result`, asked for by
+    name, is /v1's result (a client asking for every output gets the declared ones)."""
+    async with door(PIPES, chain_models()) as stub:
+        plain = await stub.ModelInfer(image(body(1, 2)), timeout=5)
+        request = image(body(1, 2))
+        request.outputs.add(name="result")
+        asked = await stub.ModelInfer(request, timeout=5)
+        meta = await stub.ModelMetadata(pb.ModelMetadataRequest(name="chain"), timeout=5)
+    env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": await servers(*chain_models())}
+    async with make_client(PIPES, env) as client:
+        v1 = (await post(client, "chain", body(1, 2))).json()
+    assert sorted(messages.response_outputs(plain)) == ["first", "y"]
+    assert "result" not in {t.name for t in meta.outputs}
+    result = messages.response_outputs(asked)
+    assert list(result) == ["result"] and orjson.loads(result["result"][0]) == v1["result"]
+    about = _parameters(plain)
+    assert about["partial"] is False
+    steps = orjson.loads(about["steps"])
+    assert (
+        [(s["name"], s["status"]) for s in steps]
+        == [(s["name"], s["status"]) for s in v1["steps"]]
+        == [("parse", "ok"), ("a", "ok"), ("b", "ok")]
+    )
+    assert all(s["latency_ms"] > 0 for s in steps)
+
+
+async def test_a_partial_answer_names_the_branch_that_failed(door) -> None:
+    async def broken(inputs, deadline):
+        raise InvalidInput("x must be positive")
+
+    pipes = {
+        "ens": pipeline(
+            [
+                {
+                    "parallel": {
+                        "name": "ens",
+                        "inputs": {"x": "parse.x"},
+                        "aggregation": "partial",
+                        "branches": [
+                            {"name": "good", "endpoint": "MODELS_URL", "model": "plus1"},
+                            {"name": "bad", "endpoint": "MODELS_URL", "model": "broken"},
+                        ],
+                        "combine": {"op": "mean", "tensor": "y"},
+                    }
+                }
+            ],
+            {"mean": "ens.y[0]"},
+            outputs={"mean": {"tensor": "ens.y", "datatype": "FP32", "shape": [-1, -1]}},
+        )
+    }
+    models = [affine("plus1", 1, 1), ScriptedModel("broken", broken)]
+    async with door(pipes, models) as stub:
+
+        async def one():
+            yield image(body(4), "ens")
+
+        [streamed] = [r async for r in stub.ModelStreamInfer(one(), timeout=5)]
+    assert streamed.error_message == ""
+    answer = streamed.infer_response
+    assert messages.response_outputs(answer)["mean"].tolist() == [[5.0]]
+    about = _parameters(answer)
+    assert about["partial"] is True
+    steps = {s["name"]: s for s in orjson.loads(about["steps"])}
+    assert steps["ens/good"]["status"] == "ok"
+    assert steps["ens/bad"]["status"] != "ok"
+    assert "x must be positive" in steps["ens/bad"]["error"]
+
+
+async def test_errors_tell_the_rest_doors_status_too(door) -> None:
+    """One gRPC code may stand for several REST statuses (RESOURCE_EXHAUSTED: 413 or 429):
+    the door says which, as a stream answer's parameter and a unary call's trailer."""
+
+    async def picky(inputs, deadline):
+        raise InvalidInput("x must be positive")
+
+    models = [ScriptedModel("plus1", picky), affine("double", 2, 0)]
+    async with door(PIPES, models) as stub:
+        with pytest.raises(aio.AioRpcError) as unary:
+            await stub.ModelInfer(image(body(1)), timeout=5)
+
+        async def one():
+            yield image(body(1))
+
+        [streamed] = [r async for r in stub.ModelStreamInfer(one(), timeout=5)]
+    assert unary.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert dict(unary.value.trailing_metadata())["http-status"] == "400"
+    assert "x must be positive" in streamed.error_message
+    about = _parameters(streamed.infer_response)
+    assert about["http_status"] == 400
+    assert about["status_code"] == grpc.StatusCode.INVALID_ARGUMENT.value[0]

@@ -49,6 +49,10 @@ async def test_a_pipeline_answers_v2_json(client) -> None:
     assert answer["model_name"] == "chain" and answer["id"] == "mine"
     assert outputs["y"] == {"name": "y", "datatype": "FP32", "shape": [1, 2], "data": [4.0, 6.0]}
     assert outputs["first"]["data"] == [2.0, 3.0]
+    # What /v1 says beside its result, as on the gRPC door.
+    assert answer["parameters"]["partial"] is False
+    steps = orjson.loads(answer["parameters"]["steps"])
+    assert [(s["name"], s["status"]) for s in steps] == [("parse", "ok"), ("a", "ok"), ("b", "ok")]
 
 
 async def test_the_binary_tensor_extension_both_ways(client) -> None:
