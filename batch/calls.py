@@ -1,18 +1,22 @@
-"""One input through the mesh's REST door, as a client that means to be answered: transient
-refusals (429, 503, 504, a dropped connection) are retried with doubling back-off (the
-server's Retry-After when it gives one); any other 4xx is the input's own fault and is never
-retried; what still fails is recorded with the mesh's error."""
+"""One input through the mesh, as a client that means to be answered: transient refusals
+(429, 502, 503, 504, a dropped connection) are retried with doubling back-off (the server's
+Retry-After when it gives one); any other 4xx is the input's own fault and is never retried;
+what still fails is recorded with the mesh's error. The door (REST here, gRPC in
+grpc_door.py) only makes one attempt."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import quote
 
 import aiohttp
 import orjson
+from yarl import URL
 
 from batch.sinks import Row
 from batch.sources import Input
@@ -37,6 +41,52 @@ class Retry:
         return base * (0.5 + random.random() / 2)  # jittered: retries do not arrive together
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """One try's outcome, whatever the door."""
+
+    status: int | None
+    """The HTTP status (the REST door's for the same failure, on gRPC); None: no answer (a
+    dropped connection or stream), which is retried."""
+    result: Any = None
+    """What /infer answers, when status is 200."""
+    error: dict | None = None
+    retry_after: str | None = None
+
+
+Send = Callable[[Input, bytes], Awaitable[Attempt]]
+
+
+def request_id(item: Input) -> str:
+    """The key names the request in the mesh's logs (ASCII: a header, gRPC metadata)."""
+    return quote(f"batch-{item.key}", safe="/._-:")[:128]
+
+
+async def infer(send: Send, item: Input, retry: Retry) -> Row:
+    if item.problem is not None:
+        error = {"status": None, "error": item.problem}
+        return Row(item.key, "failed", None, error=error, extra=item.extra)
+    try:
+        data = await item.read()
+    except OSError as exc:
+        error = {"status": None, "error": f"cannot read {item.path}: {exc.strerror}"}
+        return Row(item.key, "failed", None, error=error, extra=item.extra)
+    error: dict = {}
+    for attempt in range(1, retry.attempts + 1):
+        started = time.perf_counter()
+        got = await send(item, data)
+        latency_ms = round((time.perf_counter() - started) * 1000, 2)
+        if got.status == 200:
+            return Row(item.key, "ok", latency_ms, result=got.result, extra=item.extra)
+        error = got.error or {"status": got.status, "error": "no answer"}
+        if got.status is not None and got.status not in TRANSIENT:
+            return Row(item.key, "failed", latency_ms, error=error, extra=item.extra)
+        if attempt < retry.attempts:
+            await asyncio.sleep(retry.delay_s(attempt, got.retry_after))
+    error["attempts"] = retry.attempts
+    return Row(item.key, "failed", None, error=error, extra=item.extra)
+
+
 def _error(status: int, body: bytes) -> dict:
     try:
         parsed = orjson.loads(body)
@@ -46,44 +96,21 @@ def _error(status: int, body: bytes) -> dict:
     return {"status": status, "error": message or body[:500].decode(errors="replace")}
 
 
-async def infer(session: aiohttp.ClientSession, pipeline: str, item: Input, retry: Retry) -> Row:
-    if item.problem is not None:
-        return Row(
-            item.key,
-            "failed",
-            None,
-            error={"status": None, "error": item.problem},
-            extra=item.extra,
-        )
-    try:
-        data = item.read() if item.small() else await asyncio.to_thread(item.read)
-    except OSError as exc:
-        error = {"status": None, "error": f"cannot read {item.path}: {exc.strerror}"}
-        return Row(item.key, "failed", None, error=error, extra=item.extra)
-    path = f"/v1/pipelines/{pipeline}/infer"
-    headers = {
-        "Content-Type": "application/octet-stream",
-        # The key names the request in the mesh's logs (ASCII: a header)
-        "X-Request-Id": quote(f"batch-{item.key}", safe="/._-:")[:128],
-    }
-    error: dict = {}
-    for attempt in range(1, retry.attempts + 1):
-        started = time.perf_counter()
-        retry_after = None
+class RestDoor:
+    """POST /v1/pipelines/{name}/infer, the image as the body."""
+
+    def __init__(self, session: aiohttp.ClientSession, pipeline: str) -> None:
+        self.session = session
+        self.path = URL(f"/v1/pipelines/{quote(pipeline)}/infer", encoded=True)
+
+    async def send(self, item: Input, data: bytes) -> Attempt:
+        headers = {"Content-Type": "application/octet-stream", "X-Request-Id": request_id(item)}
         try:
-            async with session.post(path, data=data, headers=headers) as answer:
+            async with self.session.post(self.path, data=data, headers=headers) as answer:
                 status, body = answer.status, await answer.read()
                 retry_after = answer.headers.get("Retry-After")
         except (aiohttp.ClientError, TimeoutError) as exc:
-            error = {"status": None, "error": f"{type(exc).__name__}: {exc}"}
-        else:
-            latency_ms = round((time.perf_counter() - started) * 1000, 2)
-            if status == 200:
-                return Row(item.key, "ok", latency_ms, result=orjson.loads(body), extra=item.extra)
-            error = _error(status, body)
-            if status not in TRANSIENT:
-                return Row(item.key, "failed", latency_ms, error=error, extra=item.extra)
-        if attempt < retry.attempts:
-            await asyncio.sleep(retry.delay_s(attempt, retry_after))
-    error["attempts"] = retry.attempts
-    return Row(item.key, "failed", None, error=error, extra=item.extra)
+            return Attempt(None, error={"status": None, "error": f"{type(exc).__name__}: {exc}"})
+        if status == 200:
+            return Attempt(200, result=orjson.loads(body))
+        return Attempt(status, error=_error(status, body), retry_after=retry_after)

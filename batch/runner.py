@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
@@ -16,6 +18,9 @@ from batch import calls
 from batch.progress import Progress
 from batch.sinks import Sink
 from batch.sources import Input, Source
+
+if TYPE_CHECKING:
+    from batch.grpc_door import GrpcDoor
 
 
 class MeshError(RuntimeError):
@@ -26,6 +31,11 @@ class MeshError(RuntimeError):
 class Options:
     url: str
     pipeline: str
+    door: str = "rest"
+    """`rest` (/v1/pipelines/{name}/infer) or `grpc` (the gRPC door's streams)."""
+    grpc_address: str | None = None
+    """The gRPC door's host:port; None: --url's host, port 8081."""
+    api_key: str | None = None
     concurrency: int = 32
     rate: float | None = None
     """Requests started per second at most (None: as fast as answers come)."""
@@ -65,6 +75,15 @@ async def check_pipeline(session: aiohttp.ClientSession, url: str, pipeline: str
 
 
 async def run(source: Source, sink: Sink, options: Options) -> Progress:
+    """Every input of `source` not in `sink` yet through the mesh; the sink is closed (its
+    rows flushed and synced) however the run ends."""
+    try:
+        return await _run(source, sink, options)
+    finally:
+        sink.close()
+
+
+async def _run(source: Source, sink: Sink, options: Options) -> Progress:
     done = sink.answered()
     progress = Progress(await asyncio.to_thread(source.count), every_s=options.progress_every_s)
     queue: asyncio.Queue[Input | None] = asyncio.Queue(maxsize=2 * options.concurrency)
@@ -73,10 +92,21 @@ async def run(source: Source, sink: Sink, options: Options) -> Progress:
     # every request's CPU in this process is CPU the mesh beside it does not get.
     connector = aiohttp.TCPConnector(limit=options.concurrency, ttl_dns_cache=300)
     timeout = aiohttp.ClientTimeout(total=options.timeout_s, connect=10.0)
+    headers = {"Authorization": f"Bearer {options.api_key}"} if options.api_key else None
     async with aiohttp.ClientSession(
-        options.url, connector=connector, timeout=timeout, raise_for_status=False
+        options.url,
+        connector=connector,
+        timeout=timeout,
+        raise_for_status=False,
+        headers=headers,
+        cookie_jar=aiohttp.DummyCookieJar(),  # the mesh sets none: nothing to look up per call
     ) as session:
-        await check_pipeline(session, options.url, options.pipeline)
+        door: calls.RestDoor | GrpcDoor
+        if options.door == "grpc":
+            door = await _grpc_door(options)
+        else:
+            await check_pipeline(session, options.url, options.pipeline)
+            door = calls.RestDoor(session, options.pipeline)
 
         async def feed() -> None:
             for item in source:
@@ -91,12 +121,33 @@ async def run(source: Source, sink: Sink, options: Options) -> Progress:
         async def call() -> None:
             while (item := await queue.get()) is not None:
                 await pace.wait()
-                row = await calls.infer(session, options.pipeline, item, options.retry)
+                row = await calls.infer(door.send, item, options.retry)
                 sink.write(row)
                 progress.answered(row.status)
 
         try:
             await asyncio.gather(feed(), *(call() for _ in range(options.concurrency)))
         finally:
-            sink.close()
+            if not isinstance(door, calls.RestDoor):
+                await door.close()
     return progress
+
+
+async def _grpc_door(options: Options) -> GrpcDoor:
+    from batch.grpc_door import DoorError, GrpcDoor  # grpc only when asked for
+
+    url = urlsplit(options.url)
+    door = GrpcDoor(
+        options.grpc_address or f"{url.hostname or '127.0.0.1'}:8081",
+        options.pipeline,
+        options.concurrency,
+        options.timeout_s,
+        tls=url.scheme == "https",
+        api_key=options.api_key,
+    )
+    try:
+        await door.check()
+    except DoorError as exc:
+        await door.close()
+        raise MeshError(str(exc)) from None
+    return door

@@ -84,7 +84,7 @@ class JsonlSink(Sink):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch()
         _cut_torn_tail(path)
-        self._file = path.open("a", encoding="utf-8")
+        self._file = path.open("ab")
 
     def answered(self) -> set[str]:
         keys: set[str] = set()
@@ -95,7 +95,7 @@ class JsonlSink(Sink):
         return keys
 
     def write(self, row: Row) -> None:
-        self._file.write(orjson.dumps(row.fields(), option=orjson.OPT_APPEND_NEWLINE).decode())
+        self._file.write(orjson.dumps(row.fields(), option=orjson.OPT_APPEND_NEWLINE))
         self._file.flush()
 
     def close(self) -> None:

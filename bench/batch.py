@@ -6,9 +6,8 @@ run:
   built beforehand; one small photo over and over runs ~2x faster than the mix, whose sizes
   reach 600 px);
 - memory: the batch process's peak resident set over 1,000 and over 20,000 inputs;
-- the transport: a Python client posting the same photos at c=32 to the REST door (aiohttp,
-  as `mesh batch` does) and on the gRPC door's ModelStreamInfer streams (grpc.aio, 4 streams of
-  8 in flight), to choose the batch's default.
+- the door: the same batch with `--door grpc` (the gRPC door's ModelStreamInfer streams, 4
+  streams of 8 in flight) over `--door rest`, to choose the default.
 Goals (issue 28): throughput >= 0.9x; memory +50 MB at most from 1,000 to 20,000."""
 
 from __future__ import annotations
@@ -22,15 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import aiohttp
-import grpc
-import orjson
-
 from bench.httpload import post_bytes
 from bench.mesh import ROOT, http_closed_loop, median, proxy_url, shipped_mesh
 from models.digits import load_split
-from protos import grpc_predict_v2_pb2 as pb
-from protos import grpc_predict_v2_pb2_grpc as pb_grpc
 from samples.digits import write_folder
 
 GOALS = "Goals (issue 28): batch >= 0.9x the closed loop at c=32; memory +50 MB at most."
@@ -44,13 +37,15 @@ MEASURE_RSS = (  # VmHWM: this process's own peak (ru_maxrss keeps the forking p
 )
 
 
-def run_batch(url: str, folder: Path, out: Path, concurrency: int) -> tuple[float, float, str]:
+def run_batch(
+    url: str, folder: Path, out: Path, concurrency: int, *door: str
+) -> tuple[float, float, str]:
     """One batch over the folder into a fresh output: (seconds, peak RSS MiB, summary)."""
     out.unlink(missing_ok=True)
     started = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-c", MEASURE_RSS, "digits", str(folder), "-o", str(out),
-         "--url", url, "-c", str(concurrency)],
+         "--url", url, "-c", str(concurrency), *door],
         cwd=ROOT, capture_output=True, text=True, check=True,
     )  # fmt: skip
     seconds = time.perf_counter() - started
@@ -59,55 +54,10 @@ def run_batch(url: str, folder: Path, out: Path, concurrency: int) -> tuple[floa
     return seconds, int(rss.group(1)) / 1024 if rss else float("nan"), summary
 
 
-async def rest_rate(url: str, blobs: list[bytes], concurrency: int = 32) -> float:
-    """Inputs/s posting every blob to /infer with aiohttp, `concurrency` at a time."""
-    todo = iter(blobs)
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(url, connector=connector) as session:
-
-        async def caller() -> None:
-            for blob in todo:
-                async with session.post("/v1/pipelines/digits/infer", data=blob) as answer:
-                    assert answer.status == 200, await answer.text()
-                    orjson.loads(await answer.read())
-
-        started = time.perf_counter()
-        await asyncio.gather(*(caller() for _ in range(concurrency)))
-    return len(blobs) / (time.perf_counter() - started)
-
-
-async def stream_rate(address: str, blobs: list[bytes], streams: int = 4, window: int = 8) -> float:
-    """Inputs/s sending every blob as `digits` on ModelStreamInfer streams, `window` requests
-    in flight on each."""
-
-    def request(i: int, blob: bytes) -> pb.ModelInferRequest:
-        image = pb.ModelInferRequest.InferInputTensor(name="image", datatype="BYTES", shape=[1])
-        image.contents.bytes_contents.append(blob)
-        return pb.ModelInferRequest(model_name="digits", id=str(i), inputs=[image])
-
-    async with grpc.aio.insecure_channel(address) as channel:
-        stub = pb_grpc.GRPCInferenceServiceStub(channel)
-
-        async def one(part: list[tuple[int, bytes]]) -> None:
-            call = stub.ModelStreamInfer()
-            room = asyncio.Semaphore(window)
-
-            async def write() -> None:
-                for i, blob in part:
-                    await room.acquire()
-                    await call.write(request(i, blob))
-                await call.done_writing()
-
-            writer = asyncio.create_task(write())
-            async for answer in call:
-                assert not answer.error_message, answer.error_message
-                room.release()
-            await writer
-
-        numbered = list(enumerate(blobs))
-        started = time.perf_counter()
-        await asyncio.gather(*(one(numbered[k::streams]) for k in range(streams)))
-    return len(blobs) / (time.perf_counter() - started)
+def own_rate(summary: str) -> float:
+    """The batch's own rate: from the first request to the last answer (not the
+    interpreter's start, ~1 s of a 1,000-input run)."""
+    return float(re.search(r"; ([\d.]+)/s over", summary).group(1))  # type: ignore[union-attr]
 
 
 def main(argv: list[str]) -> int:
@@ -121,26 +71,27 @@ def main(argv: list[str]) -> int:
     small, large = work / "small", work / "large"
     photos = write_folder(small, images, 1000)
     write_folder(large, images, args.large, seed=29)
-    rates, loops, rss, rests, grpcs = [], [], {}, [], []
+    rates, grpcs, loops, rss = [], [], [], {}
     with shipped_mesh("bench-batch") as mesh:
         url = proxy_url(mesh)
+        door = (
+            "--door",
+            "grpc",
+            "--grpc",
+            f"127.0.0.1:{mesh.services['proxy'].env['PROXY_GRPC_PORT']}",
+        )
         target = url + "/v1/pipelines/digits/infer"
         raw = [post_bytes(target, blob, "application/octet-stream") for blob in photos.values()]
         asyncio.run(http_closed_loop(url, raw, 32, 2.0))  # warm
         for _ in range(args.rounds):
             loops.append(asyncio.run(http_closed_loop(url, raw, 32, 5.0)))
             _, rss["1,000"], summary = run_batch(url, small, work / "out.jsonl", 32)
-            # Its own rate: from the first request to the last answer (not the interpreter's
-            # start, ~1 s of a 1,000-input run).
-            rates.append(float(re.search(r"; ([\d.]+)/s over", summary).group(1)))  # type: ignore[union-attr]
-        door = f"127.0.0.1:{mesh.services['proxy'].env['PROXY_GRPC_PORT']}"
-        blobs = list(photos.values())
-        for _ in range(args.rounds + 1):
-            rests.append(asyncio.run(rest_rate(url, blobs)))
-            grpcs.append(asyncio.run(stream_rate(door, blobs)))
+            rates.append(own_rate(summary))
+            grpcs.append(own_rate(run_batch(url, small, work / "grpc.jsonl", 32, *door)[2]))
         _, rss[f"{args.large:,}"], large_summary = run_batch(url, large, work / "big.jsonl", 32)
     loop = median(loops)
     rate = sorted(rates)[len(rates) // 2]
+    rounds = ", ".join(f"{r / s.rps:.2f}x" for r, s in zip(rates, loops, strict=True))
     print("\n### Batch\n")
     print("| what | measured | ratio |\n| --- | --- | --- |")
     print(
@@ -152,10 +103,11 @@ def main(argv: list[str]) -> int:
         f"| peak RSS of the batch process | {first:.0f} MiB (1,000), "
         f"{last:.0f} MiB ({args.large:,}) | +{last - first:.0f} MiB |"
     )
-    rest, streams = sorted(rests)[len(rests) // 2], sorted(grpcs)[len(grpcs) // 2]
+    streams = sorted(grpcs)[len(grpcs) // 2]
     print(
-        f"| the transport, 1,000 photos at c=32 | REST (aiohttp) {rest:,.0f}/s, gRPC door "
-        f"streams (grpc.aio) {streams:,.0f}/s | streams {streams / rest:.2f}x REST |"
+        f"| the same, `--door grpc` (the gRPC door's streams) | {streams:,.0f} inputs/s | "
+        f"{streams / rate:.2f}x `--door rest` |"
     )
+    print(f"\nEach round, `mesh batch` over the closed loop beside it: {rounds}.")
     print(f"\n{summary}\n{large_summary}\n\n{GOALS}")
     return 0

@@ -356,4 +356,6 @@ def test_the_nightly_batch_runs_the_batch_cli_against_the_proxy() -> None:
     assert args.url.endswith(f":{proxy_port}")
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert main["securityContext"]["readOnlyRootFilesystem"] is True
-    assert [e["name"] for e in main["env"]] == ["BATCH_DB_URL"]
+    env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in main["env"]}
+    assert set(env) == {"BATCH_DB_URL", "MESH_API_KEY"}  # both from Secrets, never inline
+    assert env["MESH_API_KEY"]["optional"] is True  # a proxy without a key needs no Secret

@@ -141,7 +141,41 @@ def test_a_killed_batch_resumes_and_answers_every_input_once(
     assert f"0 ok, 0 failed, {total} answered before" in third.stderr
 
 
-def test_bad_inputs_are_recorded_and_the_batch_goes_on(mesh: Mesh, tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_a_stopping_pod_keeps_every_answer(
+    mesh: Mesh, scans: Scans, sig: signal.Signals, tmp_path: Path
+) -> None:
+    """Ctrl-C (SIGINT) or a pod stopping (SIGTERM): exit 130 at once, every answered row
+    written whole; the rerun sends only the rest."""
+    out = tmp_path / "answers.jsonl"
+    argv = batch("digits", str(scans.folder / "digits"), "-o", str(out), "--url", mesh.url)
+    first = subprocess.Popen(argv, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not out.exists() or out.read_text().count("\n") < 200:
+        assert first.poll() is None and time.monotonic() < deadline, "no answers"
+        time.sleep(0.02)
+    first.send_signal(sig)
+    _, err = first.communicate(timeout=30)
+    assert first.returncode == 130, err
+    assert "rerun the same command to resume" in err
+    kept = out.read_text()
+    assert kept.endswith("\n") and 200 <= len(rows(out)) < 1840  # no torn row
+    second = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr
+    assert f"{len(kept.splitlines())} answered before" in second.stderr
+    assert_answers_equal_infer(rows(out), scans.expected["digits"])
+
+
+def doors(mesh: Mesh, door: str) -> list[str]:
+    return ["--door", "grpc", "--grpc", mesh.grpc_address] if door == "grpc" else []
+
+
+@pytest.mark.parametrize("door", ["rest", "grpc"])
+def test_bad_inputs_are_recorded_and_the_batch_goes_on(
+    mesh: Mesh, door: str, tmp_path: Path
+) -> None:
+    """The same rows through either door: the mesh's error and the REST door's status for it
+    (over gRPC, the status the door names beside its code)."""
     good = write_digits(tmp_path / "good", 6)
     (tmp_path / "corrupt.png").write_bytes(next(iter(good.values()))[:60])
     (tmp_path / "notes.png").write_bytes(b"this is a text file, not an image\n" * 4)
@@ -155,7 +189,7 @@ def test_bad_inputs_are_recorded_and_the_batch_goes_on(mesh: Mesh, tmp_path: Pat
         for name in ("corrupt.png", "missing.png", "notes.png", "blank.png"):
             writer.writerow([name, "bad"])
     out = tmp_path / "answers.csv"
-    argv = batch("digits", str(manifest), "-o", str(out), "--url", mesh.url)
+    argv = batch("digits", str(manifest), "-o", str(out), "--url", mesh.url, *doors(mesh, door))
     done = subprocess.run([*argv, "--max-failed", "0.5"], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     with out.open(newline="") as f:
@@ -204,6 +238,32 @@ def test_ocr_pages_from_a_jsonl_manifest_read_as_infer_reads_them(
         assert lines == [line["text"] for line in expected[row["key"]]["lines"]]
 
 
+def test_the_grpc_doors_streams_answer_as_rest_does(
+    mesh: Mesh, scans: Scans, tmp_path: Path
+) -> None:
+    """`--door grpc`: each row holds /infer's result, `partial` and `steps`, as over REST."""
+    for pipeline, part in (("digits", "digits/noisy"), ("ocr", "text/line_small")):
+        out = tmp_path / f"{pipeline}.jsonl"
+        argv = batch(pipeline, str(scans.folder / part), "-o", str(out), "--url", mesh.url,
+                     "-c", concurrency(pipeline), *doors(mesh, "grpc"))  # fmt: skip
+        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        prefix = part.removeprefix(f"{FOLDERS[pipeline]}/")
+        expected = {
+            k.removeprefix(f"{prefix}/"): v
+            for k, v in scans.expected[pipeline].items()
+            if k.startswith(f"{prefix}/")
+        }
+        answers = rows(out)
+        assert len(answers) == len(expected) >= 40
+        assert_answers_equal_infer(answers, expected)
+        for row in answers:
+            assert row["result"]["partial"] is False
+            assert row["result"]["steps"] and {s["status"] for s in row["result"]["steps"]} == {
+                "ok"
+            }
+
+
 def test_an_unknown_pipeline_or_source_stops_before_sending(mesh: Mesh, tmp_path: Path) -> None:
     out = tmp_path / "out.jsonl"
     wrong = subprocess.run(
@@ -213,6 +273,13 @@ def test_an_unknown_pipeline_or_source_stops_before_sending(mesh: Mesh, tmp_path
         text=True,
     )
     assert wrong.returncode == 2 and "no pipeline 'digitz'" in wrong.stderr
+    over_grpc = subprocess.run(
+        batch("digitz", str(tmp_path), "-o", str(out), "--url", mesh.url, *doors(mesh, "grpc")),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert over_grpc.returncode == 2 and "no pipeline 'digitz'" in over_grpc.stderr
     missing = subprocess.run(
         batch("digits", str(tmp_path / "nowhere"), "-o", str(out), "--url", mesh.url),
         cwd=ROOT,

@@ -56,6 +56,11 @@ def test_sources_stream_folders_globs_and_manifests(tmp_path: Path) -> None:
         (tmp_path / name).write_bytes(b"x")
     assert [i.key for i in Files(str(tmp_path))] == ["a/0.jpg", "a/1.png", "b/2.png"]
     assert sorted(i.key for i in Files(f"{tmp_path}/*/*.png")) == ["a/1.png", "b/2.png"]
+    assert [i.key for i in Files(f"{tmp_path}/")] == ["a/0.jpg", "a/1.png", "b/2.png"]
+    assert Files(str(tmp_path)).count() == 3
+    with contextlib.chdir(tmp_path):  # a relative glob: keys relative to the current folder
+        assert sorted(i.key for i in Files("*/*.png")) == ["a/1.png", "b/2.png"]
+        assert sorted(i.key for i in Files("a/*")) == ["0.jpg", "1.png"]
     manifest = tmp_path / "m.jsonl"
     manifest.write_text(
         '{"path": "a/1.png", "n": 1}\nnot json\n{"file": "x"}\n{"path": "no.png"}\n'
@@ -94,7 +99,7 @@ async def _mesh(answers: list[tuple[int, dict, dict]], seen: list[bytes]) -> Asy
 
 async def _infer(url: str, item: Input, retry: calls.Retry) -> Row:
     async with aiohttp.ClientSession(url) as session:
-        return await calls.infer(session, "digits", item, retry)
+        return await calls.infer(calls.RestDoor(session, "digits").send, item, retry)
 
 
 async def test_transient_refusals_are_retried_and_a_bad_input_never(tmp_path: Path) -> None:
@@ -120,3 +125,45 @@ async def test_transient_refusals_are_retried_and_a_bad_input_never(tmp_path: Pa
         row = await _infer(url, item, retry)
     assert row.status == "failed" and len(seen) == 3
     assert row.error == {"status": 429, "error": "slow down", "attempts": 3}
+
+
+async def test_the_api_key_goes_with_every_request(tmp_path: Path) -> None:
+    """MESH_API_KEY (Options.api_key) is sent on the pipeline check and on every input; a
+    mesh that refuses the batch stops it before anything is sent."""
+    from batch.runner import MeshError, Options, run
+
+    (tmp_path / "in").mkdir()
+    for name in ("a.png", "b.png"):
+        (tmp_path / "in" / name).write_bytes(b"img")
+    asked: list[str | None] = []
+
+    async def pipelines(request: web.Request) -> web.Response:
+        asked.append(request.headers.get("Authorization"))
+        if request.headers.get("Authorization") != "Bearer s3cret":
+            return web.json_response({"error": "missing or wrong API key"}, status=401)
+        return web.json_response({"digits": {}})
+
+    async def infer(request: web.Request) -> web.Response:
+        asked.append(request.headers.get("Authorization"))
+        return web.json_response({"result": {"label": 1}})
+
+    app = web.Application()
+    app.router.add_get("/v1/pipelines", pipelines)
+    app.router.add_post("/v1/pipelines/digits/infer", infer)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        url = str(server.make_url("/"))
+        out = tmp_path / "out.jsonl"
+        progress = await run(
+            Files(str(tmp_path / "in")),
+            JsonlSink(out),
+            Options(url, "digits", api_key="s3cret", progress_every_s=60),
+        )
+        with pytest.raises(MeshError, match="answered 401"):
+            await run(Files(str(tmp_path / "in")), JsonlSink(tmp_path / "x.jsonl"),
+                      Options(url, "digits"))  # fmt: skip
+    finally:
+        await server.close()
+    assert progress.counts["ok"] == 2
+    assert asked == ["Bearer s3cret"] * 3 + [None]
