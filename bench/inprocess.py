@@ -72,8 +72,10 @@ class InProcess:
             return {"lines": []}
         cls = self._run("ocr_cls", r["ocr_cls_input"].run(crops)["x"])[0]
         rec_in = r["ocr_rotate_rec_input"].run({**crops, "probs": cls})
-        index, prob = self._run_rows("ocr_rec", rec_in["x"], rec_in["widths"])
-        out = r["ocr_ctc_decode"].run({"index": index, "prob": prob, "boxes": rec_in["boxes"]})
+        index, prob, space = self._run_rows("ocr_rec", rec_in["x"], rec_in["widths"])
+        out = r["ocr_ctc_decode"].run(
+            {"index": index, "prob": prob, "space": space, "boxes": rec_in["boxes"]}
+        )
         return {
             "lines": [
                 {"text": t.decode(), "score": float(s), "box": b.tolist()}

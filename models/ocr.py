@@ -9,7 +9,8 @@ its three ONNX files become models of the repository, and the recogniser's chara
   (pixel / 127.5 - 1, PaddleOCR's mean = std = 0.5): a hop carries a quarter of the bytes;
 - the exporter's four-node hard-swish chains become HardSwish nodes (5-10% less time);
 - the recogniser answers its best character and that character's probability per step
-  (`index` INT64 [N,T], `prob` FP32 [N,T]) instead of 6,625 probabilities per step.
+  (`index` INT64 [N,T], `prob` FP32 [N,T]) instead of 6,625 probabilities per step, and the
+  probability of the space at every step (`space` FP32 [N,T]): the decoder's word gaps.
 
 The same wheel and the same edits give the same files on every build.
 """
@@ -50,7 +51,7 @@ CONFIGS = {
             "input": "x",
             "axis": 2,
             "lengths": "widths",
-            "outputs": {"index": 1, "prob": 1},
+            "outputs": {"index": 1, "prob": 1, "space": 1},
         },
     },
 }
@@ -97,11 +98,19 @@ def fetch_wheel(cache: Path) -> Path:
     return sorted(cache.glob("rapidocr_onnxruntime-1.4.4-*.whl"))[0]
 
 
+def characters(model: onnx.ModelProto) -> list[str]:
+    """The recogniser's characters (ONNX metadata `character`, one a line)."""
+    meta = {p.key: p.value for p in model.metadata_props}
+    return meta["character"].split("\n")
+
+
 def edit(name: str, model: onnx.ModelProto) -> onnx.ModelProto:
     model, fused = onnx_edit.fuse_hard_swish(model)
     model = onnx_edit.image_input(model, scale=1 / 127.5, offset=-1.0)
     if name == "ocr_rec":
-        model = onnx_edit.argmax_outputs(model, "index", "prob")
+        # Classes: 0 the CTC blank, then the characters, then the space (PaddleOCR's order).
+        space = len(characters(model)) + 1
+        model = onnx_edit.argmax_outputs(model, "index", "prob", classes={"space": space})
     onnx.checker.check_model(model)
     print(f"{name}: {fused} hard-swish chains fused, UINT8 NHWC input")
     return model
@@ -115,8 +124,8 @@ def build(repository: Path, cache: Path) -> None:
             (folder / "1").mkdir(parents=True, exist_ok=True)
             original = onnx.load_from_string(zf.read(member))
             if name == "ocr_rec":
-                meta = {p.key: p.value for p in original.metadata_props}
-                (folder / "characters.txt").write_text(meta["character"] + "\n", encoding="utf-8")
+                text = "\n".join(characters(original)) + "\n"
+                (folder / "characters.txt").write_text(text, encoding="utf-8")
             onnx.save(edit(name, original), str(folder / "1" / "model.onnx"))
             (folder / "config.yaml").write_text(yaml.safe_dump({"name": name, **CONFIGS[name]}))
             print(f"{name}: extracted from {wheel.name}")

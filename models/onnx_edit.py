@@ -6,7 +6,8 @@
   exporter, becomes ONNX's HardSwish (one kernel, one pass over memory).
 - `argmax_outputs`: a classifier's per-step probabilities become the best index and its
   probability per step: what a greedy decoder reads, a few bytes instead of thousands of
-  floats per step.
+  floats per step; plus, where asked, the probability of chosen classes at every step (the
+  recogniser's space: a word gap the best path gives to the blank still shows there).
 """
 
 from __future__ import annotations
@@ -125,10 +126,14 @@ def image_input(model: onnx.ModelProto, scale: float, offset: float) -> onnx.Mod
 
 
 def argmax_outputs(
-    model: onnx.ModelProto, index_name: str = "index", prob_name: str = "prob"
+    model: onnx.ModelProto,
+    index_name: str = "index",
+    prob_name: str = "prob",
+    classes: dict[str, int] | None = None,
 ) -> onnx.ModelProto:
     """The only output, probabilities [N, T, C], becomes the best class per step
-    (`index`, INT64 [N, T]) and its probability (`prob`, FP32 [N, T])."""
+    (`index`, INT64 [N, T]) and its probability (`prob`, FP32 [N, T]); each of `classes`
+    (output name -> class) that class's probability per step (FP32 [N, T])."""
     graph = model.graph
     (probs,) = graph.output
     dims = [
@@ -152,4 +157,9 @@ def argmax_outputs(
             helper.make_tensor_value_info(prob_name, TensorProto.FLOAT, dims),
         ]
     )
+    for name, cls in (classes or {}).items():
+        # Gather with a scalar index drops the class axis: [N, T, C] -> [N, T].
+        graph.initializer.append(helper.make_tensor(f"{name}_class", TensorProto.INT64, [], [cls]))
+        graph.node.append(helper.make_node("Gather", [probs.name, f"{name}_class"], [name], axis=2))
+        graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, dims))
     return model

@@ -1,10 +1,10 @@
 """PP-OCR per-line operations: the direction classifier's input and its verdict, the
-recogniser's input, CTC decoding (conventions and departures: preprocess/ocr.py)."""
+recogniser's input (conventions and departures: preprocess/ocr.py; the recogniser's output
+decoded to text: preprocess/ocr_text.py)."""
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import cv2
 import numpy as np
@@ -132,91 +132,4 @@ def ocr_rec_batch(
             for im in state.images
         ],
         dtype=np.int32,
-    )
-
-
-# ---------------------------------------------------------------- CTC decoding
-
-
-_CHARSETS: dict[Path, list[str]] = {}
-
-
-def charset(path: Path) -> list[str]:
-    """Index 0 is the CTC blank; the file's characters follow, then a space."""
-    if path not in _CHARSETS:
-        chars = path.read_text(encoding="utf-8").split("\n")
-        if chars and chars[-1] == "":
-            chars.pop()
-        _CHARSETS[path] = ["", *chars, " "]
-    return _CHARSETS[path]
-
-
-def ctc_greedy(index: np.ndarray, prob: np.ndarray, chars: list[str]) -> list[tuple[str, float]]:
-    """Best path from the recogniser's best class and its probability per step: merge
-    repeats, drop blanks; score = mean probability of the kept steps."""
-    out = []
-    for idx, p in zip(index, prob, strict=True):
-        keep = np.ones(len(idx), dtype=bool)
-        keep[1:] = idx[1:] != idx[:-1]
-        keep &= idx != 0
-        text = "".join(chars[i] for i in idx[keep])
-        out.append((text, float(np.mean(p[keep])) if keep.any() else 0.0))
-    return out
-
-
-def latin_punctuation(text: str) -> str:
-    """Full-width forms (U+FF01..U+FF5E: comma U+FF0C, colon U+FF1A, ...) read inside
-    Latin text become their ASCII twins. The recogniser knows both, as Chinese text uses
-    the full-width ones, and after a Latin word it sometimes picks the full-width comma
-    (seen on the generated suite); a full-width sign whose nearest characters on both
-    sides are ASCII is the ASCII one."""
-    if not any("\uff01" <= c <= "\uff5e" for c in text):
-        return text
-    chars = list(text)
-    for i, c in enumerate(chars):
-        if not "\uff01" <= c <= "\uff5e":
-            continue
-        before = text[:i].rstrip()[-1:]
-        after = text[i + 1 :].lstrip()[:1]
-        if all(n == "" or n.isascii() for n in (before, after)) and (before or after):
-            chars[i] = chr(ord(c) - 0xFEE0)
-    return "".join(chars)
-
-
-@op
-def ocr_ctc_decode(
-    state: State,
-    characters_file: str,
-    index: str = "index",
-    prob: str = "prob",
-    boxes: str = "boxes",
-    min_score: float = 0.5,
-    text_output: str = "text",
-    score_output: str = "score",
-    boxes_output: str = "boxes",
-) -> None:
-    """Best class per step -> text and confidence per line (lines under min_score drop)."""
-    chars = charset(Path(characters_file))
-    idx, p = state.tensor(index), state.tensor(prob)
-    if idx.ndim != 2 or p.shape != idx.shape:
-        raise InvalidInput(
-            f"inputs '{index}' {list(idx.shape)} and '{prob}' {list(p.shape)} must both be [N,T]"
-        )
-    if idx.size and (idx.min() < 0 or idx.max() >= len(chars)):
-        raise InvalidInput(
-            f"input '{index}' holds classes outside this character list (0..{len(chars) - 1})"
-        )
-    decoded = ctc_greedy(idx, p, chars)
-    box = state.tensors.get(boxes)
-    if box is not None and box.shape[0] != len(decoded):
-        raise InvalidInput(f"input '{boxes}' has {box.shape[0]} boxes for {len(decoded)} lines")
-    keep = [i for i, (text, score) in enumerate(decoded) if text and score >= min_score]
-    state.tensors[text_output] = np.array(
-        [latin_punctuation(decoded[i][0]).encode() for i in keep] or [], dtype=object
-    )
-    state.tensors[score_output] = np.array([decoded[i][1] for i in keep], dtype=np.float32)
-    state.tensors[boxes_output] = (
-        box[keep].reshape(-1, 4, 2).astype(np.float32)
-        if box is not None
-        else np.zeros((len(keep), 4, 2), np.float32)  # no boxes given: none to report
     )

@@ -70,10 +70,15 @@ def text_samples(count: int, seed: int = 0) -> list[tuple[bytes, list[str]]]:
     return samples
 
 
-def cer(predicted: list[str], truth: list[str]) -> tuple[int, int]:
-    """(edit distance, reference length) over all lines joined, spaces ignored."""
-    a = "".join(predicted).replace(" ", "")
-    b = "".join(truth).replace(" ", "")
+def cer(predicted: list[str], truth: list[str], spaces: bool = False) -> tuple[int, int]:
+    """(edit distance, reference length) over all lines joined: spaces ignored, or with
+    `spaces` counted as a reader sees them (lines joined by one, runs of them as one)."""
+    if spaces:
+        a = " ".join(" ".join(line.split()) for line in predicted).strip()
+        b = " ".join(" ".join(line.split()) for line in truth).strip()
+    else:
+        a = "".join(predicted).replace(" ", "")
+        b = "".join(truth).replace(" ", "")
     prev = list(range(len(b) + 1))
     for i, ca in enumerate(a, 1):
         cur = [i]

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from preprocess import config as cfg
 from preprocess import images
 from preprocess import recipes as recipe_file
-from preprocess.ocr_lines import ctc_greedy, latin_punctuation
+from preprocess.ocr_text import Spacing, ctc_line, latin_punctuation
 from preprocess.recipes import Recipe
 from preprocess.settings import DEFAULT_RECIPES
 from protos import media
@@ -156,7 +156,55 @@ def test_ctc_decode_merges_repeats_and_drops_blanks(recipes: dict[str, Recipe]) 
     )
     assert out["text"].tolist() == [b"aab7"]
     assert out["score"][0] == pytest.approx(0.9)
-    assert ctc_greedy(index, prob, ["", *chars, " "]) == [("aab7", pytest.approx(0.9))]
+    alphabet = ["", *chars, " "]
+    assert ctc_line(index[0], prob[0], None, alphabet, Spacing()) == ("aab7", pytest.approx(0.9))
+
+
+def _line(recipes: dict[str, Recipe], steps: str, space: list[float]) -> str:
+    """`steps`: one character a step, `_` the blank; `space`: the space's probability at
+    each step."""
+    chars = (ROOT / "models/repository/ocr_rec/characters.txt").read_text().split("\n")[:-1]
+    position = {c: i + 1 for i, c in enumerate(chars)}
+    index = np.array([[0 if c == "_" else position[c] for c in steps]], np.int64)
+    prob = np.full(index.shape, 0.9, np.float32)
+    gaps = np.array([space], np.float32)
+    out = recipes["ocr_ctc_decode"].run({"index": index, "prob": prob, "space": gaps})
+    return out["text"][0].decode()
+
+
+@pytest.mark.parametrize(
+    ("steps", "space", "read"),
+    [
+        # The space's probability high between two characters: a word gap.
+        ("ab_c", [0, 0, 0.7, 0], "ab c"),
+        # Faint, but across a gap three blank steps wide (and wider than the line's usual
+        # pitch): a word gap; the same faint probability in a narrow gap is not.
+        ("a_b_c___de", [0, 0, 0, 0, 0, 0.03, 0.03, 0.03, 0, 0], "abc de"),
+        ("a_b_c_de", [0, 0, 0, 0, 0, 0.03, 0, 0], "abcde"),
+        # Nothing in the gap: no space, however wide.
+        ("a_b_c___de", [0] * 10, "abcde"),
+        # After a comma before a letter, a one-step gap is enough; not inside a number.
+        ("ab,_c", [0] * 5, "ab, c"),
+        ("3,_5", [0] * 4, "3,5"),
+        # A code's hyphen stays on its letters unless the recogniser is sure.
+        ("K_T___-4", [0, 0, 0, 0.05, 0.05, 0.05, 0, 0], "KT-4"),
+    ],
+)
+def test_ctc_decode_finds_word_gaps(
+    recipes: dict[str, Recipe], steps: str, space: list[float], read: str
+) -> None:
+    assert _line(recipes, steps, space) == read
+
+
+def test_ctc_decode_checks_the_space_input(recipes: dict[str, Recipe]) -> None:
+    with pytest.raises(InvalidInput, match="must be shaped as 'index'"):
+        recipes["ocr_ctc_decode"].run(
+            {
+                "index": np.zeros((1, 5), np.int64),
+                "prob": np.ones((1, 5), np.float32),
+                "space": np.ones((1, 4), np.float32),
+            }
+        )
 
 
 def test_ctc_decode_rejects_classes_outside_the_alphabet(recipes: dict[str, Recipe]) -> None:

@@ -34,9 +34,12 @@ def test_edited_model_matches_the_original(name: str, shape: tuple[int, ...]) ->
     got = edited.run(None, {"x": image})
     assert [i.type for i in edited.get_inputs()] == ["tensor(uint8)"]
     if name == "ocr_rec":
-        index, prob = got
+        index, prob, space = got
         np.testing.assert_array_equal(index, want.argmax(axis=2))
         np.testing.assert_allclose(prob, want.max(axis=2), atol=1e-5)
+        # The last class is the space (after the blank and the 6,623 characters).
+        assert want.shape[2] == 6625
+        np.testing.assert_allclose(space, want[:, :, -1], atol=1e-5)
     else:
         np.testing.assert_allclose(got[0], want, atol=1e-5)
 

@@ -1,0 +1,189 @@
+"""The recogniser's output as text: CTC's best path per line, word gaps found in the
+recogniser's own per-step output (docs/ocr.md has the measurements), and full-width
+punctuation read inside Latin text made ASCII."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from preprocess.ops import op
+from preprocess.state import State
+from protos.errors import InvalidInput
+
+_CHARSETS: dict[Path, list[str]] = {}
+
+
+def charset(path: Path) -> list[str]:
+    """Index 0 is the CTC blank; the file's characters follow, then a space."""
+    if path not in _CHARSETS:
+        chars = path.read_text(encoding="utf-8").split("\n")
+        if chars and chars[-1] == "":
+            chars.pop()
+        _CHARSETS[path] = ["", *chars, " "]
+    return _CHARSETS[path]
+
+
+@dataclass(frozen=True)
+class Spacing:
+    """Where a word gap is, from the recogniser's own output (measured on the generated
+    suite, docs/ocr.md): the recogniser (PP-OCRv4, trained mostly on Chinese text) rarely
+    makes a space its best class, but its probability of a space rises at the steps between
+    two words even when the blank wins. A step is 8 px of the line scaled to 48 px high, a
+    sixth of the line's height, so gaps in steps are already in units of the line's size."""
+
+    strong: float = 0.5
+    """The space's probability somewhere between two characters at least this: a space."""
+    weak: float = 0.01
+    """At least this, and the gap wide too (`gap_steps`, `pitch`): a space."""
+    gap_steps: int = 3
+    """Blank steps between the two characters."""
+    pitch: float = 1.0
+    """The two characters' distance over the line's median distance between characters."""
+    after_punctuation_steps: int = 1
+    """After , : ; ! or ? and before a letter (or after ! ? before a digit), a gap of this
+    many steps is a space: Latin text puts one there, and the recogniser's space
+    probability stays low right after punctuation. 0: off."""
+
+
+_PUNCTUATION = frozenset(",:;!?")
+
+
+def _runs(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(class, first step, last step) of each run of one non-blank class."""
+    change = np.flatnonzero(idx[1:] != idx[:-1]) + 1
+    starts = np.concatenate(([0], change))
+    ends = np.concatenate((change - 1, [len(idx) - 1]))
+    cls = idx[starts]
+    kept = cls != 0
+    return cls[kept], starts[kept], ends[kept]
+
+
+def _after_punctuation(before: str, previous: str, after: str) -> bool:
+    if before not in _PUNCTUATION:
+        return False
+    if after.isalpha():
+        return True
+    # 3,5 and 12:30 are numbers; "Done!2026" is two words.
+    return after.isdigit() and before in "!?" and not previous.isdigit()
+
+
+def ctc_line(
+    idx: np.ndarray,
+    prob: np.ndarray,
+    space: np.ndarray | None,
+    chars: list[str],
+    spacing: Spacing,
+) -> tuple[str, float]:
+    """One line's best path: repeats merged, blanks dropped, and a space put in each word
+    gap `spacing` finds (none without the space's probabilities: the recogniser's own
+    spaces only). Score: the mean probability of the kept steps."""
+    cls, starts, ends = _runs(idx)
+    if not len(cls):
+        return "", 0.0
+    score = float(np.mean(prob[starts]))
+    blank_space = len(chars) - 1
+    if space is None:
+        return "".join(chars[c] for c in cls), score
+    letters = starts[cls != blank_space]
+    median = float(np.median(np.diff(letters))) if len(letters) > 1 else 1.0
+    out = [chars[cls[0]]]
+    for k in range(1, len(cls)):
+        here = chars[cls[k]]
+        if cls[k] != blank_space and out[-1] != " ":
+            gap = ends[k - 1] + 1, starts[k]
+            likely = float(space[gap[0] : gap[1]].max()) if gap[1] > gap[0] else 0.0
+            blanks = gap[1] - gap[0]
+            wide = blanks >= spacing.gap_steps and starts[k] - starts[k - 1] >= (
+                spacing.pitch * median
+            )
+            if (
+                likely >= spacing.strong
+                # A code's hyphen (KT-48) sits apart from the letter before it.
+                or (likely >= spacing.weak and wide and here != "-")
+                or (
+                    spacing.after_punctuation_steps
+                    and blanks >= spacing.after_punctuation_steps
+                    and _after_punctuation(out[-1], out[-2] if len(out) > 1 else "", here)
+                )
+            ):
+                out.append(" ")
+        out.append(here)
+    return "".join(out), score
+
+
+def latin_punctuation(text: str) -> str:
+    """Full-width forms (U+FF01..U+FF5E: comma U+FF0C, colon U+FF1A, ...) read inside
+    Latin text become their ASCII twins. The recogniser knows both, as Chinese text uses
+    the full-width ones, and after a Latin word it sometimes picks the full-width comma
+    (seen on the generated suite); a full-width sign whose nearest characters on both
+    sides are ASCII is the ASCII one."""
+    if not any("\uff01" <= c <= "\uff5e" for c in text):
+        return text
+    chars = list(text)
+    for i, c in enumerate(chars):
+        if not "\uff01" <= c <= "\uff5e":
+            continue
+        before = text[:i].rstrip()[-1:]
+        after = text[i + 1 :].lstrip()[:1]
+        if all(n == "" or n.isascii() for n in (before, after)) and (before or after):
+            chars[i] = chr(ord(c) - 0xFEE0)
+    return "".join(chars)
+
+
+@op
+def ocr_ctc_decode(
+    state: State,
+    characters_file: str,
+    index: str = "index",
+    prob: str = "prob",
+    space: str = "space",
+    boxes: str = "boxes",
+    min_score: float = 0.5,
+    space_strong: float = Spacing.strong,
+    space_weak: float = Spacing.weak,
+    space_gap_steps: int = Spacing.gap_steps,
+    space_pitch: float = Spacing.pitch,
+    space_after_punctuation_steps: int = Spacing.after_punctuation_steps,
+    text_output: str = "text",
+    score_output: str = "score",
+    boxes_output: str = "boxes",
+) -> None:
+    """Best class per step -> text and confidence per line (lines under min_score drop);
+    with the space's probability per step (`space`, optional), word gaps (`space_*`: the
+    fields of Spacing)."""
+    chars = charset(Path(characters_file))
+    idx, p = state.tensor(index), state.tensor(prob)
+    if idx.ndim != 2 or p.shape != idx.shape:
+        raise InvalidInput(
+            f"inputs '{index}' {list(idx.shape)} and '{prob}' {list(p.shape)} must both be [N,T]"
+        )
+    gaps = state.tensors.get(space)
+    if gaps is not None and gaps.shape != idx.shape:
+        raise InvalidInput(f"input '{space}' {list(gaps.shape)} must be shaped as '{index}'")
+    if idx.size and (idx.min() < 0 or idx.max() >= len(chars)):
+        raise InvalidInput(
+            f"input '{index}' holds classes outside this character list (0..{len(chars) - 1})"
+        )
+    rule = Spacing(
+        space_strong, space_weak, space_gap_steps, space_pitch, space_after_punctuation_steps
+    )
+    decoded = [
+        ctc_line(idx[i], p[i], None if gaps is None else gaps[i], chars, rule)
+        for i in range(len(idx))
+    ]
+    box = state.tensors.get(boxes)
+    if box is not None and box.shape[0] != len(decoded):
+        raise InvalidInput(f"input '{boxes}' has {box.shape[0]} boxes for {len(decoded)} lines")
+    keep = [i for i, (text, score) in enumerate(decoded) if text and score >= min_score]
+    state.tensors[text_output] = np.array(
+        [latin_punctuation(decoded[i][0]).encode() for i in keep] or [], dtype=object
+    )
+    state.tensors[score_output] = np.array([decoded[i][1] for i in keep], dtype=np.float32)
+    state.tensors[boxes_output] = (
+        box[keep].reshape(-1, 4, 2).astype(np.float32)
+        if box is not None
+        else np.zeros((len(keep), 4, 2), np.float32)  # no boxes given: none to report
+    )
