@@ -13,7 +13,7 @@ import pytest
 
 from protos.errors import InvalidInput
 from tests.proxy.scripted import ScriptedModel, affine, serve
-from tests.proxy.test_pipelines import body, call, parse_model, pipeline, post
+from tests.proxy.test_pipelines import body, call, parse_model, partial_fan_out, pipeline, post
 
 RESULT = {"y": "a.y[0]"}
 
@@ -79,17 +79,7 @@ async def test_partial_answers_and_errors_are_not_kept(servers, make_client) -> 
 
     good, bad = affine("good", 1, 1), ScriptedModel("bad", refuse)
     env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": await servers(good, bad)}
-    fan_out = {
-        "parallel": {
-            "name": "both",
-            "inputs": {"x": "parse.x"},
-            "aggregation": "partial",
-            "branches": [
-                {"name": "good", "endpoint": "MODELS_URL", "model": "good"},
-                {"name": "bad", "endpoint": "MODELS_URL", "model": "bad"},
-            ],
-        }
-    }
+    fan_out = partial_fan_out("both", "good", "bad")
     pipes = {
         "partial": pipeline([fan_out], {"ok": {"per_branch": "both", "fields": {"y": "y"}}}),
         "failing": pipeline([call("a", "bad", "parse")], RESULT),

@@ -21,7 +21,14 @@ from proxy.errors import DefinitionError
 from proxy.settings import ProxySettings
 from proxy.state import ProxyState
 from tests.proxy.scripted import ScriptedModel, affine
-from tests.proxy.test_pipelines import body, call, parse_model, pipeline, post
+from tests.proxy.test_pipelines import (
+    body,
+    call,
+    parse_model,
+    partial_fan_out,
+    pipeline,
+    post,
+)
 
 OUTPUTS = {
     "y": {"tensor": "b.y", "datatype": "FP32", "shape": [1, -1]},
@@ -149,6 +156,11 @@ async def test_errors_are_statuses_from_the_rest_table(door) -> None:
     async with door(PIPES, models) as stub:
         with pytest.raises(aio.AioRpcError) as bad_step:
             await stub.ModelInfer(image(body(1)), timeout=5)
+
+        async def one():
+            yield image(body(1))
+
+        [streamed] = [r async for r in stub.ModelStreamInfer(one(), timeout=5)]
         with pytest.raises(aio.AioRpcError) as unknown:
             await stub.ModelInfer(image(body(1), "nope"), timeout=5)
         two = messages.build_request("chain", {"raw": np.array([b"a", b"b"], dtype=object)})
@@ -160,6 +172,13 @@ async def test_errors_are_statuses_from_the_rest_table(door) -> None:
     assert bad_step.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "step 'a'" in bad_step.value.details()
     assert "x must be positive" in bad_step.value.details()
+    # One gRPC code may stand for several REST statuses (RESOURCE_EXHAUSTED: 413 or 429):
+    # the door says which, as a unary call's trailer and a stream answer's parameter.
+    assert dict(bad_step.value.trailing_metadata())["http-status"] == "400"
+    assert "x must be positive" in streamed.error_message
+    about = _parameters(streamed.infer_response)
+    assert about["http_status"] == 400
+    assert about["status_code"] == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
     assert "chain" in unknown.value.details()
     assert two_images.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -316,20 +335,7 @@ async def test_a_partial_answer_names_the_branch_that_failed(door) -> None:
 
     pipes = {
         "ens": pipeline(
-            [
-                {
-                    "parallel": {
-                        "name": "ens",
-                        "inputs": {"x": "parse.x"},
-                        "aggregation": "partial",
-                        "branches": [
-                            {"name": "good", "endpoint": "MODELS_URL", "model": "plus1"},
-                            {"name": "bad", "endpoint": "MODELS_URL", "model": "broken"},
-                        ],
-                        "combine": {"op": "mean", "tensor": "y"},
-                    }
-                }
-            ],
+            [partial_fan_out("ens", "plus1", "broken", combine={"op": "mean", "tensor": "y"})],
             {"mean": "ens.y[0]"},
             outputs={"mean": {"tensor": "ens.y", "datatype": "FP32", "shape": [-1, -1]}},
         )
@@ -350,27 +356,3 @@ async def test_a_partial_answer_names_the_branch_that_failed(door) -> None:
     assert steps["ens/good"]["status"] == "ok"
     assert steps["ens/bad"]["status"] != "ok"
     assert "x must be positive" in steps["ens/bad"]["error"]
-
-
-async def test_errors_tell_the_rest_doors_status_too(door) -> None:
-    """One gRPC code may stand for several REST statuses (RESOURCE_EXHAUSTED: 413 or 429):
-    the door says which, as a stream answer's parameter and a unary call's trailer."""
-
-    async def picky(inputs, deadline):
-        raise InvalidInput("x must be positive")
-
-    models = [ScriptedModel("plus1", picky), affine("double", 2, 0)]
-    async with door(PIPES, models) as stub:
-        with pytest.raises(aio.AioRpcError) as unary:
-            await stub.ModelInfer(image(body(1)), timeout=5)
-
-        async def one():
-            yield image(body(1))
-
-        [streamed] = [r async for r in stub.ModelStreamInfer(one(), timeout=5)]
-    assert unary.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert dict(unary.value.trailing_metadata())["http-status"] == "400"
-    assert "x must be positive" in streamed.error_message
-    about = _parameters(streamed.infer_response)
-    assert about["http_status"] == 400
-    assert about["status_code"] == grpc.StatusCode.INVALID_ARGUMENT.value[0]

@@ -54,6 +54,23 @@ def call(name: str, model: str, source: str, endpoint: str = "MODELS_URL", **ext
     }
 
 
+def partial_fan_out(name: str, good: str, bad: str, **extra) -> dict:
+    """A parallel step answering from whichever of its two branches (models `good` and
+    `bad` at MODELS_URL, fed parse.x) finish."""
+    return {
+        "parallel": {
+            "name": name,
+            "inputs": {"x": "parse.x"},
+            "aggregation": "partial",
+            "branches": [
+                {"name": "good", "endpoint": "MODELS_URL", "model": good},
+                {"name": "bad", "endpoint": "MODELS_URL", "model": bad},
+            ],
+            **extra,
+        }
+    }
+
+
 def pipeline(steps: list, result: dict, **extra) -> dict:
     return {"input": "raw", "steps": [parse_step(), *steps], "result": result, **extra}
 
