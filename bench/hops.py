@@ -129,7 +129,8 @@ class NullMesh:
         echoes: dict[str, int] = {}  # real address -> echo port: shared services stay shared
         env = {}
         for variable, value in self.environ.items():
-            if not variable.endswith("_URL"):
+            # Step endpoints only: PROXY_CACHE_URL, PROXY_JOBS_URL are the proxy's own stores.
+            if not variable.endswith("_URL") or variable.startswith("PROXY_") or not value:
                 continue
             address = parse(variable, value).address
             if address not in echoes:
