@@ -114,3 +114,6 @@ class RestDoor:
         if status == 200:
             return Attempt(200, result=orjson.loads(body))
         return Attempt(status, error=_error(status, body), retry_after=retry_after)
+
+    async def close(self) -> None:
+        """Nothing of its own: the session is the run's."""

@@ -128,8 +128,7 @@ async def _run(source: Source, sink: Sink, options: Options) -> Progress:
         try:
             await asyncio.gather(feed(), *(call() for _ in range(options.concurrency)))
         finally:
-            if not isinstance(door, calls.RestDoor):
-                await door.close()
+            await door.close()
     return progress
 
 

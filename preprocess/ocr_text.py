@@ -1,5 +1,5 @@
 """The recogniser's output as text: CTC's best path per line, word gaps found in the
-recogniser's own per-step output (docs/ocr.md has the measurements), and full-width
+recogniser's own per-step output (docs/accuracy.md has the measurements), and full-width
 punctuation read inside Latin text made ASCII."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def charset(path: Path) -> list[str]:
 @dataclass(frozen=True)
 class Spacing:
     """Where a word gap is, from the recogniser's own output (measured on the generated
-    suite, docs/ocr.md): the recogniser (PP-OCRv4, trained mostly on Chinese text) rarely
+    suite, docs/accuracy.md): the recogniser (PP-OCRv4, trained mostly on Chinese text) rarely
     makes a space its best class, but its probability of a space rises at the steps between
     two words even when the blank wins. A step is 8 px of the line scaled to 48 px high, a
     sixth of the line's height, so gaps in steps are already in units of the line's size."""
@@ -84,15 +84,15 @@ def ctc_line(
     if not len(cls):
         return "", 0.0
     score = float(np.mean(prob[starts]))
-    blank_space = len(chars) - 1
+    space_class = len(chars) - 1
     if space is None:
         return "".join(chars[c] for c in cls), score
-    letters = starts[cls != blank_space]
+    letters = starts[cls != space_class]
     median = float(np.median(np.diff(letters))) if len(letters) > 1 else 1.0
     out = [chars[cls[0]]]
     for k in range(1, len(cls)):
         here = chars[cls[k]]
-        if cls[k] != blank_space and out[-1] != " ":
+        if cls[k] != space_class and out[-1] != " ":
             gap = ends[k - 1] + 1, starts[k]
             likely = float(space[gap[0] : gap[1]].max()) if gap[1] > gap[0] else 0.0
             blanks = gap[1] - gap[0]

@@ -215,21 +215,17 @@ class DataPlane:
             raise
         model.statistics.request(True, time.perf_counter_ns() - arrived)
         parameters = dict(getattr(outputs, "parameters", {}))
-        picked = pick(outputs, wanted, model.labels, on_request)
-        return Answer(model.name, model.version, picked, parameters)
+        return Answer(model.name, model.version, pick(outputs, wanted, model.labels), parameters)
 
 
 def pick(
     outputs: dict[str, np.ndarray],
     wanted: Sequence[Requested] | None,
     labels: Mapping[str, list[str]],
-    on_request: frozenset[str] = _NONE,
 ) -> dict[str, np.ndarray]:
-    """The outputs asked for (when None, all but those given only `on_request`), those asked
-    with `classification` classified."""
+    """The outputs asked for (all when None; an output made on request, Outputs.on_demand,
+    only when named), those asked with `classification` classified."""
     if wanted is None:
-        if on_request:
-            return {k: v for k, v in outputs.items() if k not in on_request}
         return outputs
     picked = {}
     for asked in wanted:

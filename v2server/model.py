@@ -7,7 +7,7 @@ them in one `Registry`. The data plane talks to anything that is `Served`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -33,11 +33,25 @@ class TensorSpec:
 
 class Outputs(dict):
     """A model's outputs (name -> tensor) that carry parameters for the response as well
-    (a pipeline says whether it answered from its cache): a Served model may return one."""
+    (a pipeline says whether it answered from its cache), and outputs made only when a
+    request names them (`on_demand`, the model's `on_request`: a pipeline's /v1 result as
+    JSON): a Served model may return one."""
 
-    def __init__(self, tensors: dict[str, np.ndarray], parameters: dict[str, str | int | bool]):
+    def __init__(
+        self,
+        tensors: dict[str, np.ndarray],
+        parameters: dict[str, str | int | bool],
+        on_demand: Mapping[str, Callable[[], np.ndarray]] | None = None,
+    ):
         super().__init__(tensors)
         self.parameters = parameters
+        self.on_demand = on_demand or {}
+
+    def __missing__(self, name: str) -> np.ndarray:
+        if name not in self.on_demand:
+            raise KeyError(name)
+        self[name] = value = self.on_demand[name]()
+        return value
 
 
 @dataclass(frozen=True)

@@ -130,23 +130,27 @@ class PipelineModel:
             }
             if run.cache is not None:
                 about["cache"] = run.cache
-            return Outputs(outputs, about)
+            if not self.on_request:
+                return Outputs(outputs, about)
+            return Outputs(outputs, about, {RESULT: lambda: self._result(run)})
         except StepError as exc:
             raise PipelineFailed(exc.problem(self.name)) from None
         except Problem as exc:
             raise PipelineFailed(exc) from None
 
-    def tensors(self, run: Run) -> dict[str, np.ndarray]:
+    def _result(self, run: Run) -> np.ndarray:
+        """/v1's result as JSON, BYTES [1]."""
         answer = orjson.dumps(self.engine.result(run), option=orjson.OPT_SERIALIZE_NUMPY)
-        result = np.array([answer], dtype=object)
+        return np.array([answer], dtype=object)
+
+    def tensors(self, run: Run) -> dict[str, np.ndarray]:
         declared = self.plan.pipeline.outputs
         if not declared:
-            return {RESULT: result}
+            return {RESULT: self._result(run)}
         out = {}
         for spec in self.outputs:
             value = run.tensors.get(declared[spec.name].tensor)
             out[spec.name] = self._checked(spec, value)
-        out[RESULT] = result  # given when asked for by name (on_request)
         return out
 
     def _checked(self, spec: TensorSpec, value: np.ndarray | None) -> np.ndarray:
