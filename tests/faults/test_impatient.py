@@ -6,6 +6,7 @@ good under this load: every later request answered 504 after its whole budget.""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -20,7 +21,7 @@ from tests.report import report
 
 BODY = encode(render_digit(np.eye(8) * 16))
 PATHS = {
-    "streams+merged": ({}, 30.0),
+    "streams+merged": ({}, 20.0),
     "streams": ({"PROXY_MERGE": "false"}, 10.0),
     "unary": ({"PROXY_TRANSPORT": "unary", "PROXY_MERGE": "false"}, 10.0),
 }
@@ -46,6 +47,19 @@ async def _storm(url: str, duration_s: float):
     )
 
 
+def _caught_up(url: str) -> float:
+    """Seconds until a request sent now is answered (200)."""
+    start = time.monotonic()
+    answer = httpx.post(
+        f"{url}/v1/pipelines/digits/infer",
+        content=BODY,
+        headers={"Content-Type": "image/png", "X-Request-Timeout-Ms": "20000"},
+        timeout=30,
+    )
+    assert answer.status_code == 200, answer.text
+    return time.monotonic() - start
+
+
 @pytest.mark.parametrize("path", list(PATHS))
 def test_impatient_and_departing_clients_leave_the_mesh_answering(mesh: Mesh, path: str) -> None:
     env, duration = PATHS[path]
@@ -58,6 +72,12 @@ def test_impatient_and_departing_clients_leave_the_mesh_answering(mesh: Mesh, pa
             assert tally.by_status[504] > 0, "the budgets were meant to run out"
         report(f"clients that hung up, {path}: {gone + gone_partial}")
         assert gone > 100
+        # The hang-ups came faster than two cores answer them beside the impatient load:
+        # the proxy is still reading the last second or two of them from its listening
+        # socket when the storm ends. One request with a long budget waits that out (the
+        # proxy takes connections in order); a wedged lane would still answer it 504.
+        caught_up = _caught_up(url)
+        report(f"after the impatient clients, {path}: caught up in {caught_up:.2f} s")
         # Afterwards: normal clients get normal answers, right and in time.
         for pipeline in ("digits", "digits-partial"):
             after = asyncio.run(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -97,6 +98,7 @@ def test_a_crowd_of_large_pages_is_shed_early(mesh: Mesh) -> None:
     time: as many pages as two cores read in the while, none of them late."""
     blobs = [page(20, 60, (4, 8), 3000, seed=10 + i)[0] for i in range(4)]
     answers: list[tuple[int, float, bool]] = []
+    refusals: Counter[str] = Counter()
 
     def client(i: int) -> None:
         with httpx.Client(base_url=mesh.url, timeout=60) as c:
@@ -110,6 +112,8 @@ def test_a_crowd_of_large_pages_is_shed_early(mesh: Mesh) -> None:
                 answers.append(
                     (r.status_code, time.monotonic() - start, "Retry-After" in r.headers)
                 )
+                if r.status_code == 503:
+                    refusals[r.json()["error"].partition(" (")[0]] += 1
 
     with Watch(mesh.local.procs["proxy"].pid) as watch, ThreadPoolExecutor(32) as pool:
         list(pool.map(client, range(32)))
@@ -120,7 +124,7 @@ def test_a_crowd_of_large_pages_is_shed_early(mesh: Mesh) -> None:
         f"\nhostile: 32 clients x 2 pages of 3000x3000: {len(answers)} answered "
         f"({ {s: sum(1 for a in answers if a[0] == s) for s in statuses} }), 200s in at most "
         f"{max(ok):.1f} s, 503s in at most {max(shed, default=0):.2f} s; proxy peak memory "
-        f"+{watch.cost.peak_growth_mb:.0f} MiB"
+        f"+{watch.cost.peak_growth_mb:.0f} MiB; refused: {dict(refusals)}"
     )
     assert len(answers) == 64 and set(statuses) <= {200, 503}
     assert len(ok) >= 4 and max(ok) < 15 and max(shed) < 1
