@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 from proxy import metrics
-from proxy.engine.pace import PixelPace
 from proxy.errors import Problem
 
 
@@ -43,8 +42,6 @@ class Admission:
         self._limits = dict(pipelines or {})
         self._in_flight: dict[str, int] = {}
         self._pixels: dict[str, int] = {}
-        self._paces = {name: PixelPace() for name, lim in self._limits.items() if lim.max_pixels}
-        """Per pipeline that counts pixels, the pace it answers them at."""
         self._background: dict[str, tuple[int, int]] = {}
         """Per pipeline, the background requests running and their pixels."""
         self._freed = asyncio.Event()
@@ -83,13 +80,10 @@ class Admission:
         self._freed.set()
 
     @contextlib.asynccontextmanager
-    async def admit(
-        self, pipeline: str, pixels: int, left_s: float | None = None
-    ) -> AsyncIterator[None]:
+    async def admit(self, pipeline: str, pixels: int) -> AsyncIterator[None]:
         """Room for one request of `pipeline` with an image of `pixels`, for as long as it
         runs; 503 at once when the proxy's or the pipeline's limits are reached (an image
-        larger than the whole pixel budget may still pass alone), or when the pipeline, at
-        its pace, would not answer it within `left_s` (None: a job, which waits its turn)."""
+        larger than the whole pixel budget may still pass alone)."""
         limits = self._limits.get(pipeline, PipelineLimits())
         if self._requests >= self.max_requests:
             raise Problem(503, f"proxy at capacity ({self.max_requests} requests in flight)")
@@ -103,36 +97,17 @@ class Admission:
                 f"pipeline '{pipeline}' at capacity ({held / 1e6:.1f} of "
                 f"{limits.max_pixels / 1e6:g} megapixels in flight)",
             )
-        pace = self._paces.get(pipeline)
-        if pace is not None and held and left_s is not None:
-            self._check_pace(pipeline, pace, held + pixels, left_s)
         self._requests += 1
         self._in_flight[pipeline] = running + 1
         self._pixels[pipeline] = held + pixels
         metrics.IN_FLIGHT.inc()
-        if pace is not None:
-            pace.started()
-        answered = False
         try:
             yield
-            answered = True
         finally:
-            if pace is not None:
-                pace.ended(pixels, answered)
             metrics.IN_FLIGHT.dec()
             self._requests -= 1
             self._in_flight[pipeline] -= 1
             self._pixels[pipeline] -= pixels
-
-    @staticmethod
-    def _check_pace(pipeline: str, pace: PixelPace, pixels: int, left_s: float) -> None:
-        needed = pace.seconds_for(pixels)
-        if needed is not None and needed > left_s:
-            raise Problem(
-                503,
-                f"pipeline '{pipeline}' would not answer in time ({pixels / 1e6:.1f} megapixels "
-                f"with those in flight take ~{needed:.1f} s at its pace, {left_s:.1f} s left)",
-            )
 
     def ledger(self) -> Ledger:
         return Ledger(self)

@@ -171,13 +171,7 @@ class Ticket:
         return shared
 
     async def _execute(self, inputs: dict[str, np.ndarray], pixels: int, request_id: str) -> Run:
-        # A job's pace is its queue's; one whose client waits must fit in its budget.
-        left = (
-            None
-            if self.background is not None
-            else self.deadline - asyncio.get_running_loop().time()
-        )
-        async with self.engine.admission.admit(self.plan.name, pixels, left):
+        async with self.engine.admission.admit(self.plan.name, pixels):
             return await self.engine.executor.run(
                 self.plan, inputs, request_id, self.deadline, self.ledger
             )

@@ -93,7 +93,7 @@ def test_a_page_of_a_thousand_words_is_read(mesh: Mesh) -> None:
 
 def test_a_crowd_of_large_pages_is_shed_early(mesh: Mesh) -> None:
     """32 clients, two 3000x3000 pages each, against the 15 s budget (3 of 65 were answered
-    in time and the proxy held 4.9 GB): the pipeline takes 32 megapixels at a time (three
+    in time and the proxy held 4.9 GB): the pipeline takes 24 megapixels at a time (two
     such pages), the rest get 503 + Retry-After at once, and what is taken is answered in
     time: as many pages as two cores read in the while, none of them late."""
     blobs = [page(20, 60, (4, 8), 3000, seed=10 + i)[0] for i in range(4)]
