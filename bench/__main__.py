@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import sys
 
-from bench import batch, cache, capacity, jobs, mesh, pipelines, predictor, readiness, swapin
+from bench import (
+    batch,
+    cache,
+    capacity,
+    jobs,
+    mesh,
+    pipelines,
+    predictor,
+    readiness,
+    swapin,
+    traces,
+)
 
 BENCHMARKS = {
     "predictor": predictor.main,
@@ -17,6 +28,7 @@ BENCHMARKS = {
     "cache": cache.main,
     "jobs": jobs.main,
     "batch": batch.main,
+    "traces": traces.main,
 }
 
 

@@ -41,10 +41,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @contextmanager
-def shipped_mesh(prefix: str) -> Iterator:
+def shipped_mesh(
+    prefix: str, port_offset: int = 12000, extra: dict[str, str] | None = None
+) -> Iterator:
     """The shipped topology (compose/compose.yaml) as local processes, its log in a temporary
-    folder named `prefix*`; yields the running compose.local.LocalMesh. Ports 20002..21113:
-    below the ephemeral range, clear of the tests (+20000, +22000)."""
+    folder named `prefix*`, `extra` in every process's environment; yields the running
+    compose.local.LocalMesh. Ports 20002..21113 (offset 12000): below the ephemeral range,
+    clear of the tests (+20000, +22000, +23000); a second mesh: +14500."""
     from compose.local import DEFAULT_FILE, LocalMesh
     from compose.topology import load
 
@@ -52,7 +55,9 @@ def shipped_mesh(prefix: str) -> Iterator:
     # (bench/cache.py turns it on beside). Jobs in SQLite: bench/jobs.py runs its own Redis.
     folder = Path(tempfile.mkdtemp(prefix=prefix))
     environ = {"PROXY_CACHE": "false", "PROXY_JOBS_URL": f"sqlite:///{folder}/jobs.sqlite3"}
-    services = load([DEFAULT_FILE], environ=environ, port_offset=12000, leave_out={"redis"})
+    services = load([DEFAULT_FILE], environ=environ, port_offset=port_offset, leave_out={"redis"})
+    for service in services.values():
+        service.env.update(extra or {})
     with open(folder / "mesh.log", "w") as log:
         mesh = LocalMesh(services, out=log)
         mesh.up()

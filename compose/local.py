@@ -47,10 +47,12 @@ class LocalMesh:
         svc = self.services[name]
         for folder in svc.folders:
             folder.mkdir(parents=True, exist_ok=True)
+        # Each process's spans under its own service name (protos/tracing.py), unless the
+        # compose file names it.
         proc = subprocess.Popen(
             svc.argv,
             cwd=ROOT,
-            env={**os.environ, **svc.env},
+            env={**os.environ, "OTEL_SERVICE_NAME": name, **svc.env},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,

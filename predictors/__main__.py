@@ -6,7 +6,7 @@ import sys
 
 from predictors import repository
 from predictors.settings import TRITON_FLAGS, PredictorSettings
-from protos import logs
+from protos import logs, tracing
 from protos.cli import renamed
 from protos.version import VERSION
 from v2server.server import run_service
@@ -16,6 +16,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     settings = PredictorSettings(_cli_parse_args=renamed(args, TRITON_FLAGS))
     logs.configure(settings.log_level)
+    tracing.setup("predictor")
     return run_service(
         repository.registry(settings.repository, settings.model_list()),
         settings,

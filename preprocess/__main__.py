@@ -8,7 +8,7 @@ import cv2
 
 from preprocess import recipes
 from preprocess.settings import PreprocessSettings
-from protos import logs
+from protos import logs, tracing
 from protos.version import VERSION
 from v2server.server import run_service
 
@@ -16,6 +16,7 @@ from v2server.server import run_service
 def main(argv: list[str] | None = None) -> int:
     settings = PreprocessSettings(_cli_parse_args=sys.argv[1:] if argv is None else argv)
     logs.configure(settings.log_level)
+    tracing.setup("preprocess")
     cv2.setNumThreads(1)  # parallelism comes from the worker threads
     return run_service(
         recipes.registry(

@@ -10,6 +10,8 @@ import sys
 import time
 import uuid
 
+from protos import tracing
+
 REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
 
 _PLAIN_ID = re.compile(r"[A-Za-z0-9._:+\-]{1,128}")
@@ -34,6 +36,8 @@ class JsonFormatter(logging.Formatter):
         request_id = REQUEST_ID.get()
         if request_id:
             entry["request_id"] = request_id
+        if tracing.ENABLED and (ids := tracing.ids()) is not None:
+            entry["trace_id"], entry["span_id"] = ids
         extra = getattr(record, "fields", None)
         if isinstance(extra, dict):
             entry.update(extra)

@@ -216,10 +216,12 @@ def build_request_bytes(
     outputs: Sequence[str] = (),
     timeout_us: int = 0,
     classification: Mapping[str, int] | None = None,
+    traceparent: str | None = None,
 ) -> bytes:
     """The serialized ModelInferRequest; tensors already little-endian are not re-encoded.
     `timeout_us` > 0: Triton's `timeout` parameter (the request's own deadline);
-    `classification`: output -> k, those outputs asked as their top k (Triton's extension)."""
+    `classification`: output -> k, those outputs asked as their top k (Triton's extension);
+    `traceparent`: a streamed request's trace context (protos/tracing.py)."""
     head = pb.ModelInferRequest(model_name=model_name, model_version=model_version, id=request_id)
     for name in outputs:
         asked = head.outputs.add(name=name)
@@ -227,6 +229,8 @@ def build_request_bytes(
             asked.parameters["classification"].int64_param = classification[name]
     if timeout_us > 0:
         head.parameters["timeout"].int64_param = timeout_us
+    if traceparent:
+        head.parameters["traceparent"].string_param = traceparent
     return _with_raw_tensors(head, head.inputs, wire.RAW_INPUT_FIELD, inputs)
 
 

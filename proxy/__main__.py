@@ -9,7 +9,7 @@ import sys
 
 import uvicorn
 
-from protos import logs
+from protos import logs, tracing
 from protos.tls import TLSConfigError
 from proxy import workers
 from proxy.app import create_app
@@ -21,6 +21,7 @@ from proxy.settings import ProxySettings
 def main(argv: list[str] | None = None) -> int:
     settings = ProxySettings(_cli_parse_args=sys.argv[1:] if argv is None else argv)
     logs.configure(settings.log_level)
+    tracing.setup("proxy")
     if settings.workers > 1:
         return workers.supervise(settings)
     try:

@@ -9,9 +9,10 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
-    generate_latest,
     multiprocess,
 )
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import REGISTRY
 
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -38,14 +39,16 @@ BYTES_IN_FLIGHT = Gauge(
 )
 
 
-def exposition() -> bytes:
-    """The text /metrics answers: this process's metrics, or every worker's when the
-    proxy runs several (prometheus-client's multiprocess directory)."""
+def exposition(accept: str | None = None) -> tuple[bytes, str]:
+    """What /metrics answers and its content type: this process's metrics, or every
+    worker's when the proxy runs several (prometheus-client's multiprocess directory); in
+    the OpenMetrics format when the scraper asks for it (exemplars come only in it)."""
+    encode, content_type = choose_encoder(accept)
     if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
-        return generate_latest()
+        return encode(REGISTRY), content_type
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry)
-    return generate_latest(registry)
+    return encode(registry), content_type
 
 
 MERGED_MEMBERS = Histogram(

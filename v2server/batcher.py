@@ -19,7 +19,7 @@ from concurrent.futures import Executor
 import numpy as np
 
 from protos.errors import DeadlineExceeded, InvalidInput, Overloaded, Unavailable
-from v2server import batchmetrics
+from v2server import batchmetrics, spans
 from v2server.batchqueue import Pending, RequestQueue, fail
 from v2server.policy import AdaptivePolicy
 from v2server.statistics import ModelStatistics
@@ -123,13 +123,14 @@ class Batcher:
         if idle and not self._policy.batching_pays():
             return await self._run_alone(inputs, rows, deadline)
         future: asyncio.Future[dict[str, np.ndarray]] = loop.create_future()
-        self._queue.push(Pending(inputs, rows, deadline, future))
+        self._queue.push(Pending(inputs, rows, deadline, future, timing=spans.queued()))
         return await future
 
     async def _run_alone(
         self, inputs: dict[str, np.ndarray], rows: int, deadline: float | None
     ) -> dict[str, np.ndarray]:
         loop = asyncio.get_running_loop()
+        timing = spans.queued()
         self._waiting += 1
         self._queue.show_depth(self._waiting)
         arrived = time.perf_counter_ns()
@@ -139,6 +140,7 @@ class Batcher:
             self._waiting -= 1
             self._queue.show_depth(self._waiting)
         started = time.perf_counter_ns()
+        started_wall = spans.now_ns() if timing is not None else 0
         self.statistics.queue.add(started - arrived)
         try:
             if self._closed:
@@ -148,6 +150,7 @@ class Batcher:
             outputs = await self._call(inputs, loop)
         finally:
             self._slots.release()
+        spans.ran(timing, started_wall, 1, max(rows, 1))
         self.statistics.execution(max(rows, 1), 1, 0, time.perf_counter_ns() - started, 0)
         self._batch_rows.observe(max(rows, 1))
         return outputs
@@ -191,6 +194,8 @@ class Batcher:
     async def _execute_batch(self, batch: list[Pending], loop: asyncio.AbstractEventLoop) -> None:
         rows = [p.rows for p in batch]
         started = time.perf_counter_ns()
+        traced = any(p.timing is not None for p in batch)
+        started_wall = spans.now_ns() if traced else 0
         for p in batch:
             self.statistics.queue.add(started - p.arrived_ns)
         try:
@@ -216,6 +221,9 @@ class Batcher:
             time.perf_counter_ns() - ran_at,
         )
         self._batch_rows.observe(sum(rows))
+        if traced:
+            for p in batch:
+                spans.ran(p.timing, started_wall, len(batch), sum(rows))
         for p, part in zip(batch, parts, strict=True):
             if not p.future.done():
                 p.future.set_result(part)

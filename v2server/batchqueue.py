@@ -11,6 +11,7 @@ import numpy as np
 
 from protos.errors import DeadlineExceeded
 from v2server import batchmetrics
+from v2server.spans import Timing
 
 
 @dataclass(eq=False)
@@ -20,6 +21,8 @@ class Pending:
     deadline: float | None
     future: asyncio.Future[dict[str, np.ndarray]]
     arrived_ns: int = field(default_factory=time.perf_counter_ns)
+    timing: Timing | None = None
+    """Filled for the request's spans when traces are on (v2server/spans.py)."""
     signature: tuple = field(init=False)
     """Requests merge only with others of the same per-row shapes and types."""
 

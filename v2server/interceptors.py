@@ -19,10 +19,12 @@ from typing import Any
 import grpc
 from grpc import aio
 
+from protos import tracing
 from protos.channels import HTTP_STATUS_METADATA
 from protos.errors import MeshError
 from protos.logs import REQUEST_ID, plain_id
 from v2server import metrics
+from v2server.spans import ServedSpan
 
 log = logging.getLogger("v2server")
 
@@ -31,10 +33,27 @@ MAX_MESSAGE = 1000
 
 
 def request_id_of(context: aio.ServicerContext) -> str:
+    return _metadata(context, REQUEST_ID_KEY)
+
+
+def _metadata(context: aio.ServicerContext, wanted: str) -> str:
     for key, value in context.invocation_metadata() or ():
-        if key == REQUEST_ID_KEY:
+        if key == wanted:
             return value if isinstance(value, str) else value.decode(errors="replace")
     return ""
+
+
+TRACED = frozenset({"ModelInfer", "ModelStreamInfer"})
+"""The calls with a span of their own (when traces are on)."""
+
+
+def _traceparent(request: Any, context: aio.ServicerContext | None) -> str | None:
+    """The caller's `traceparent`: a streamed request's parameter, or the call's metadata."""
+    message = getattr(request, "message", request)
+    parameters = getattr(message, "parameters", None)
+    if parameters is not None and tracing.TRACEPARENT in parameters:
+        return parameters[tracing.TRACEPARENT].string_param
+    return _metadata(context, tracing.TRACEPARENT) if context is not None else None
 
 
 def error_status(exc: Exception, method: str) -> tuple[grpc.StatusCode, str]:
@@ -76,20 +95,38 @@ class InFlight:
 
 class CallScope:
     """One answered request: binds its request id, counts it in flight, and records its
-    status and latency when it ends. `code` is set by whoever maps the outcome."""
+    status and latency when it ends (and its spans, v2server/spans.py). `code` is set by
+    whoever maps the outcome."""
 
-    def __init__(self, in_flight: InFlight, method: str, request: Any, request_id: str) -> None:
+    def __init__(
+        self,
+        in_flight: InFlight,
+        method: str,
+        request: Any,
+        request_id: str,
+        context: aio.ServicerContext | None = None,
+    ) -> None:
         self._in_flight = in_flight
         self._method = method
         self._request = request
+        self._context = context
         given = request_id or getattr(request, "id", "") or ""
         self._request_id = plain_id(given) if given else ""
         self.code = grpc.StatusCode.OK
+        self._span: ServedSpan | None = None
 
     def __enter__(self) -> CallScope:
         self._token = REQUEST_ID.set(self._request_id)
         self._start = time.perf_counter()
         self._in_flight.enter()
+        if tracing.ENABLED and self._method in TRACED:
+            message = getattr(self._request, "message", self._request)
+            self._span = ServedSpan(
+                self._method,
+                message.model_name,
+                message.model_version,
+                _traceparent(self._request, self._context),
+            )
         return self
 
     def __exit__(
@@ -98,8 +135,13 @@ class CallScope:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        exemplar = None
+        if self._span is not None:
+            exemplar = tracing.exemplar()
+            self._span.end(self.code)
         model = getattr(self._request, "model_name", "") or getattr(self._request, "name", "")
-        metrics.record(self._method, model, self.code, time.perf_counter() - self._start)
+        seconds = time.perf_counter() - self._start
+        metrics.record(self._method, model, self.code, seconds, exemplar)
         REQUEST_ID.reset(self._token)
         self._in_flight.leave()
 
@@ -123,7 +165,8 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):
         inner = handler.unary_unary
 
         async def wrapped(request: Any, context: aio.ServicerContext) -> Any:
-            with CallScope(self.in_flight, method, request, request_id_of(context)) as call:
+            request_id = request_id_of(context)
+            with CallScope(self.in_flight, method, request, request_id, context) as call:
                 try:
                     return await inner(request, context)
                 except asyncio.CancelledError:

@@ -28,11 +28,18 @@ SERVED: set[str] = set()
 """Names of the models this process serves (set once they are loaded)."""
 
 
-def record(method: str, model: str, code: grpc.StatusCode, seconds: float) -> None:
-    """One answered request (a unary call or one message of a stream)."""
+def record(
+    method: str,
+    model: str,
+    code: grpc.StatusCode,
+    seconds: float,
+    exemplar: dict[str, str] | None = None,
+) -> None:
+    """One answered request (a unary call or one message of a stream); `exemplar`: its
+    trace (traces on)."""
     # A model name is caller input: only served names become label values (a label per
     # unique name let 300 requests grow /metrics to 1.5 GB). The rest share "".
     if model not in SERVED:
         model = ""
     REQUESTS.labels(method, model, code.name).inc()
-    LATENCY.labels(method, model).observe(seconds)
+    LATENCY.labels(method, model).observe(seconds, exemplar)

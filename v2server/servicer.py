@@ -134,7 +134,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
         async def one(request: wire.ParsedInferRequest) -> None:
             request_id = request.id or stream_id
-            with CallScope(self._in_flight, "ModelStreamInfer", request, request_id) as call:
+            with CallScope(
+                self._in_flight, "ModelStreamInfer", request, request_id, context
+            ) as call:
                 try:
                     body = await self.plane.infer(request, context.time_remaining())
                     if len(body) > self._max_message:

@@ -9,6 +9,7 @@ from protos import pb
 from protos.channels import STREAM_CANCEL_EXTENSION
 from protos.codec import CONFIG_DATA_TYPE
 from protos.errors import InvalidInput
+from protos.tracing import TRACE_EXTENSION
 from v2server.model import Served, TensorSpec
 from v2server.statistics import Compute, Duration
 
@@ -18,9 +19,11 @@ EXTENSIONS = [
     "statistics",
     "system_shared_memory",
     STREAM_CANCEL_EXTENSION,
+    TRACE_EXTENSION,
 ]
 """Protocol extensions this server implements (ServerMetadata lists them): Triton's, and
-`stream_cancellation` (v2server/servicer.py: a streamed request cancelled by its id)."""
+`stream_cancellation` (v2server/servicer.py: a streamed request cancelled by its id) and
+`traceparent_parameter` (protos/tracing.py: a streamed request's trace context)."""
 
 
 _BACKENDS = {"onnxruntime_onnx": "onnxruntime"}

@@ -119,7 +119,11 @@ def job_worker(proxy: dict, labels: dict[str, str]) -> dict:
     main = template["spec"]["containers"][0]
     main["name"] = WORKER
     main["command"] = ["python", "-m", "proxy.job_worker"]
-    main["env"] = [e for e in main["env"] if e["name"] != "PROXY_GRPC_PORT"]
+    main["env"] = [
+        {**e, "value": WORKER} if e["name"] == "OTEL_SERVICE_NAME" else e
+        for e in main["env"]
+        if e["name"] != "PROXY_GRPC_PORT"
+    ]
     http = next(p for p in main["ports"] if p["name"] == "http")
     # Its one port serves health and metrics only: named so, the metrics policy admits it.
     main["ports"] = [{**http, "name": "metrics"}]

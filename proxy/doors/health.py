@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fastapi import Response
-from prometheus_client import CONTENT_TYPE_LATEST
+from fastapi import Request, Response
 
 from proxy import metrics
 from proxy.doors.responses import json_response
@@ -58,6 +57,7 @@ class HealthEndpoints:
             }
         return report
 
-    async def metrics(self) -> Response:
-        """GET /metrics: the proxy's own Prometheus metrics."""
-        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+    async def metrics(self, request: Request) -> Response:
+        """GET /metrics: the proxy's own Prometheus metrics (OpenMetrics when asked)."""
+        body, content_type = metrics.exposition(request.headers.get("accept"))
+        return Response(body, media_type=content_type)

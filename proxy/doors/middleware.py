@@ -7,7 +7,9 @@ import hmac
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from protos import tracing
 from protos.logs import REQUEST_ID, plain_id
+from proxy.doors import http_spans
 from proxy.doors.responses import error_response, problem_response
 from proxy.errors import ClientGone, Problem
 
@@ -61,16 +63,22 @@ class RequestContext:
                 if not any(name.lower() == b"x-request-id" for name, _ in headers):
                     headers.append(id_header)
                 message["headers"] = headers
+                if span is not None:
+                    http_spans.answered(span, message["status"])
             await send(message)
 
         token = REQUEST_ID.set(request_id)
-        try:
-            await self.app(scope, receive, send_with_id)
-        except ClientGone:
-            pass  # nobody to answer
-        except Exception as exc:
-            if started:
-                raise  # half an answer went out: only closing the connection is honest
-            await error_response(exc, request_id)(scope, receive, send)
-        finally:
-            REQUEST_ID.reset(token)
+        traced = tracing.NO_SPAN
+        if tracing.ENABLED:
+            traced = http_spans.request_span(scope, headers, request_id)
+        with traced as span:
+            try:
+                await self.app(scope, receive, send_with_id)
+            except ClientGone:
+                pass  # nobody to answer
+            except Exception as exc:
+                if started:
+                    raise  # half an answer went out: only closing the connection is honest
+                await error_response(exc, request_id)(scope, receive, send_with_id)
+            finally:
+                REQUEST_ID.reset(token)

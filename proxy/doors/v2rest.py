@@ -16,6 +16,7 @@ from fastapi import Request, Response
 from protos.channels import STREAM_CANCEL_EXTENSION
 from protos.codec import datatype_of
 from protos.errors import MeshError
+from protos.tracing import TRACE_EXTENSION
 from protos.version import VERSION
 from proxy.doors import v2answers, v2json
 from proxy.doors.disconnect import until_disconnect
@@ -48,7 +49,9 @@ class V2Endpoints:
         self.state = state
         self.plane = plane
         # The gRPC door's own extension is not this door's; the binary tensors are only here.
-        self.extensions = sorted({*plane.extensions(), BINARY_TENSORS} - {STREAM_CANCEL_EXTENSION})
+        # The streams' own extensions: REST has no streams (its traces come in the header).
+        streams_only = {STREAM_CANCEL_EXTENSION, TRACE_EXTENSION}
+        self.extensions = sorted({*plane.extensions(), BINARY_TENSORS} - streams_only)
 
     async def server_metadata(self) -> Response:
         """GET /v2."""

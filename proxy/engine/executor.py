@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
+from protos import tracing
+from protos.tracing import Span
 from proxy import metrics
 from proxy.engine.admission import Ledger
 from proxy.engine.cache.caches import Caches
@@ -33,6 +35,7 @@ from proxy.engine.definitions import (
 )
 from proxy.engine.plan import Plan
 from proxy.engine.results import render
+from proxy.engine.step_spans import step_span
 from proxy.errors import StepError
 from proxy.transport.calls import Call, Calls
 from proxy.transport.target import Target
@@ -156,6 +159,19 @@ class Executor:
         feeds = {name: run.resolve(ref, label) for name, ref in step.inputs.items()}
         per_call_s = None if step.timeout_ms is None else step.timeout_ms / 1000
         spec = Call(label, target, step.outputs, per_call_s, step.retries)
+        with step_span(label, target) if tracing.ENABLED else tracing.NO_SPAN as span:
+            return await self._timed(run, step, label, target, spec, feeds, span)
+
+    async def _timed(
+        self,
+        run: Run,
+        step: CallingStep,
+        label: str,
+        target: Target,
+        spec: Call,
+        feeds: dict[str, np.ndarray],
+        span: Span | None,
+    ) -> dict[str, np.ndarray]:
         start = time.perf_counter()
         status, error, how = "ok", None, None
         try:
@@ -179,6 +195,10 @@ class Executor:
         finally:
             latency = (time.perf_counter() - start) * 1000
             run.steps.append(StepStatus(label, status, round(latency, 3), error, how))
+            if span is not None:
+                span.set_attribute("mesh.status", status)
+                if how is not None:
+                    span.set_attribute("mesh.cache", how)
             metrics.STEP_LATENCY.labels(run.plan.name, step.name, status).observe(latency / 1000)
 
     async def _call(self, step: CallStep, run: Run) -> None:
@@ -187,6 +207,11 @@ class Executor:
             run.put(f"{step.name}.{name}", value)
 
     async def _parallel(self, step: ParallelStep, run: Run) -> None:
+        # The span is current as the branches' tasks are made: theirs are its children.
+        with step_span(step.name, None) if tracing.ENABLED else tracing.NO_SPAN:
+            await self._branches(step, run)
+
+    async def _branches(self, step: ParallelStep, run: Run) -> None:
         branches = run.plan.branches(step)
         start = time.perf_counter()
 

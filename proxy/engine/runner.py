@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from protos import media
+from protos import media, tracing
 from protos.errors import InvalidInput
 from proxy import metrics
 from proxy.engine.admission import Admission, Ledger
@@ -227,4 +227,5 @@ def recorded(pipeline: str, deadline: float) -> Iterator[None]:
         raise
     finally:
         metrics.REQUESTS.labels(pipeline, status).inc()
-        metrics.LATENCY.labels(pipeline).observe(time.perf_counter() - started)
+        exemplar = tracing.exemplar() if tracing.ENABLED else None
+        metrics.LATENCY.labels(pipeline).observe(time.perf_counter() - started, exemplar)

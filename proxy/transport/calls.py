@@ -9,13 +9,18 @@ the StepError that names the step and the endpoint (proxy/errors.py maps it to a
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import grpc
 import numpy as np
 
+from protos import tracing
+from protos.channels import SERVICE_NAME
+from protos.tracing import SpanKind
 from proxy.errors import StepError
 from proxy.transport import chunks
 from proxy.transport.channels import RETRYABLE, Channels, Infer
@@ -100,9 +105,14 @@ async def infer_with_retries(
             )
         timeout = remaining if call.per_call_s is None else min(call.per_call_s, remaining)
         try:
-            return await send(
-                call.target, inputs, outputs=call.outputs, timeout=timeout, request_id=request_id
-            )
+            with attempt_span(call, attempt) if tracing.ENABLED else tracing.NO_SPAN:
+                return await send(
+                    call.target,
+                    inputs,
+                    outputs=call.outputs,
+                    timeout=timeout,
+                    request_id=request_id,
+                )
         except CallFailed as exc:
             code = exc.code()
             if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in (
@@ -121,6 +131,33 @@ async def infer_with_retries(
                     await asyncio.sleep(backoff)
                     continue
             raise StepError(step, code, _describe(code, exc.details(), address)) from None
+
+
+def attempt_span(call: Call, attempt: int) -> AbstractContextManager:
+    """One attempt's CLIENT span: the RPC as OTel's conventions name it, and the model."""
+    attributes = _attempt_attributes(call.label, call.target)
+    if attempt:
+        attributes = {**attributes, "mesh.attempt": attempt + 1}
+    return tracing.span(f"{SERVICE_NAME}/ModelInfer", SpanKind.CLIENT, attributes)
+
+
+@functools.lru_cache(maxsize=1024)
+def _attempt_attributes(label: str, target: Target) -> dict[str, str | int]:
+    """What every attempt of a step's call says (made once per step, not per request)."""
+    host, _, port = target.address.rpartition(":")
+    attributes: dict[str, str | int] = {
+        "rpc.system": "grpc",
+        "rpc.service": SERVICE_NAME,
+        "rpc.method": "ModelInfer",
+        "server.address": host or target.address,
+        "mesh.step": label,
+        "mesh.model": target.model,
+        "mesh.model_version": target.version,
+        "mesh.attempt": 1,
+    }
+    if port.isdigit():
+        attributes["server.port"] = int(port)
+    return attributes
 
 
 def _describe(code: grpc.StatusCode, details: str | None, address: str) -> str:

@@ -1,10 +1,8 @@
 """v2 gRPC calls from the proxy: one persistent channel per address, bytes forwarded.
 
-Where a call goes (the address itself, one of the replicas a name resolves to, one of
-several connections to it: balancing.py decides) and how it travels (a stream of the
-address's pool, streams.py, or a unary call when the server has no streams) stay in one
-class: a replica's failure must reach the pick that chose it. A step's retries:
-retries.py."""
+Where a call goes (the address, a replica a name resolves to, one of several connections:
+balancing.py decides) and how it travels (a stream of the address's pool, streams.py, or a
+unary call) stay in one class: a replica's failure must reach the pick that chose it."""
 
 from __future__ import annotations
 
@@ -18,7 +16,7 @@ import grpc
 import numpy as np
 from grpc import aio
 
-from protos import messages, pb, wire
+from protos import messages, pb, tracing, wire
 from protos.channels import METHOD_PREFIX, STREAM_CANCEL_EXTENSION, channel_options
 from proxy.transport.balancing import CONNECTION, Replica, Replicas, names_replicas
 from proxy.transport.failures import RETRYABLE, CallFailed
@@ -148,11 +146,12 @@ class Channels:
         return pool
 
     async def _learn_cancellation(self, address: str, pool: StreamPool) -> None:
-        """Whether the service cancels a streamed request on our word (its metadata says)."""
+        """Whether the service cancels streamed requests and reads their trace context."""
         try:
             request, answer = pb.ServerMetadataRequest(), pb.ServerMetadataResponse
             meta = await self._unary_at(address, "ServerMetadata", request, answer, 5.0)
             pool.cancels = STREAM_CANCEL_EXTENSION in meta.extensions
+            pool.traces = tracing.TRACE_EXTENSION in meta.extensions
         finally:
             pool.learned.set()
 
@@ -195,7 +194,11 @@ class Channels:
             # The deadline travels with the request (Triton's timeout parameter): the
             # stream's own has none.
             timeout_us = max(1, int(timeout * 1e6))
-            request = _request(target, inputs, outputs, key, timeout_us=timeout_us)
+            # A stream's metadata is the stream's: a request's trace context rides in it
+            # (also before the metadata says whether it is read: unknown ones are ignored).
+            traces = tracing.ENABLED and (pool.traces or not pool.learned.is_set())
+            parent = tracing.traceparent() if traces else None
+            request = _request(target, inputs, outputs, key, timeout_us, parent)
             try:
                 return await self._streamed(pool, key, request, timeout)
             except CallFailed as exc:
@@ -216,10 +219,11 @@ class Channels:
             response_deserializer=wire.parse_infer_response,
         )
         request = _request(target, inputs, outputs, request_id)
+        metadata: tuple[tuple[str, str], ...] = (("x-request-id", request_id),)
+        if tracing.ENABLED and (parent := tracing.traceparent()) is not None:
+            metadata += ((tracing.TRACEPARENT, parent),)
         try:
-            response = await call(
-                request, timeout=timeout, metadata=(("x-request-id", request_id),)
-            )
+            response = await call(request, timeout=timeout, metadata=metadata)
         except aio.AioRpcError as exc:
             raise CallFailed(exc.code(), exc.details() or exc.code().name) from None
         return messages.response_outputs(response)
@@ -282,6 +286,7 @@ def _request(
     outputs: _Asked,
     request_id: str,
     timeout_us: int = 0,
+    traceparent: str | None = None,
 ) -> bytes:
     return messages.build_request_bytes(
         target.model,
@@ -291,4 +296,5 @@ def _request(
         outputs=outputs.names,
         timeout_us=timeout_us,
         classification=outputs.classification,
+        traceparent=traceparent,
     )

@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
 
+from protos import tracing
+from protos.tracing import SpanContext, SpanKind
 from proxy.transport.chunks import nbytes
 from proxy.transport.failures import CallFailed
 
@@ -29,6 +32,18 @@ class Member:
     request_id: str
     answer: asyncio.Future[Tensors]
     call: Merged | None = None
+    span: SpanContext | None = None
+    """The caller's span (traces on): the merged call links to it."""
+
+    @classmethod
+    def of(cls, inputs: Mapping[str, np.ndarray], timeout: float, request_id: str) -> Member:
+        """A call joining a lane now, with `timeout` seconds left."""
+        loop = asyncio.get_running_loop()
+        span = tracing.current() if tracing.ENABLED else None
+        deadline, answer = loop.time() + timeout, loop.create_future()
+        return cls(
+            inputs, rows_of(inputs), size_of(inputs), deadline, request_id, answer, None, span
+        )
 
 
 @dataclass(eq=False)
@@ -61,6 +76,20 @@ def split(answer: Tensors, rows: list[int]) -> list[Tensors] | None:
         {name: a[start:stop] for name, a in answer.items()}
         for start, stop in itertools.pairwise(bounds)
     ]
+
+
+def merged_span(members: list[Member]) -> AbstractContextManager:
+    """The merged call's CLIENT span (traces on): a child of its first member's attempt,
+    linked to every member's, so each request's trace finds the call it shared."""
+    if not tracing.ENABLED:
+        return tracing.NO_SPAN
+    links = [m.span for m in members if m.span is not None]
+    parent = members[0].span
+    attributes = {
+        "mesh.merged.members": len(members),
+        "mesh.merged.rows": sum(m.rows for m in members),
+    }
+    return tracing.span("merged call", SpanKind.CLIENT, attributes, parent, links)
 
 
 def fail(member: Member, exc: CallFailed) -> None:

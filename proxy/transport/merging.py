@@ -46,9 +46,8 @@ from proxy.transport.members import (
     Tensors,
     deliver,
     fail,
-    rows_of,
+    merged_span,
     signature,
-    size_of,
     tokens,
 )
 from proxy.transport.stalls import InFlight, Pace
@@ -116,11 +115,7 @@ class Lane:
 
         if self.solo:
             return await self._direct(send())
-        loop = asyncio.get_running_loop()
-        rows = rows_of(inputs)
-        member = Member(
-            inputs, rows, size_of(inputs), loop.time() + timeout, request_id, loop.create_future()
-        )
+        member = Member.of(inputs, timeout, request_id)
         self.queue.append(member)
         if not self.gathering and len(self.queue) == 1 and self._free():
             # An idle lane: the calls made in this turn of the event loop join before anything
@@ -234,8 +229,9 @@ class Lane:
 
     async def _send_merged(self, merged: Merged) -> None:
         try:
-            if not await deliver(merged.members, self._call, alone=self.solo):
-                self.solo = True  # answers without a row per request: never merge this lane
+            with merged_span(merged.members):
+                if not await deliver(merged.members, self._call, alone=self.solo):
+                    self.solo = True  # answers without a row per request: never merge it
         except asyncio.CancelledError:
             for member in merged.members:
                 fail(member, CallFailed(grpc.StatusCode.CANCELLED, "merged call cancelled"))

@@ -269,6 +269,7 @@ class StreamPool:
         self.metadata = metadata  # sent as each stream opens: `mesh batch`'s API key
         self.cancels = False
         """The service cancels a request on our word (set once its metadata says so)."""
+        self.traces = False  # it reads a request's `traceparent` (protos/tracing.py)
         self.learned = asyncio.Event()
         """Set once `cancels` is known (the metadata answered, or failed to)."""
         self._streams: list[MuxStream] = []

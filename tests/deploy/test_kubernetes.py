@@ -179,11 +179,14 @@ def test_job_workers_run_the_proxys_engine_without_its_doors() -> None:
     proxy, worker = container(deployments["proxy"]), container(deployments["job-worker"])
     assert worker["command"] == ["python", "-m", "proxy.job_worker"]
     assert worker["image"] == proxy["image"]
-    # The same settings (endpoints, queue, mutual TLS) but no gRPC door.
+    # The same settings (endpoints, queue, mutual TLS) but no gRPC door; its spans under
+    # its own name.
     assert {**env_of(deployments["proxy"])} == {
         **env_of(deployments["job-worker"]),
         "PROXY_GRPC_PORT": env_of(deployments["proxy"])["PROXY_GRPC_PORT"],
+        "OTEL_SERVICE_NAME": "proxy",
     }
+    assert env_of(deployments["job-worker"])["OTEL_SERVICE_NAME"] == "job-worker"
     assert env_of(deployments["job-worker"])["PROXY_TLS_CA"] == "/etc/mesh/tls/ca.crt"
     assert [p["name"] for p in worker["ports"]] == ["metrics"]
     assert worker["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
