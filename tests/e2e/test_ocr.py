@@ -20,6 +20,9 @@ from tests.procs import ROOT
 from tests.report import report
 
 PER_CATEGORY = 8
+REFERENCE_EVERY = 2
+"""The reference library reads every second image of each category (4 of 8): it takes ~10x
+the mesh's time a page, and reading all of them took 250 s of the suite's 20 minutes."""
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +43,10 @@ def test_text_images_read_at_least_as_well_as_the_reference(
     """Every category of the generated suite (line sizes from 10 to 80 px, pages, upside
     down, light on dark, noise, blur, JPEG, perspective, colour, gradients, photos): the
     mesh's character error rate is no higher than the reference library's
-    (rapidocr-onnxruntime on the same three models) on the same images, spaces ignored and
-    counted; counting spaces, a tenth of the reference's over the suite; and the mesh reads
-    exactly what the same steps read in one process."""
+    (rapidocr-onnxruntime on the same three models) on the same images (the reference reads
+    half of them), spaces ignored and counted; counting spaces, a tenth of the reference's
+    over those; below 1% over the whole suite; and the mesh reads exactly what the same
+    steps read in one process."""
     with ThreadPoolExecutor(4) as pool:
         answers = list(pool.map(lambda s: read(mesh, s.image)["lines"], samples))
     # Both in-process readers run on two threads (one ONNX Runtime thread per call each):
@@ -56,16 +60,25 @@ def test_text_images_read_at_least_as_well_as_the_reference(
         img = cv2.imdecode(np.frombuffer(sample.image, np.uint8), cv2.IMREAD_COLOR)
         return [r[1] for r in (engines.reference(img)[0] or [])]
 
+    compared = list(range(0, len(samples), REFERENCE_EVERY))
     with ThreadPoolExecutor(2) as pool:
         expected = list(pool.map(lambda s: local.ocr(s.image)["lines"], samples))
-        references = list(pool.map(theirs, samples))
-    # [ours, reference, characters] spaces ignored, then the same counting spaces
+        read_by_them = pool.map(theirs, [samples[i] for i in compared])
+        references = dict(zip(compared, read_by_them, strict=True))
+    # [ours, reference, characters] spaces ignored, then the same counting spaces, over the
+    # images the reference read; and ours alone over all of them
     errors: dict[str, list[int]] = defaultdict(lambda: [0] * 6)
-    for sample, lines, mine, their in zip(samples, answers, expected, references, strict=True):
+    all_errors = all_chars = 0
+    for i, (sample, lines, mine) in enumerate(zip(samples, answers, expected, strict=True)):
         ours = [line["text"] for line in lines]
         assert ours == [line["text"] for line in mine], sample.lines
         for line in lines:
             assert np.array(line["box"]).shape == (4, 2) and 0 <= line["score"] <= 1
+        e, n = cer(ours, sample.lines, False)
+        all_errors, all_chars = all_errors + e, all_chars + n
+        if i not in compared:
+            continue
+        their = references[i]
         tally = errors[sample.category]
         for k, spaces in ((0, False), (3, True)):
             e, n = cer(ours, sample.lines, spaces)
@@ -82,15 +95,17 @@ def test_text_images_read_at_least_as_well_as_the_reference(
         sum(e[k] for e in errors.values()) / sum(e[k // 3 * 3 + 2] for e in errors.values())
         for k in (0, 1, 3, 4)
     ]
+    every = PER_CATEGORY // REFERENCE_EVERY
     report(
-        f"\nOCR character error rate, {PER_CATEGORY} images a category, mesh / reference library, "
+        f"\nOCR character error rate, {every} images a category, mesh / reference library, "
         "spaces ignored | counting spaces: "
         + ", ".join(f"{c} {a:.3f}/{b:.3f} | {x:.3f}/{y:.3f}" for c, (a, b, x, y) in rates.items())
         + ", all {:.4f}/{:.4f} | {:.4f}/{:.4f}".format(*totals)
+        + f"; the mesh on all {PER_CATEGORY} a category: {all_errors / all_chars:.4f}"
     )
     worse = {c: r[:2] for c, r in rates.items() if r[0] > r[1]}
     assert not worse, f"categories where the mesh reads worse than the reference: {worse}"
-    assert totals[0] <= 0.01
+    assert all_errors / all_chars <= 0.01
     # Counting spaces: words read as written (issue 31: a tenth of the reference's errors).
     worse = {c: r[2:] for c, r in rates.items() if r[2] > r[3]}
     assert not worse, f"categories where the mesh's spaces are worse than the reference's: {worse}"
