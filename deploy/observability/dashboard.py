@@ -1,0 +1,234 @@
+"""The mesh's Grafana dashboard (mesh-dashboard.json beside this file), written from the panel
+list here so that each panel's PromQL is in one place; `python -m deploy.observability.dashboard
+--check` fails when the committed JSON is not what this writes (tests/deploy run it).
+
+Every query reads the metrics the processes serve (docs/operating.md, "Metrics") through a
+Prometheus data source chosen when the dashboard is imported (`${datasource}`);
+tests/observability/test_prometheus.py runs each against a real Prometheus scraping a
+running mesh."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DASHBOARD = HERE / "mesh-dashboard.json"
+RATE = "1m"
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    unit: str
+    queries: dict[str, str]
+    """Legend -> PromQL."""
+    labels: tuple[str, ...] = ()
+    """Labels every series of every query carries (what the test checks)."""
+    description: str = ""
+
+
+def _quantile(q: float, metric: str, by: str) -> str:
+    return f"histogram_quantile({q}, sum by ({by}, le) (rate({metric}_bucket[{RATE}])))"
+
+
+PANELS = [
+    Panel(
+        "Requests per second, by pipeline",
+        "reqps",
+        {"{{pipeline}}": f"sum by (pipeline) (rate(proxy_requests_total[{RATE}]))"},
+        ("pipeline",),
+    ),
+    Panel(
+        "Errors per second, by pipeline and status",
+        "reqps",
+        {
+            "{{pipeline}} {{status}}": (
+                f'sum by (pipeline, status) (rate(proxy_requests_total{{status!="200"}}[{RATE}]))'
+            )
+        },
+        ("pipeline", "status"),
+        "Every answer but 200; 499 is a client that left.",
+    ),
+    Panel(
+        "Latency p50 / p99, by pipeline",
+        "s",
+        {
+            "p50 {{pipeline}}": _quantile(0.5, "proxy_request_duration_seconds", "pipeline"),
+            "p99 {{pipeline}}": _quantile(0.99, "proxy_request_duration_seconds", "pipeline"),
+        },
+        ("pipeline",),
+    ),
+    Panel(
+        "Latency p50 / p99, by step",
+        "s",
+        {
+            "p50 {{pipeline}}/{{step}}": _quantile(
+                0.5, "proxy_step_duration_seconds", "pipeline, step"
+            ),
+            "p99 {{pipeline}}/{{step}}": _quantile(
+                0.99, "proxy_step_duration_seconds", "pipeline, step"
+            ),
+        },
+        ("pipeline", "step"),
+    ),
+    Panel(
+        "Admission refusals per second (503, 429), by pipeline",
+        "reqps",
+        {
+            "{{pipeline}} {{status}}": (
+                "sum by (pipeline, status) "
+                f'(rate(proxy_requests_total{{status=~"503|429"}}[{RATE}]))'
+            )
+        },
+        ("pipeline", "status"),
+        "Requests told to come back: the proxy's or a pipeline's limits, a full queue.",
+    ),
+    Panel(
+        "Requests in flight and bytes they hold",
+        "short",
+        {
+            "requests": "sum(proxy_in_flight_requests)",
+            "MiB": "sum(proxy_bytes_in_flight) / 1048576",
+        },
+    ),
+    Panel(
+        "Model queue depth, by model",
+        "short",
+        {"{{model}}": "sum by (model) (v2_queue_depth)"},
+        ("model",),
+    ),
+    Panel(
+        "Rows per model execution (dynamic batching), by model",
+        "short",
+        {
+            "{{model}}": (
+                f"sum by (model) (rate(v2_batch_rows_sum[{RATE}])) "
+                f"/ (sum by (model) (rate(v2_batch_rows_count[{RATE}])) > 0)"
+            )
+        },
+        ("model",),
+    ),
+    Panel(
+        "Requests per merged call, by step",
+        "short",
+        {
+            "{{step}}": (
+                f"sum by (step) (rate(proxy_merged_call_members_sum[{RATE}])) "
+                f"/ (sum by (step) (rate(proxy_merged_call_members_count[{RATE}])) > 0)"
+            )
+        },
+        ("step",),
+    ),
+    Panel(
+        "Service latency p99, by model",
+        "s",
+        {
+            "{{model}}": (
+                "histogram_quantile(0.99, sum by (model, le) "
+                "(rate(v2_request_duration_seconds_bucket"
+                f'{{method=~"ModelInfer|ModelStreamInfer", model!=""}}[{RATE}])))'
+            )
+        },
+        ("model",),
+    ),
+    Panel(
+        "Cache lookups per second, by pipeline and result",
+        "reqps",
+        {
+            "{{pipeline}} {{step}} {{result}}": (
+                f"sum by (pipeline, step, result) (rate(proxy_cache_lookups_total[{RATE}]))"
+            )
+        },
+        ("pipeline", "result"),
+    ),
+    Panel(
+        "Jobs, by status",
+        "short",
+        {"{{status}}": "sum by (status) (proxy_jobs)"},
+        ("status",),
+    ),
+    Panel(
+        "Jobs finished per second, by pipeline and status",
+        "reqps",
+        {
+            "{{pipeline}} {{status}}": (
+                f"sum by (pipeline, status) (rate(proxy_jobs_finished_total[{RATE}]))"
+            )
+        },
+        ("pipeline", "status"),
+    ),
+    Panel(
+        "Oldest queued job's wait",
+        "s",
+        {"oldest": "max(proxy_jobs_oldest_queued_seconds)"},
+    ),
+]
+
+
+def dashboard() -> dict:
+    panels = []
+    for i, panel in enumerate(PANELS):
+        panels.append(
+            {
+                "id": i + 1,
+                "type": "timeseries",
+                "title": panel.title,
+                "description": panel.description,
+                "datasource": {"type": "prometheus", "uid": "${datasource}"},
+                "gridPos": {"h": 8, "w": 12, "x": 12 * (i % 2), "y": 8 * (i // 2)},
+                "fieldConfig": {"defaults": {"unit": panel.unit}, "overrides": []},
+                "options": {"legend": {"displayMode": "list", "placement": "bottom"}},
+                "targets": [
+                    {
+                        "refId": chr(ord("A") + j),
+                        "datasource": {"type": "prometheus", "uid": "${datasource}"},
+                        "expr": expr,
+                        "legendFormat": legend,
+                    }
+                    for j, (legend, expr) in enumerate(panel.queries.items())
+                ],
+            }
+        )
+    return {
+        "title": "Inference mesh",
+        "uid": "inference-mesh",
+        "tags": ["inference-mesh"],
+        "schemaVersion": 39,
+        "time": {"from": "now-1h", "to": "now"},
+        "refresh": "30s",
+        "templating": {
+            "list": [
+                {
+                    "name": "datasource",
+                    "type": "datasource",
+                    "query": "prometheus",
+                    "label": "Prometheus",
+                }
+            ]
+        },
+        "panels": panels,
+    }
+
+
+def render() -> str:
+    return json.dumps(dashboard(), indent=2) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    text = render()
+    if "--check" in argv:
+        if not DASHBOARD.exists() or DASHBOARD.read_text() != text:
+            print(f"{DASHBOARD} is out of date: python -m deploy.observability.dashboard")
+            return 1
+        print("dashboard is up to date")
+        return 0
+    DASHBOARD.write_text(text)
+    print(f"written {DASHBOARD}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

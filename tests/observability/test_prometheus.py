@@ -1,0 +1,152 @@
+"""The dashboard and the alert rules against a real Prometheus (Debian's, started here)
+scraping a running mesh: every panel's query and every recorded series comes back non-empty,
+each series with the labels its legend names; every rule evaluates without error (issue 29).
+
+The traffic gives every panel something to show: digits and bad uploads on the mesh's proxy;
+on a second proxy with its cache on and room for two requests, repeats (cache hits), a crowd
+(admission refusals, 503) and jobs."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import pytest
+
+from bench import prometheus_server
+from deploy.observability.dashboard import DASHBOARD, PANELS
+from deploy.observability.dashboard import main as dashboard_main
+from samples.images import encode, render_digit
+from tests.conftest import Mesh
+from tests.faults.load import run
+from tests.report import report
+
+RULES = DASHBOARD.parent / "prometheus-rules.yaml"
+BODY = encode(render_digit(np.eye(8) * 16))
+
+
+def _metrics_targets(mesh: Mesh) -> list[str]:
+    targets = []
+    for name, service in mesh.local.services.items():
+        ports = [v for k, v in service.env.items() if k.endswith("_METRICS_PORT")]
+        if name != "proxy" and ports:
+            targets.append(f"127.0.0.1:{ports[0]}")
+    return targets
+
+
+@pytest.fixture(scope="module")
+def prometheus(mesh: Mesh) -> Iterator[tuple[prometheus_server.PrometheusServer, str]]:
+    if not prometheus_server.available():
+        message = "prometheus is missing (./mesh test installs it when run as root)"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the Prometheus test: {message}")
+        pytest.skip(message)
+    with mesh.extra_proxy(27780, PROXY_CACHE="true", PROXY_MAX_IN_FLIGHT="2") as second:
+        jobs = {
+            "mesh-proxy": [mesh.url.removeprefix("http://"), second.removeprefix("http://")],
+            "mesh-services": _metrics_targets(mesh),
+        }
+        server = prometheus_server.start(jobs, [RULES])
+        try:
+            yield server, second
+        finally:
+            server.stop()
+
+
+def _traffic(mesh: Mesh, second: str) -> None:
+    infer = "/v1/pipelines/digits/infer"
+    asyncio.run(run(mesh.url, infer, BODY, requests=400, concurrency=8, timeout_ms=3000))
+    with httpx.Client(timeout=10) as client:
+        for _ in range(5):  # 415: what a client sends wrong shows as an error too
+            client.post(
+                mesh.url + infer, content=b"not an image", headers={"Content-Type": "image/png"}
+            )
+            client.post(second + infer, content=BODY, headers={"Content-Type": "image/png"})
+        for _ in range(3):
+            answer = client.post(
+                second + "/v1/pipelines/digits/jobs",
+                content=BODY,
+                headers={"Content-Type": "image/png"},
+            )
+            assert answer.status_code == 202, answer.text
+
+    def crowd(i: int) -> int:
+        page = np.full((600, 800, 3), 255, np.uint8)
+        page[0, i] = 0  # each its own: no cache hit, no shared run
+        with httpx.Client(timeout=10) as client:
+            return client.post(
+                second + "/v1/pipelines/ocr/infer",
+                content=encode(page),
+                headers={"Content-Type": "image/png"},
+            ).status_code
+
+    with ThreadPoolExecutor(12) as pool:
+        statuses = set(pool.map(crowd, range(36)))
+    assert 503 in statuses, statuses
+
+
+def _numbers(series: list[dict]) -> bool:
+    """A number in some series (a quantile of a label idle for the window is NaN)."""
+    return any(math.isfinite(float(s["value"][1])) for s in series)
+
+
+def test_every_panel_and_rule_has_labelled_series(
+    mesh: Mesh, prometheus: tuple[prometheus_server.PrometheusServer, str]
+) -> None:
+    server, second = prometheus
+    assert dashboard_main(["--check"]) == 0, "mesh-dashboard.json is not what dashboard.py writes"
+    expected = 2 + len(_metrics_targets(mesh))
+    deadline = time.monotonic() + 30  # Prometheus applies its targets ~5 s after it starts
+    while len(targets := server.targets()) < expected or any(t["health"] != "up" for t in targets):
+        assert time.monotonic() < deadline, [(t["scrapeUrl"], t["lastError"]) for t in targets]
+        time.sleep(0.5)
+    time.sleep(1.5)  # every counter scraped once before the traffic: its rate is then seen
+    _traffic(mesh, second)
+
+    queries = [(p, legend, expr) for p in PANELS for legend, expr in p.queries.items()]
+    deadline = time.monotonic() + 40
+    empty: list[str] = []
+    while time.monotonic() < deadline:  # two scrapes inside every rate's window, and the rules
+        empty = [expr for _, _, expr in queries if not _numbers(server.query(expr))]
+        records = [r for r in server.rules() if r["type"] == "recording"]
+        empty += [r["name"] for r in records if not _numbers(server.query(r["name"]))]
+        if not empty:
+            break
+        time.sleep(1)
+    assert not empty, f"queries with no series, or not a number: {empty}"
+    for panel, legend, expr in queries:
+        for series in server.query(expr):
+            labels = series["metric"]
+            missing = [name for name in panel.labels if not labels.get(name)]
+            assert not missing, (panel.title, legend, labels)
+    rules = server.rules()
+    assert len(rules) == 11
+    unhealthy = [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]
+    assert not unhealthy, unhealthy
+    # The recorded series each alert compares carry what its summary names.
+    by_name = {r["name"]: r for r in rules}
+    for record, label in (
+        ("mesh:pipeline_server_errors:ratio_rate5m", "pipeline"),
+        ("mesh:pipeline_latency_p99:5m", "pipeline"),
+        ("mesh:step_latency_p99:5m", "step"),
+        ("mesh:model_queue_depth:max", "model"),
+    ):
+        assert record in by_name
+        assert all(s["metric"].get(label) for s in server.query(record)), record
+    errors = {
+        s["metric"]["pipeline"]: float(s["value"][1])
+        for s in server.query("mesh:pipeline_server_errors:ratio_rate5m")
+    }
+    assert errors.get("ocr", 0) > 0, errors  # the crowd's refusals on the second proxy
+    up = server.query('up{job=~"mesh-.*"}')
+    assert len(up) == len(targets) and {s["value"][1] for s in up} == {"1"}
+    report(
+        f"\nprometheus: {len(queries)} panel queries and {len(rules)} rules over "
+        f"{len(targets)} targets, every one with labelled series"
+    )
