@@ -1,6 +1,7 @@
 """The mesh's Grafana dashboard (mesh-dashboard.json beside this file), written from the panel
-list here so that each panel's PromQL is in one place; `python -m deploy.observability.dashboard
---check` fails when the committed JSON is not what this writes (tests/deploy run it).
+list here so that each panel's PromQL is in one place, with the Kubernetes objects that carry
+it and the rules (operator.py); `python -m deploy.observability.dashboard --check` fails when
+the committed files are not what this writes (tests/deploy run it).
 
 Every query reads the metrics the processes serve (docs/operating.md, "Metrics") through a
 Prometheus data source chosen when the dashboard is imported (`${datasource}`);
@@ -13,6 +14,8 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from deploy.observability import operator
 
 HERE = Path(__file__).resolve().parent
 DASHBOARD = HERE / "mesh-dashboard.json"
@@ -218,16 +221,23 @@ def render() -> str:
 
 
 def main(argv: list[str]) -> int:
+    """Write the dashboard and the production overlay's monitoring objects; `--check`: fail
+    when the committed files are not what would be written."""
     text = render()
+    files = {DASHBOARD: text, operator.MONITORING: operator.render(text)}
     if "--check" in argv:
-        if not DASHBOARD.exists() or DASHBOARD.read_text() != text:
-            print(f"{DASHBOARD} is out of date: python -m deploy.observability.dashboard")
-            return 1
-        print("dashboard is up to date")
-        return 0
-    DASHBOARD.write_text(text)
-    print(f"written {DASHBOARD}")
+        stale = [path for path, content in files.items() if not _same(path, content)]
+        for path in stale:
+            print(f"{path} is out of date: python -m deploy.observability.dashboard")
+        return 1 if stale else 0
+    for path, content in files.items():
+        path.write_text(content)
+        print(f"written {path}")
     return 0
+
+
+def _same(path: Path, content: str) -> bool:
+    return path.exists() and path.read_text() == content
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import yaml
 
 from compose.topology import interpolate, merged_specs
 from deploy.kubernetes import generate
+from deploy.observability import dashboard, operator
 from proxy.engine import plan
 from tests.pki import PKI
 from tests.procs import ROOT, start_service
@@ -67,8 +68,8 @@ def test_generated_files_are_up_to_date() -> None:
 def test_every_object_validates_against_the_pinned_api(overlay: str) -> None:
     checked = 0
     for doc in render(overlay):
-        if doc["apiVersion"].startswith("serving.kserve.io/"):
-            continue  # not in Kubernetes' schema: test_kserve.py checks them
+        if doc["apiVersion"].startswith(("serving.kserve.io/", "monitoring.coreos.com/")):
+            continue  # not in Kubernetes' schema: test_kserve.py, the test below check them
         kubernetes_validate.validate(doc, KUBERNETES, strict=True)
         checked += 1
     assert checked >= len(NAMES) * 2
@@ -362,3 +363,23 @@ def test_the_nightly_batch_runs_the_batch_cli_against_the_proxy() -> None:
     env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in main["env"]}
     assert set(env) == {"BATCH_DB_URL", "MESH_API_KEY"}  # both from Secrets, never inline
     assert env["MESH_API_KEY"]["optional"] is True  # a proxy without a key needs no Secret
+
+
+def test_the_production_overlay_scrapes_every_pod_with_the_rules_and_the_dashboard() -> None:
+    """The Prometheus Operator's objects: the PodMonitor selects every Deployment's pods on a
+    port each of them names, the PrometheusRule is deploy/observability's rules, Grafana's
+    ConfigMap its dashboard, and all three are what `dashboard.py` writes."""
+    assert dashboard.main(["--check"]) == 0, "run: python -m deploy.observability.dashboard"
+    (monitor,) = objects("production", "PodMonitor").values()
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    scraped = {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]}
+    for name, deployment in objects("production", "Deployment").items():
+        pod = deployment["spec"]["template"]
+        assert selector.items() <= pod["metadata"]["labels"].items(), name
+        ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+        assert ports & scraped, (name, ports)
+    (rule,) = objects("production", "PrometheusRule").values()
+    assert rule["spec"] == yaml.safe_load(operator.RULES.read_text())
+    board = objects("production", "ConfigMap")["inference-mesh-dashboard"]
+    assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert board["data"]["inference-mesh.json"] == dashboard.DASHBOARD.read_text()
