@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
+from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from protos.version import VERSION
@@ -28,6 +29,8 @@ from proxy.state import ProxyState
 
 TITLE = "inference-mesh proxy"
 DESCRIPTION = "Runs REST requests through pipelines of v2 gRPC services."
+DOCS_ASSETS = "/docs-assets"
+"""Where /docs and /redoc load Swagger UI and ReDoc from."""
 
 
 def create_app(
@@ -58,7 +61,14 @@ def create_app(
             await state.engine.caches.close()
         await state.channels.close()
 
-    app = FastAPI(title=TITLE, version=VERSION, lifespan=lifespan, description=DESCRIPTION)
+    # /docs and /redoc from the assets fastapi-offline ships (no CDN: they work air-gapped).
+    app = FastAPIOffline(
+        title=TITLE,
+        version=VERSION,
+        lifespan=lifespan,
+        description=DESCRIPTION,
+        static_url=DOCS_ASSETS,
+    )
     for route in routes.table(pipelines, health, v2, jobs):
         app.add_api_route(route.path, route.endpoint, methods=[route.method], **route.docs)
     # Starlette runs the middleware added last first: the request id and API key come first.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import numpy as np
 import pytest
@@ -237,3 +238,18 @@ async def test_a_bug_is_answered_inside_the_server_so_the_connection_survives() 
     assert sent[0]["status"] == 500
     assert b"internal error" in sent[1]["body"]
     assert any(name == b"x-request-id" for name, _ in sent[0]["headers"])
+
+
+async def test_the_docs_load_nothing_from_outside(env, make_client) -> None:
+    """/docs and /redoc name only the proxy's own assets (they used to load Swagger UI from a
+    CDN: a blank page offline), and every one of them is served."""
+    async with make_client(PIPES, env) as client:
+        for page in ("/docs", "/redoc"):
+            html = (await client.get(page)).text
+            urls = re.findall(r"""(?:src|href)\s*[=:]\s*['"]([^'"]+)['"]""", html)
+            urls += re.findall(r"""url:\s*['"]([^'"]+)['"]""", html)
+            assert urls, html
+            assert not [u for u in urls if "//" in u], urls
+            for url in urls:
+                answer = await client.get(url)
+                assert answer.status_code == 200 and len(answer.content) > 100, url
