@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.mesh import free_port
+from compose.processes import stop_process
 
 
 class Unavailable(RuntimeError):
@@ -44,13 +45,7 @@ class PostgresServer:
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()  # smart shutdown: connections end, then it stops
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process)  # SIGTERM, smart shutdown: connections end, then it stops
         shutil.rmtree(self.folder, ignore_errors=True)
 
 

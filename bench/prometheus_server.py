@@ -16,6 +16,7 @@ import httpx
 import yaml
 
 from bench.mesh import free_port
+from compose.processes import stop_process
 
 
 class Unavailable(RuntimeError):
@@ -52,13 +53,7 @@ class PrometheusServer:
         return httpx.get(f"{self.url}/api/v1/targets", timeout=10).json()["data"]["activeTargets"]
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, timeout=20)
         shutil.rmtree(self.folder, ignore_errors=True)
 
 

@@ -33,14 +33,23 @@ class Service:
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
         """Signal the process and wait for it; SIGKILL if it outlives the timeout."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return stop_process(self.proc, sig, timeout)
+
+
+def stop_process(
+    proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 30.0
+) -> int | None:
+    """Signal `proc` (if it still runs) and wait for it; SIGKILL if it outlives `timeout`.
+    Every process the tests and benchmarks start is stopped so: services, Redis' and
+    PostgreSQL's, Prometheus, the foreign v2 servers, dockerd."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
 
 
 def start_service(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import grpc
 
-from compose.processes import ROOT, socket_inodes, tcp_sockets
+from compose.processes import ROOT, socket_inodes, stop_process, tcp_sockets
 from protos import pb, pb_grpc
 
 LISTEN = "0A"
@@ -45,13 +45,7 @@ class Foreign:
         return self.log_path.read_text(errors="replace")[-5000:]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
 
 def listening_ports(pid: int) -> set[int]:

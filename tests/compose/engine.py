@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -25,6 +24,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from compose.processes import stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_DIR = ROOT / "compose"
@@ -112,13 +113,7 @@ def _wait_ready(engine: Engine, timeout_s: float = 60.0) -> None:
 
 
 def _stop(engine: Engine) -> None:
-    if engine.process.poll() is None:
-        engine.process.send_signal(signal.SIGTERM)
-        try:
-            engine.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            engine.process.kill()
-            engine.process.wait()
+    stop_process(engine.process, timeout=60)
     # Anything dockerd left mounted under its roots would make the folder undeletable.
     mounts = Path("/proc/mounts").read_text().splitlines()
     ours = sorted((m.split()[1] for m in mounts if str(engine.root) in m.split()[1]), reverse=True)
