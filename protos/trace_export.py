@@ -197,6 +197,9 @@ class Exporter:
 
     def _send_all(self) -> None:
         with self._lock:
+            if self.dropped:  # counted in `add`, said once per round
+                log.warning("traces: %d spans dropped, the queue was full", self.dropped)
+                self.dropped = 0
             while batch := self._take():
                 try:
                     self._send(batch)

@@ -185,10 +185,10 @@ def setup(role: str) -> bool:
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 
 
-def extract(carrier: Mapping[str, str] | None) -> SpanContext | None:
-    """The caller's context from a `traceparent` (headers, metadata), None without a valid
-    one (W3C: version ff, all-zero ids and malformed values are ignored)."""
-    value = carrier.get(TRACEPARENT) if carrier else None
+def extract(value: str | None) -> SpanContext | None:
+    """The caller's context from a `traceparent` value (a header, metadata, a parameter),
+    None without a valid one (W3C: version ff, all-zero ids and malformed values are
+    ignored)."""
     if not value:
         return None
     match = _TRACEPARENT.match(value.strip().lower())

@@ -55,10 +55,9 @@ def ran(timing: Timing | None, started_ns: int, requests: int, rows: int) -> Non
 
 
 class ServedSpan:
-    """The spans of one inference call; `begin` makes its span current for the call."""
+    """The spans of one inference call: its span is current from its making until `end`."""
 
     def __init__(self, method: str, model: str, version: str, parent: str | None) -> None:
-        carrier = {tracing.TRACEPARENT: parent} if parent else None
         self.span: Span = tracing.start(
             f"{SERVICE_NAME}/{method}",
             SpanKind.SERVER,
@@ -69,7 +68,7 @@ class ServedSpan:
                 "mesh.model": model,
                 "mesh.model_version": version,
             },
-            parent=tracing.extract(carrier),
+            parent=tracing.extract(parent),
         )
         self.timing = Timing()
         self._token = tracing.activate(self.span)

@@ -23,7 +23,7 @@ def request_span(
     if not path.startswith(TRACED_PREFIXES):
         return tracing.NO_SPAN
     given = headers.get(b"traceparent")
-    parent = tracing.extract({tracing.TRACEPARENT: given.decode("latin-1")} if given else None)
+    parent = tracing.extract(given.decode("latin-1") if given else None)
     method = scope["method"]
     attributes = {"http.request.method": method, "url.path": path, "mesh.request_id": request_id}
     return tracing.span(f"{method} {path}", SpanKind.SERVER, attributes, parent)

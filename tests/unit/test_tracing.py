@@ -29,3 +29,23 @@ def test_off_no_span_is_made_and_no_context_is_sent() -> None:
     assert not tracing.ENABLED  # the test process never configures them
     assert tracing.ids() is None
     assert tracing.traceparent() is None
+
+
+def test_a_callers_traceparent_is_read_as_w3c_says() -> None:
+    trace_id, span_id = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+    context = tracing.extract(f"00-{trace_id}-{span_id}-01")
+    assert context is not None and context.sampled
+    assert context.traceparent == f"00-{trace_id}-{span_id}-01"
+    unsampled = tracing.extract(f" 00-{trace_id.upper()}-{span_id}-00 ")
+    assert unsampled is not None and not unsampled.sampled
+    assert unsampled.trace_id == int(trace_id, 16)
+    for bad in (
+        None,
+        "",
+        f"ff-{trace_id}-{span_id}-01",  # a forbidden version
+        f"00-{'0' * 32}-{span_id}-01",  # all-zero ids
+        f"00-{trace_id}-{'0' * 16}-01",
+        f"00-{trace_id[:-1]}-{span_id}-01",
+        "not a traceparent",
+    ):
+        assert tracing.extract(bad) is None, bad
