@@ -18,7 +18,6 @@ import grpc
 import numpy as np
 
 from protos import tracing
-from protos.tracing import Span
 from proxy import metrics
 from proxy.engine.admission import Ledger
 from proxy.engine.cache.caches import Caches
@@ -160,46 +159,36 @@ class Executor:
         per_call_s = None if step.timeout_ms is None else step.timeout_ms / 1000
         spec = Call(label, target, step.outputs, per_call_s, step.retries)
         with step_span(label, target) if tracing.ENABLED else tracing.NO_SPAN as span:
-            return await self._timed(run, step, label, target, spec, feeds, span)
-
-    async def _timed(
-        self,
-        run: Run,
-        step: CallingStep,
-        label: str,
-        target: Target,
-        spec: Call,
-        feeds: dict[str, np.ndarray],
-        span: Span | None,
-    ) -> dict[str, np.ndarray]:
-        start = time.perf_counter()
-        status, error, how = "ok", None, None
-        try:
-            call = functools.partial(self.calls.call, spec, feeds, run.deadline, run.request_id)
-            if not (isinstance(step, CallStep) and step.cache and self.caches is not None):
-                return await call()
-            caches = self.caches
-            key = await step_key(target, step.outputs, caches.prints, feeds)
-            if key is None:
-                return await call()
-            outputs, how = await caches.step(run.plan.name, step.name).answer(
-                key, call, run.deadline
-            )
-            return outputs
-        except StepError as exc:
-            status, error = exc.code.name.lower(), exc.message
-            raise
-        except asyncio.CancelledError:
-            status, error = "cancelled", "cancelled: the request ended first"
-            raise
-        finally:
-            latency = (time.perf_counter() - start) * 1000
-            run.steps.append(StepStatus(label, status, round(latency, 3), error, how))
-            if span is not None:
-                span.set_attribute("mesh.status", status)
-                if how is not None:
-                    span.set_attribute("mesh.cache", how)
-            metrics.STEP_LATENCY.labels(run.plan.name, step.name, status).observe(latency / 1000)
+            start = time.perf_counter()
+            status, error, how = "ok", None, None
+            try:
+                call = functools.partial(self.calls.call, spec, feeds, run.deadline, run.request_id)
+                if not (isinstance(step, CallStep) and step.cache and self.caches is not None):
+                    return await call()
+                caches = self.caches
+                key = await step_key(target, step.outputs, caches.prints, feeds)
+                if key is None:
+                    return await call()
+                outputs, how = await caches.step(run.plan.name, step.name).answer(
+                    key, call, run.deadline
+                )
+                return outputs
+            except StepError as exc:
+                status, error = exc.code.name.lower(), exc.message
+                raise
+            except asyncio.CancelledError:
+                status, error = "cancelled", "cancelled: the request ended first"
+                raise
+            finally:
+                latency = (time.perf_counter() - start) * 1000
+                run.steps.append(StepStatus(label, status, round(latency, 3), error, how))
+                if span is not None:
+                    span.set_attribute("mesh.status", status)
+                    if how is not None:
+                        span.set_attribute("mesh.cache", how)
+                metrics.STEP_LATENCY.labels(run.plan.name, step.name, status).observe(
+                    latency / 1000
+                )
 
     async def _call(self, step: CallStep, run: Run) -> None:
         out = await self._invoke(run, step, step.name, run.plan.targets[step.name])
