@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from protos.version import VERSION
 from proxy import workers
-from proxy.doors import routes, schemas, v2plane
+from proxy.doors import console, routes, schemas, v2plane
 from proxy.doors.grpc_door import grpc_door
 from proxy.doors.health import HealthEndpoints
 from proxy.doors.jobs import JobEndpoints
@@ -69,8 +69,13 @@ def create_app(
         description=DESCRIPTION,
         static_url=DOCS_ASSETS,
     )
-    for route in routes.table(pipelines, health, v2, jobs):
+    table = routes.table(pipelines, health, v2, jobs)
+    if state.engine.recent is not None:
+        table += console.routes(console.ConsoleEndpoints(state.engine.recent))
+    for route in table:
         app.add_api_route(route.path, route.endpoint, methods=[route.method], **route.docs)
+    if state.engine.recent is not None:  # last: the routes above are matched first
+        app.mount(console.PAGE, console.page())
     # Starlette runs the middleware added last first: the request id and API key come first.
     app.add_middleware(
         routes.PipelineRoute, handlers={"infer": pipelines.infer, "jobs": jobs.submit}

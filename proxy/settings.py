@@ -79,9 +79,15 @@ class ProxySettings(BaseSettings):
     """/readyz and /v2/health/ready answer from checks at most this old: however many
     clients poll them, the services are asked once per period."""
     api_key: str | None = None
-    """When set, requests need `Authorization: Bearer <key>` or `X-API-Key: <key>`."""
+    """When set, requests need `Authorization: Bearer <key>`, `X-API-Key: <key>`, or HTTP
+    Basic with the key as the password (a browser's, for the console page)."""
     open_paths: str = "/healthz,/readyz,/metrics"
     """Paths served without the API key."""
+    console: bool = True
+    """The console page at /console/ (docs/console.md) and the record of the last requests
+    it shows."""
+    console_requests: int = Field(default=200, ge=1, le=100_000)
+    """How many of the last requests the console keeps (in each proxy worker)."""
     max_message_mb: int = 64
     """Largest gRPC message to or from the services (and the gRPC door)."""
     transport: Literal["stream", "unary"] = "stream"

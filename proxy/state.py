@@ -13,6 +13,7 @@ from proxy.engine import definitions, plan
 from proxy.engine.admission import Admission, PipelineLimits
 from proxy.engine.cache.caches import Caches
 from proxy.engine.executor import Executor
+from proxy.engine.recent import Recent
 from proxy.engine.runner import Engine
 from proxy.jobs.callbacks import allowed_hosts
 from proxy.jobs.model import JobsConfig
@@ -56,7 +57,8 @@ class ProxyState:
         services = Services(channels)
         caches = _caches(plans, services, settings)
         executor = Executor(Calls(channels, services, merge=settings.merge), caches)
-        engine = Engine(plans, executor, admission, caches)
+        recent = Recent(settings.console_requests) if settings.console else None
+        engine = Engine(plans, executor, admission, caches, recent)
         jobs = Jobs(engine, _jobs_config(settings))
         return cls(settings, engine, channels, services, settings.upload_limits(), jobs)
 

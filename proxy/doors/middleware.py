@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -19,10 +21,30 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 
+CHALLENGE = 'Basic realm="inference-mesh", charset="UTF-8"'
+"""Sent with a 401: a browser then asks for the key (any user name, the key as password)
+and sends it with every later request of the page, its fetches included (the console)."""
+
+
 def key_matches(expected: bytes, x_api_key: bytes, authorization: bytes) -> bool:
-    """`X-API-Key: <key>` or `Authorization: Bearer <key>` (HTTP headers or gRPC metadata)."""
-    key = authorization[7:] if authorization[:7].lower() == b"bearer " else x_api_key
+    """`X-API-Key: <key>`, `Authorization: Bearer <key>`, or HTTP Basic with the key as the
+    password (HTTP headers or gRPC metadata)."""
+    scheme, _, credentials = authorization.partition(b" ")
+    match scheme.lower():
+        case b"bearer":
+            key = credentials
+        case b"basic":
+            key = _basic_password(credentials)
+        case _:
+            key = x_api_key
     return hmac.compare_digest(key, expected)
+
+
+def _basic_password(credentials: bytes) -> bytes:
+    try:
+        return base64.b64decode(credentials.strip(), validate=True).partition(b":")[2]
+    except binascii.Error:
+        return b""
 
 
 class RequestContext:
@@ -50,6 +72,7 @@ class RequestContext:
             given = headers.get(b"x-api-key", b""), headers.get(b"authorization", b"")
             if not key_matches(self.api_key, *given):
                 refusal = problem_response(Problem(401, "missing or wrong API key"), request_id)
+                refusal.headers["WWW-Authenticate"] = CHALLENGE
                 await refusal(scope, receive, send)
                 return
         started = False

@@ -23,6 +23,9 @@ class StepReport(BaseModel):
     cache: str | None = Field(
         default=None, description="a step with the data cache: hit or miss (else null)"
     )
+    start_ms: float = Field(
+        default=0.0, description="when it began, from the moment the proxy took the request"
+    )
 
 
 class PipelineAnswer(BaseModel):

@@ -48,6 +48,8 @@ class StepStatus:
     error: str | None = None
     cache: str | None = None
     """A step with the data cache: `hit` or `miss`."""
+    start_ms: float = 0.0
+    """When it began, from the moment the proxy took the request (a waterfall's offset)."""
 
 
 @dataclass
@@ -65,6 +67,11 @@ class Run:
     cache: str | None = None
     """A pipeline with the inference cache: `hit` (stored, or shared with an identical
     request in flight) or `miss`."""
+    origin: float = field(default_factory=time.perf_counter)
+    """When the proxy took the request (perf_counter): the steps' `start_ms` count from it."""
+
+    def since_origin_ms(self, moment: float) -> float:
+        return round((moment - self.origin) * 1000, 3)
 
     def entry(self) -> Stored | None:
         """What the inference cache keeps of a finished run: a complete answer's tensors."""
@@ -117,20 +124,12 @@ class Executor:
         self.caches = caches
         """The data cache of steps marked `cache: true` (None: off)."""
 
-    async def run(
-        self,
-        plan: Plan,
-        inputs: dict[str, np.ndarray],
-        request_id: str,
-        deadline: float,
-        ledger: Ledger,
-    ) -> Run:
-        """The request's tensors through the plan; `deadline` is absolute (loop time), the
-        inputs are already on `ledger`."""
-        run = Run(plan, request_id, deadline, ledger)
+    async def run(self, run: Run, inputs: dict[str, np.ndarray]) -> Run:
+        """The request's tensors through its plan; the inputs are already on its ledger. The
+        steps are recorded in `run.steps` as they end, so a failed run still tells them."""
         for name, value in inputs.items():
             run.tensors[f"request.{name}"] = value
-        await self._steps(plan.pipeline.steps, run)
+        await self._steps(run.plan.pipeline.steps, run)
         return run
 
     def result(self, run: Run) -> object:
@@ -181,7 +180,11 @@ class Executor:
                 raise
             finally:
                 latency = (time.perf_counter() - start) * 1000
-                run.steps.append(StepStatus(label, status, round(latency, 3), error, how))
+                run.steps.append(
+                    StepStatus(
+                        label, status, round(latency, 3), error, how, run.since_origin_ms(start)
+                    )
+                )
                 if span is not None:
                     span.set_attribute("mesh.status", status)
                     if how is not None:
@@ -241,6 +244,7 @@ class Executor:
                 status,
                 round(latency, 3),
                 f"failed branches: {', '.join(failed_names)}" if failed_names else None,
+                start_ms=run.since_origin_ms(start),
             )
         )
 
@@ -252,7 +256,9 @@ class Executor:
                 break
         else:
             chosen = step.default
-        run.steps.append(StepStatus(step.name, "ok", 0.0, None))
+        run.steps.append(
+            StepStatus(step.name, "ok", 0.0, start_ms=run.since_origin_ms(time.perf_counter()))
+        )
         await self._steps(chosen, run)
 
 

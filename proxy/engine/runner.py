@@ -18,19 +18,21 @@ import copy
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from protos import media, tracing
 from protos.errors import InvalidInput
+from protos.logs import REQUEST_ID
 from proxy import metrics
 from proxy.engine.admission import Admission, Ledger
 from proxy.engine.cache.caches import Caches
 from proxy.engine.cache.keys import pipeline_key
-from proxy.engine.executor import Executor, Run, held_bytes
+from proxy.engine.executor import Executor, Run, StepStatus, held_bytes
 from proxy.engine.plan import Plan
+from proxy.engine.recent import Recent
 from proxy.errors import ClientGone, Problem, StepError
 from v2server.model import TensorSpec
 from v2server.validation import check_inputs
@@ -47,12 +49,15 @@ class Engine:
         executor: Executor,
         admission: Admission,
         caches: Caches | None = None,
+        recent: Recent | None = None,
     ) -> None:
         self.plans = plans
         self.executor = executor
         self.admission = admission
         self.caches = caches
         """The inference and data caches (None: none at all)."""
+        self.recent = recent
+        """The console's record of the last requests (None: the console is off)."""
 
     def plan(self, name: str) -> Plan:
         plan = self.plans.get(name)
@@ -92,13 +97,23 @@ class Engine:
         proxy holds its budget of bytes. Every byte the request held is released on exit.
         `background`: a job's, which waits for room within this share of the limits (the
         wait is not part of its budget) rather than being refused."""
-        with recorded(plan.name, deadline):
-            self.admission.check_room()
-            ticket = Ticket(self, plan, deadline, self.admission.ledger(), background)
-            try:
-                yield ticket
-            finally:
-                ticket.ledger.close()
+        opened = time.perf_counter()
+        ticket: Ticket | None = None
+        outcome = Outcome()
+        try:
+            with recorded(plan.name, deadline, outcome):
+                self.admission.check_room()
+                ticket = Ticket(self, plan, deadline, self.admission.ledger(), background, opened)
+                try:
+                    yield ticket
+                finally:
+                    ticket.ledger.close()
+        finally:
+            if self.recent is not None:
+                if ticket is None:  # refused before it had one
+                    self.recent.add(plan.name, REQUEST_ID.get(), outcome.status, opened, [])
+                else:
+                    ticket.report(self.recent, outcome.status)
 
 
 @dataclass
@@ -111,6 +126,18 @@ class Ticket:
     """The bytes the request holds, its body's from the first byte read."""
     background: float | None = None
     """A job's share of the admission limits (Engine.ticket)."""
+    opened: float = field(default_factory=time.perf_counter)
+    """When the proxy took the request (perf_counter)."""
+    request_id: str = ""
+    steps: list[StepStatus] = field(default_factory=list)
+    """The steps run so far (kept here so that a failed run still tells them)."""
+    answered: Run | None = None
+
+    def report(self, recent: Recent, status: str) -> None:
+        """The request, ended with HTTP `status`, into the console's record."""
+        run = self.answered
+        cache, partial = (None, False) if run is None else (run.cache, run.partial)
+        recent.add(self.plan.name, self.request_id, status, self.opened, self.steps, cache, partial)
 
     async def run(self, body: bytes, request_id: str) -> Run:
         """The uploaded body through the pipeline, once its format is accepted and the
@@ -131,6 +158,11 @@ class Ticket:
         return await self._run(inputs, 0, request_id)
 
     async def _run(self, inputs: dict[str, np.ndarray], pixels: int, request_id: str) -> Run:
+        self.request_id = request_id
+        self.answered = await self._admitted(inputs, pixels, request_id)
+        return self.answered
+
+    async def _admitted(self, inputs: dict[str, np.ndarray], pixels: int, request_id: str) -> Run:
         if self.background is None:
             return await self._answer(inputs, pixels, request_id)
         admission, name = self.engine.admission, self.plan.name
@@ -172,9 +204,9 @@ class Ticket:
 
     async def _execute(self, inputs: dict[str, np.ndarray], pixels: int, request_id: str) -> Run:
         async with self.engine.admission.admit(self.plan.name, pixels):
-            return await self.engine.executor.run(
-                self.plan, inputs, request_id, self.deadline, self.ledger
-            )
+            run = Run(self.plan, request_id, self.deadline, self.ledger, steps=self.steps)
+            run.origin = self.opened
+            return await self.engine.executor.run(run, inputs)
 
 
 def check_format(body: bytes, plan: Plan) -> None:
@@ -198,11 +230,17 @@ def check_tensors(plan: Plan, inputs: dict[str, np.ndarray]) -> None:
         raise Problem(400, str(exc)) from None
 
 
+@dataclass
+class Outcome:
+    status: str = "500"
+    """The HTTP status a request ended with (499: the client left)."""
+
+
 @contextlib.contextmanager
-def recorded(pipeline: str, deadline: float) -> Iterator[None]:
+def recorded(pipeline: str, deadline: float, outcome: Outcome) -> Iterator[None]:
     """Count the request under the status it ends with (499: the client left; a request
-    cancelled at its `deadline`, loop time, by whoever enforces it: 504) and time it; a
-    failed step is logged with its code."""
+    cancelled at its `deadline`, loop time, by whoever enforces it: 504), kept in
+    `outcome`, and time it; a failed step is logged with its code."""
     started = time.perf_counter()
     status = "500"
     try:
@@ -226,6 +264,7 @@ def recorded(pipeline: str, deadline: float) -> Iterator[None]:
         log.info("client went away", extra={"fields": {"pipeline": pipeline}})
         raise
     finally:
+        outcome.status = status
         metrics.REQUESTS.labels(pipeline, status).inc()
         exemplar = tracing.exemplar() if tracing.ENABLED else None
         metrics.LATENCY.labels(pipeline).observe(time.perf_counter() - started, exemplar)

@@ -30,7 +30,8 @@ async def test_answer_shape_and_request_id(env, make_client) -> None:
     assert r.status_code == 200 and r.headers["X-Request-Id"] == "abc-123"
     assert set(data) == {"id", "pipeline", "result", "partial", "steps", "latency_ms"}
     assert data["id"] == "abc-123" and data["pipeline"] == "p"
-    assert all(set(s) == {"name", "status", "latency_ms", "error", "cache"} for s in data["steps"])
+    keys = {"name", "status", "latency_ms", "error", "cache", "start_ms"}
+    assert all(set(s) == keys for s in data["steps"])
     assert "X-Cache" not in r.headers  # no cache declared
 
 
@@ -164,8 +165,16 @@ async def test_api_key(env, make_client) -> None:
         denied = await post(client, "p", body(1))
         allowed = await post(client, "p", body(1), Authorization="Bearer s3cret")
         other = await post(client, "p", body(1), **{"X-API-Key": "s3cret"})
+        # A browser's: HTTP Basic, the key as the password (the user name is not read).
+        basic = await client.get("/v1/pipelines", auth=("anyone", "s3cret"))
+        wrong = await client.get("/v1/pipelines", auth=("anyone", "s3cre"))
+        garbled = await client.get("/v1/pipelines", headers={"Authorization": "Basic %%%"})
         health = await client.get("/healthz")
     assert denied.status_code == 401 and allowed.status_code == 200 and other.status_code == 200
+    assert basic.status_code == 200
+    assert wrong.status_code == 401 and garbled.status_code == 401
+    # RFC 9110: a 401 says how to authenticate (a browser then asks for the key).
+    assert denied.headers["WWW-Authenticate"].startswith("Basic realm=")
     assert health.status_code == 200
 
 
