@@ -256,6 +256,32 @@ def median(runs: list[Stats]) -> Stats:
     return sorted(runs, key=lambda s: s.rps)[len(runs) // 2]
 
 
+def interleaved(
+    systems: dict[str, str],
+    load: Callable[[str, int], Stats],
+    concurrencies: tuple[int, ...],
+    rounds: int,
+) -> dict[int, dict[str, Stats]]:
+    """`load(url, c)` on every system in turn, `rounds` times at each concurrency (so that a
+    machine's drift falls on all of them alike); the median round of each. Prints each
+    round's throughput against the first system's, to show the spread behind a median."""
+    for url in systems.values():  # warm: streams open, lanes made, models run once
+        load(url, 8)
+    table: dict[int, dict[str, Stats]] = {}
+    for c in concurrencies:
+        runs: dict[str, list[Stats]] = {label: [] for label in systems}
+        for _ in range(rounds):
+            for label, url in systems.items():
+                runs[label].append(load(url, c))
+        table[c] = {label: median(r) for label, r in runs.items()}
+        first, *others = runs
+        for label in others:
+            pairs = zip(runs[first], runs[label], strict=True)
+            ratios = ", ".join(f"{b.rps / a.rps:.2f}" for a, b in pairs)
+            print(f"c={c}: {label} / {first}, throughput per round: {ratios}")
+    return table
+
+
 # ---------------------------------------------------------------- preprocess recipes
 
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -19,52 +18,49 @@ from proxy.engine.executor import StepStatus
 
 WINDOW_S = 60.0
 """The live percentiles' window."""
-SAMPLES = 4096
-"""Latencies kept per step at most (the window is shorter at a high rate)."""
+SAMPLES = 1024
+"""Latencies kept per step at most (the window is shorter at a high rate): reading a
+full window takes ~0.2 ms, on the event loop."""
 TOTAL = "(request)"
 """The name the whole request's latency is kept under, beside its steps'."""
 
 
-@dataclass(frozen=True)
-class Answered:
-    """One request, as the console lists it."""
+class Answered(NamedTuple):
+    """One request, as it is kept: a plain tuple (the hot path makes one a request); the
+    figures the console reads are worked out when it reads them."""
 
     id: str
     pipeline: str
     status: str
     """The HTTP status the request was answered with (499: the client left)."""
-    at: float
-    """Wall clock (epoch seconds) when the proxy took it."""
-    latency_ms: float
+    opened: float
+    """perf_counter when the proxy took it."""
+    ended: float
     steps: tuple[StepStatus, ...]
-    cache: str | None = None
-    partial: bool = False
+    cache: str | None
+    partial: bool
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, wall_offset: float) -> dict[str, Any]:
+        """`wall_offset`: time.time() - time.perf_counter(), now."""
         return {
             "id": self.id,
             "pipeline": self.pipeline,
             "status": self.status,
-            "at": self.at,
-            "latency_ms": self.latency_ms,
+            "at": round(self.opened + wall_offset, 6),
+            "latency_ms": round((self.ended - self.opened) * 1000, 3),
             "cache": self.cache,
             "partial": self.partial,
             "steps": [s.__dict__ for s in self.steps],
         }
 
 
-@dataclass
-class Window:
-    """One step's recent latencies (monotonic time, milliseconds)."""
-
-    samples: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=SAMPLES))
-
-    def percentiles(self, now: float) -> dict[str, float] | None:
-        recent = [ms for t, ms in self.samples if now - t <= WINDOW_S]
-        if not recent:
-            return None
-        p50, p99 = np.percentile(recent, [50, 99])
-        return {"count": len(recent), "p50_ms": round(p50, 3), "p99_ms": round(p99, 3)}
+def percentiles(samples: deque[tuple[float, float]], now: float) -> dict[str, float] | None:
+    """count, p50_ms and p99_ms of the (perf_counter, ms) samples of the last WINDOW_S."""
+    recent = [ms for t, ms in samples if now - t <= WINDOW_S]
+    if not recent:
+        return None
+    p50, p99 = np.percentile(recent, [50, 99])
+    return {"count": len(recent), "p50_ms": round(p50, 3), "p99_ms": round(p99, 3)}
 
 
 class Recent:
@@ -72,7 +68,7 @@ class Recent:
 
     def __init__(self, keep: int) -> None:
         self.requests: deque[Answered] = deque(maxlen=keep)
-        self.windows: dict[tuple[str, str], Window] = {}
+        self.windows: dict[tuple[str, str], deque[tuple[float, float]]] = {}
 
     def add(
         self,
@@ -86,36 +82,36 @@ class Recent:
     ) -> None:
         """A request that ended; `opened`: perf_counter when the proxy took it."""
         now = time.perf_counter()
-        latency_ms = round((now - opened) * 1000, 3)
-        at = time.time() - (now - opened)
+        steps_ = tuple(steps)
         self.requests.append(
-            Answered(request_id, pipeline, status, at, latency_ms, tuple(steps), cache, partial)
+            Answered(request_id, pipeline, status, opened, now, steps_, cache, partial)
         )
-        moment = time.monotonic()
         if status == "200":
-            self._window(pipeline, TOTAL).samples.append((moment, latency_ms))
-        for step in steps:
-            if step.status in ("ok", "partial"):
-                self._window(pipeline, step.name).samples.append((moment, step.latency_ms))
+            self._window(pipeline, TOTAL).append((now, (now - opened) * 1000))
+        for step in steps_:
+            if step.status == "ok" or step.status == "partial":
+                self._window(pipeline, step.name).append((now, step.latency_ms))
 
-    def _window(self, pipeline: str, step: str) -> Window:
-        window = self.windows.get((pipeline, step))
-        if window is None:
-            window = self.windows[pipeline, step] = Window()
-        return window
+    def _window(self, pipeline: str, step: str) -> deque[tuple[float, float]]:
+        try:
+            return self.windows[pipeline, step]
+        except KeyError:
+            window = self.windows[pipeline, step] = deque(maxlen=SAMPLES)
+            return window
 
     def last(self, limit: int, pipeline: str | None = None) -> list[dict[str, Any]]:
         """The newest first."""
         chosen = [r for r in reversed(self.requests) if pipeline in (None, r.pipeline)]
-        return [r.to_json() for r in chosen[:limit]]
+        wall_offset = time.time() - time.perf_counter()
+        return [r.to_json(wall_offset) for r in chosen[:limit]]
 
     def latency(self) -> dict[str, dict[str, dict[str, float]]]:
         """pipeline -> step (TOTAL: the whole request) -> count, p50_ms, p99_ms, over the
         last WINDOW_S seconds of answered calls."""
-        now = time.monotonic()
+        now = time.perf_counter()
         out: dict[str, dict[str, dict[str, float]]] = {}
-        for (pipeline, step), window in sorted(self.windows.items()):
-            figures = window.percentiles(now)
+        for (pipeline, step), samples in sorted(self.windows.items()):
+            figures = percentiles(samples, now)
             if figures is not None:
                 out.setdefault(pipeline, {})[step] = figures
         return out
