@@ -70,9 +70,6 @@ class Run:
     origin: float = field(default_factory=time.perf_counter)
     """When the proxy took the request (perf_counter): the steps' `start_ms` count from it."""
 
-    def since_origin_ms(self, moment: float) -> float:
-        return round((moment - self.origin) * 1000, 3)
-
     def entry(self) -> Stored | None:
         """What the inference cache keeps of a finished run: a complete answer's tensors."""
         return None if self.partial else Stored(dict(self.tensors), dict(self.branches))
@@ -180,11 +177,8 @@ class Executor:
                 raise
             finally:
                 latency = (time.perf_counter() - start) * 1000
-                run.steps.append(
-                    StepStatus(
-                        label, status, round(latency, 3), error, how, run.since_origin_ms(start)
-                    )
-                )
+                since = round((start - run.origin) * 1000, 3)
+                run.steps.append(StepStatus(label, status, round(latency, 3), error, how, since))
                 if span is not None:
                     span.set_attribute("mesh.status", status)
                     if how is not None:
@@ -244,7 +238,7 @@ class Executor:
                 status,
                 round(latency, 3),
                 f"failed branches: {', '.join(failed_names)}" if failed_names else None,
-                start_ms=run.since_origin_ms(start),
+                start_ms=round((start - run.origin) * 1000, 3),
             )
         )
 
@@ -256,9 +250,8 @@ class Executor:
                 break
         else:
             chosen = step.default
-        run.steps.append(
-            StepStatus(step.name, "ok", 0.0, start_ms=run.since_origin_ms(time.perf_counter()))
-        )
+        since = round((time.perf_counter() - run.origin) * 1000, 3)
+        run.steps.append(StepStatus(step.name, "ok", 0.0, start_ms=since))
         await self._steps(chosen, run)
 
 

@@ -86,18 +86,18 @@ class Recent:
         self.requests.append(
             Answered(request_id, pipeline, status, opened, now, steps_, cache, partial)
         )
+        windows = self.windows
         if status == "200":
-            self._window(pipeline, TOTAL).append((now, (now - opened) * 1000))
+            window = windows.get((pipeline, TOTAL))
+            if window is None:
+                window = windows[pipeline, TOTAL] = deque(maxlen=SAMPLES)
+            window.append((now, (now - opened) * 1000))
         for step in steps_:
             if step.status == "ok" or step.status == "partial":
-                self._window(pipeline, step.name).append((now, step.latency_ms))
-
-    def _window(self, pipeline: str, step: str) -> deque[tuple[float, float]]:
-        try:
-            return self.windows[pipeline, step]
-        except KeyError:
-            window = self.windows[pipeline, step] = deque(maxlen=SAMPLES)
-            return window
+                window = windows.get((pipeline, step.name))
+                if window is None:
+                    window = windows[pipeline, step.name] = deque(maxlen=SAMPLES)
+                window.append((now, step.latency_ms))
 
     def last(self, limit: int, pipeline: str | None = None) -> list[dict[str, Any]]:
         """The newest first."""

@@ -159,19 +159,17 @@ class Ticket:
 
     async def _run(self, inputs: dict[str, np.ndarray], pixels: int, request_id: str) -> Run:
         self.request_id = request_id
-        self.answered = await self._admitted(inputs, pixels, request_id)
-        return self.answered
-
-    async def _admitted(self, inputs: dict[str, np.ndarray], pixels: int, request_id: str) -> Run:
         if self.background is None:
-            return await self._answer(inputs, pixels, request_id)
+            self.answered = await self._answer(inputs, pixels, request_id)
+            return self.answered
         admission, name = self.engine.admission, self.plan.name
         loop = asyncio.get_running_loop()
         waiting = loop.time()
         await admission.wait_background(name, pixels, self.background)
         self.deadline += loop.time() - waiting
         try:
-            return await self._answer(inputs, pixels, request_id)
+            self.answered = await self._answer(inputs, pixels, request_id)
+            return self.answered
         finally:
             admission.background_done(name, pixels)
 

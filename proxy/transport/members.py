@@ -35,16 +35,6 @@ class Member:
     span: SpanContext | None = None
     """The caller's span (traces on): the merged call links to it."""
 
-    @classmethod
-    def of(cls, inputs: Mapping[str, np.ndarray], timeout: float, request_id: str) -> Member:
-        """A call joining a lane now, with `timeout` seconds left."""
-        loop = asyncio.get_running_loop()
-        span = tracing.current() if tracing.ENABLED else None
-        deadline, answer = loop.time() + timeout, loop.create_future()
-        return cls(
-            inputs, rows_of(inputs), size_of(inputs), deadline, request_id, answer, None, span
-        )
-
 
 @dataclass(eq=False)
 class Merged:

@@ -18,12 +18,9 @@ again by halves (members.py), so a bad member fails alone. Any other failure rea
 member, whose retries (calls.py) go through the lane again.
 
 A lane never waits on a stalled call (stalls.py): it keeps its members but no slot, so the
-calls queued behind it leave (to another replica, balancing.py), not wait for a frozen one.
-A lane's accounting is kept by callbacks that run however a call ends, cancelled before it
-ever started included (a hang-up or a deadline in the very turn that sent it once left a
-lane's only slot taken for good); a call that ran settles itself as it ends, so the queue
-behind it leaves in the same turn.
-"""
+calls queued behind it leave (to another replica, balancing.py). Its accounting is kept by
+callbacks that run however a call ends, cancelled before it started included (a hang-up in
+the turn that sent it once took a lane's only slot for good)."""
 
 from __future__ import annotations
 
@@ -36,6 +33,7 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
+from protos import tracing
 from proxy import metrics
 from proxy.transport.channels import Infer
 from proxy.transport.chunks import HEADROOM
@@ -47,7 +45,9 @@ from proxy.transport.members import (
     deliver,
     fail,
     merged_span,
+    rows_of,
     signature,
+    size_of,
     tokens,
 )
 from proxy.transport.stalls import InFlight, Pace
@@ -115,7 +115,11 @@ class Lane:
 
         if self.solo:
             return await self._direct(send())
-        member = Member.of(inputs, timeout, request_id)
+        loop = asyncio.get_running_loop()
+        rows, deadline = rows_of(inputs), loop.time() + timeout
+        member = Member(inputs, rows, size_of(inputs), deadline, request_id, loop.create_future())
+        if tracing.ENABLED:
+            member.span = tracing.current()  # the merged call links to it
         self.queue.append(member)
         if not self.gathering and len(self.queue) == 1 and self._free():
             # An idle lane: the calls made in this turn of the event loop join before anything
