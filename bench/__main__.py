@@ -8,6 +8,7 @@ from bench import (
     batch,
     cache,
     capacity,
+    instructions,
     jobs,
     mesh,
     pipelines,
@@ -29,6 +30,7 @@ BENCHMARKS = {
     "jobs": jobs.main,
     "batch": batch.main,
     "traces": traces.main,
+    "instructions": instructions.main,
 }
 
 

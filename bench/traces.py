@@ -84,20 +84,27 @@ def receiver_process():
 
 
 @contextlib.contextmanager
-def earlier_mesh(rev: str) -> Iterator[str]:
-    """The shipped mesh as commit `rev` had it (ports +17000), its files from `git archive`,
-    the model repository this tree built; yields its proxy's URL."""
+def earlier_tree(rev: str) -> Iterator[Path]:
+    """Commit `rev`'s files (`git archive`) in a temporary folder, with the model repository
+    this tree built; run from it (its files first on the path), a process is that commit."""
     with tempfile.TemporaryDirectory(prefix="bench-before-") as folder:
-        tree = Path(folder)
         archive = subprocess.run(
             ["git", "archive", rev], cwd=ROOT, check=True, capture_output=True
         ).stdout
         subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
+        tree = Path(folder)
         (tree / "models" / "repository").symlink_to(ROOT / "models" / "repository")
+        yield tree
+
+
+@contextlib.contextmanager
+def earlier_mesh(rev: str) -> Iterator[str]:
+    """The shipped mesh as commit `rev` had it (ports +17000); yields its proxy's URL."""
+    with earlier_tree(rev) as tree:
         proc = subprocess.Popen(
             [sys.executable, "-c", RUN_BEFORE],
             cwd=tree,
-            env={**os.environ, "PYTHONPATH": folder},
+            env={**os.environ, "PYTHONPATH": str(tree)},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

@@ -1,0 +1,120 @@
+"""`python -m bench instructions`: what the proxy executes per request, counted by
+valgrind's callgrind rather than timed, for overheads of a few percent that this machine's
+timing noise hides (two identical meshes measured side by side differ by up to 15% in
+throughput from one run to the next; instruction counts differ by ~3%).
+
+Over one running mesh of the shipped topology (its services), a proxy process at a time
+runs under callgrind, instrumentation switched on only once it has answered its warm-up
+requests: this tree with traces off (the default), this tree with traces on (every request,
+exported to a receiver), and the proxy of an earlier commit (`--before`). Each answers
+`--requests` sequential `digits` requests; each is run `--runs` times, in turn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.cache import digit
+from bench.mesh import ROOT, free_port, shipped_mesh
+from bench.traces import BEFORE, earlier_tree, receiver_process
+
+PATH = "/v1/pipelines/digits/infer"
+WARM = 30
+
+
+def _ready(url: str, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 600  # Python's start under callgrind takes a minute or two
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(1)
+    raise RuntimeError("the proxy under callgrind did not become ready")
+
+
+def counted(tree: Path, env: dict[str, str], requests: int, out: Path) -> float:
+    """Instructions per request of a proxy run from `tree` with `env`."""
+    port = free_port()
+    callgrind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
+    proc = subprocess.Popen(
+        [*callgrind, "--instr-atstart=no", sys.executable, "-m", "proxy"],
+        cwd=tree,
+        env={**os.environ, **env, "PROXY_PORT": str(port), "PROXY_GRPC_PORT": "off"}
+        | {"PYTHONPATH": str(tree)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url, image = f"http://127.0.0.1:{port}", digit()
+    control = ["callgrind_control"]
+    try:
+        _ready(url, proc)
+        with httpx.Client(base_url=url, timeout=120) as client:
+
+            def ask() -> None:
+                answer = client.post(PATH, content=image, headers={"Content-Type": "image/png"})
+                assert answer.status_code == 200, answer.text
+
+            for _ in range(WARM):
+                ask()
+            subprocess.run([*control, "-i", "on", str(proc.pid)], check=True, capture_output=True)
+            for _ in range(requests):
+                ask()
+            subprocess.run([*control, "-d", str(proc.pid)], check=True, capture_output=True)
+    finally:
+        proc.terminate()
+        proc.wait(120)
+    total = 0
+    for dump in out.parent.glob(f"{out.name}*"):
+        for line in dump.read_text(errors="replace").splitlines():
+            if line.startswith("totals:"):
+                total += int(line.split()[1])
+    return total / requests
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description="the proxy's instructions per request")
+    parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--before", default=BEFORE, help="the earlier commit to compare with")
+    args = parser.parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        mesh = stack.enter_context(shipped_mesh("bench-instructions"))
+        # No job workers: their polling counts with the wall time (slow under callgrind),
+        # not with the requests.
+        env = {**mesh.services["proxy"].env, "PROXY_JOBS_WORKERS": "0"}
+        endpoint = stack.enter_context(receiver_process())
+        # Spans leave every 0.2 s, so the dump finds the export thread's work done.
+        traced = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_TRACES_SAMPLER": "always_on"}
+        traced |= {"OTEL_BSP_SCHEDULE_DELAY": "200"}
+        earlier = stack.enter_context(earlier_tree(args.before))
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="callgrind-")))
+        systems = {
+            "traces off": (ROOT, env),
+            "traces on, every request": (ROOT, {**env, **traced}),
+            f"before ({args.before})": (earlier, env),
+        }
+        counts: dict[str, list[float]] = {label: [] for label in systems}
+        for run in range(args.runs):
+            for k, (label, (tree, settings)) in enumerate(systems.items()):
+                per = counted(tree, settings, args.requests, folder / f"{run}-{k}.out")
+                counts[label].append(per)
+                print(f"run {run + 1}, {label}: {per:,.0f} instructions a request", flush=True)
+    base = sum(counts["traces off"]) / args.runs
+    print("\n| proxy | instructions a request (mean) | runs | vs traces off |")
+    print("| --- | --- | --- | --- |")
+    for label, values in counts.items():
+        mean = sum(values) / len(values)
+        runs = ", ".join(f"{v / 1e6:.2f}M" for v in values)
+        print(f"| {label} | {mean:,.0f} | {runs} | {mean / base:.3f}x |")
+    return 0
