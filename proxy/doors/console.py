@@ -9,6 +9,7 @@ from fastapi import Request, Response
 from fastapi.responses import RedirectResponse
 from pydantic import BaseModel, Field
 from starlette.staticfiles import StaticFiles
+from starlette.types import Scope
 
 from proxy.doors import schemas
 from proxy.doors.responses import json_response
@@ -113,6 +114,27 @@ def routes(endpoints: ConsoleEndpoints) -> list[Route]:
     ]
 
 
+POLICY = {
+    # Only the proxy's own files and API: an injected script or style could not run, a
+    # page could not frame the console, and nothing is fetched from elsewhere. Images are
+    # the user's own upload (drawn from a blob) and the empty favicon (a data: URL).
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+    "connect-src 'self'; img-src 'self' blob: data:; frame-ancestors 'none'; "
+    "base-uri 'none'; form-action 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+class Page(StaticFiles):
+    """The page's files, each answered with the POLICY headers."""
+
+    async def get_response(self, path: str, scope: Scope) -> Response:
+        response = await super().get_response(path, scope)
+        response.headers.update(POLICY)
+        return response
+
+
 def page() -> StaticFiles:
     """The page's files, served at PAGE/ (index.html at PAGE/)."""
-    return StaticFiles(directory=ASSETS, html=True)
+    return Page(directory=ASSETS, html=True)

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from playwright.async_api import Browser, BrowserContext, Page, async_playwright
+from playwright.async_api import Browser, BrowserContext, Page, async_playwright, expect
 from playwright.async_api import Error as PlaywrightError
 
 from samples import digits, text
@@ -62,6 +62,8 @@ class Watched:
         self.context = context
         self.urls: list[str] = []
         self.outside: list[str] = []
+        self.errors: list[str] = []
+        """The pages' uncaught exceptions and the browser's refusals (CSP, mixed content)."""
 
     async def route(self, route, request) -> None:
         self.urls.append(request.url)
@@ -82,8 +84,15 @@ class Watched:
 
 async def _console(watched: Watched, url: str) -> Page:
     page = await watched.context.new_page()
-    errors: list[str] = []
+    errors = watched.errors
     page.on("pageerror", lambda exc: errors.append(str(exc)))
+    # A failed fetch is logged too ("Failed to load resource": the 415 the test provokes).
+    page.on(
+        "console",
+        lambda m: (
+            m.type == "error" and "Failed to load resource" not in m.text and errors.append(m.text)
+        ),
+    )
     await page.goto(f"{url}/console/")
     await page.wait_for_selector("body[data-ready=true]", timeout=20_000)
     assert errors == [], errors
@@ -158,21 +167,19 @@ async def test_the_console_shows_the_mesh_and_answers_uploads(
     assert (await page.inner_text("#try-status")).startswith("415: ")
 
     # The uploads are among the last requests, and the live figures have filled in.
-    await page.wait_for_function(
-        "document.querySelectorAll('#recent tbody tr').length >= 3", timeout=10_000
-    )
+    # Waited for by locators (polled by Playwright), not page functions: the page's policy
+    # refuses the eval those need.
+    await page.locator("#recent tbody tr[data-id]").nth(2).wait_for(timeout=10_000)
     rows = await page.locator("#recent tbody tr td:nth-child(2)").all_inner_texts()
     assert {"digits", "ocr"} <= set(rows)
     live = page.locator('[data-live="ocr|(request)"]')
-    await page.wait_for_function(
-        "document.querySelector('[data-live=\"ocr|(request)\"]').textContent.includes('p50')",
-        timeout=10_000,
-    )
+    await expect(live).to_contain_text("p50", timeout=10_000)
     assert "p99" in await live.inner_text()
     await page.screenshot(path=tmp_path / "console.png", full_page=True)
     report(f"console page: screenshots in {tmp_path}; {len(watched.urls)} requests, all local")
     assert watched.outside == []
     assert all(urlsplit(u).hostname == "127.0.0.1" for u in watched.urls if "://" in u)
+    assert watched.errors == []  # nothing the page does is refused by its own policy
     await watched.context.close()
 
 

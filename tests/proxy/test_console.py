@@ -126,6 +126,12 @@ async def test_the_page_is_served_behind_the_key(servers, make_client) -> None:
     for name in ("console.css", "waterfall.js", "answers.js", "console.js"):
         assert f'"{name}"' in page.text
     assert script.status_code == 200 and "v1/console/latency" in script.text
+    # Nothing but the proxy's own files may run or be fetched, and no page may frame it.
+    for answer in (page, script):
+        policy = answer.headers["Content-Security-Policy"]
+        assert "default-src 'none'" in policy and "script-src 'self'" in policy
+        assert "frame-ancestors 'none'" in policy
+        assert answer.headers["X-Content-Type-Options"] == "nosniff"
     assert feed.status_code == 401
 
 
