@@ -74,14 +74,21 @@ class InProcess:
         rec_in = r["ocr_rotate_rec_input"].run({**crops, "probs": cls})
         index, prob, space = self._run_rows("ocr_rec", rec_in["x"], rec_in["widths"])
         out = r["ocr_ctc_decode"].run(
-            {"index": index, "prob": prob, "space": space, "boxes": rec_in["boxes"]}
+            {
+                "index": index,
+                "prob": prob,
+                "space": space,
+                "boxes": rec_in["boxes"],
+                "to_image": rec_in["to_image"],
+            }
         )
-        return {
-            "lines": [
-                {"text": t.decode(), "score": float(s), "box": b.tolist()}
-                for t, s, b in zip(out["text"], out["score"], out["boxes"], strict=True)
-            ]
-        }
+        lines = [
+            {"text": t.decode(), "score": float(s), "box": b.tolist(), "words": []}
+            for t, s, b in zip(out["text"], out["score"], out["boxes"], strict=True)
+        ]
+        for word, box, line in zip(out["words"], out["word_boxes"], out["word_lines"], strict=True):
+            lines[line]["words"].append({"text": word.decode(), "box": box.tolist()})
+        return {"lines": lines}
 
 
 def _bytes(blob: bytes) -> np.ndarray:

@@ -215,8 +215,9 @@ def reading_order(boxes: list[np.ndarray]) -> list[np.ndarray]:
     return [box for line in lines for box in sorted(line, key=lambda b: float(b[:, 0].min()))]
 
 
-def perspective_crop(img: np.ndarray, box: np.ndarray) -> np.ndarray:
-    """The quadrilateral `box` of `img`, straightened; tall crops are turned upright."""
+def perspective_crop(img: np.ndarray, box: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The quadrilateral `box` of `img`, straightened (tall crops turned upright), and the
+    3x3 matrix taking the crop's pixels back to `img`'s (word boxes are found in the crop)."""
     width = int(max(np.linalg.norm(box[0] - box[1]), np.linalg.norm(box[2] - box[3])))
     height = int(max(np.linalg.norm(box[0] - box[3]), np.linalg.norm(box[1] - box[2])))
     target = np.array([[0, 0], [width, 0], [width, height], [0, height]], dtype=np.float32)
@@ -224,9 +225,11 @@ def perspective_crop(img: np.ndarray, box: np.ndarray) -> np.ndarray:
     crop = cv2.warpPerspective(
         img, matrix, (width, height), borderMode=cv2.BORDER_REPLICATE, flags=cv2.INTER_CUBIC
     )
+    back = np.linalg.inv(matrix)
     if crop.shape[0] / max(crop.shape[1], 1) >= 1.5:
-        crop = np.rot90(crop)
-    return np.ascontiguousarray(crop)
+        crop = np.rot90(crop)  # a quarter turn anticlockwise: (x, y) came from (width - y, x)
+        back = back @ np.array([[0, -1, width], [1, 0, 0], [0, 0, 1]], np.float64)
+    return np.ascontiguousarray(crop), back
 
 
 @op
@@ -242,8 +245,11 @@ def ocr_crops(
     use_dilation: bool = True,
     min_size: int = 3,
     boxes_output: str = "boxes",
+    to_image_output: str = "to_image",
 ) -> None:
-    """Text-line crops (into state.images) and their boxes in original-image pixels."""
+    """Text-line crops (into state.images), their boxes in original-image pixels, and for
+    each a 3x3 matrix from the crop's pixels to the original image's (FP32 [N,3,3]; the
+    crop's later turns and resizes update it: preprocess/ocr_lines.py)."""
     prob, img, tf = state.tensor(map), state.tensor(image), state.tensor(transform)
     if prob.ndim != 4 or prob.shape[:2] != (1, 1) or 0 in prob.shape:
         raise InvalidInput(f"input '{map}': expected [1,1,H,W], got {list(prob.shape)}")
@@ -264,8 +270,15 @@ def ocr_crops(
         min_size=min_size,
     )
     boxes = reading_order(_tidy(boxes, h, w))
-    state.images = [perspective_crop(img, box) for box in boxes]
+    cut = [perspective_crop(img, box) for box in boxes]
+    state.images = [crop for crop, _ in cut]
     pad_top, pad_left, ratio_h, ratio_w, raw_h, raw_w = tf.tolist()
+    to_original = np.array(
+        [[ratio_w, 0, -pad_left * ratio_w], [0, ratio_h, -pad_top * ratio_h], [0, 0, 1]]
+    )
+    state.tensors[to_image_output] = np.array(
+        [to_original @ back for _, back in cut], np.float32
+    ).reshape(-1, 3, 3)
     original = np.array(boxes, dtype=np.float32).reshape(-1, 4, 2)
     original[..., 0] = np.clip((original[..., 0] - pad_left) * ratio_w, 0, raw_w)
     original[..., 1] = np.clip((original[..., 1] - pad_top) * ratio_h, 0, raw_h)

@@ -72,6 +72,7 @@ def rotate_by_class(
     index: int = 1,
     threshold: float = 0.9,
     boxes: str | None = None,
+    to_image: str | None = None,
     height: int = 48,
     width: int = 192,
 ) -> None:
@@ -84,7 +85,9 @@ def rotate_by_class(
     0.98 against the threshold of 0.9.
 
     With `boxes`: when most crops were upside down the page itself is, so its reading
-    order runs backwards; crops and boxes are then reversed to read naturally.
+    order runs backwards; crops and boxes are then reversed to read naturally. With
+    `to_image` (each crop's matrix to the image's pixels, from `ocr_crops`): turned and
+    reversed with its crop.
     """
     p = state.tensor(probs)
     counts = [len(cls_windows(im.shape[0], im.shape[1], width / height)) for im in state.images]
@@ -98,18 +101,36 @@ def rotate_by_class(
     evidence = np.add.reduceat(np.log(q / (1 - q)), starts) if counts else np.zeros(0)
     per_crop = 1 / (1 + np.exp(-evidence / np.maximum(1, counts)))
     flipped = per_crop > threshold
+    if boxes is not None and state.tensor(boxes).shape[:1] != (len(state.images),):
+        raise InvalidInput(
+            f"input '{boxes}' has {len(state.tensor(boxes))} boxes for {len(state.images)} crops"
+        )
+    if to_image is not None:
+        frames = _frames(state, to_image).copy()
+        for i in np.flatnonzero(flipped):
+            h, w = state.images[i].shape[:2]
+            # Half a turn: (x, y) came from (w - x, h - y).
+            frames[i] = frames[i] @ np.array([[-1, 0, w], [0, -1, h], [0, 0, 1]], np.float32)
+        state.tensors[to_image] = frames
     state.images = [
         cv2.rotate(im, cv2.ROTATE_180) if flipped[i] else im for i, im in enumerate(state.images)
     ]
-    if boxes is not None:
-        b = state.tensor(boxes)
-        if b.shape[:1] != (len(state.images),):
-            raise InvalidInput(
-                f"input '{boxes}' has {b.shape[0]} boxes for {len(state.images)} crops"
-            )
-        if flipped.sum() * 2 > len(flipped):
-            state.images = state.images[::-1]
-            state.tensors[boxes] = b[::-1].copy()
+    if boxes is None or flipped.sum() * 2 <= len(flipped):
+        return
+    state.images = state.images[::-1]
+    for name in (boxes, to_image):
+        if name is not None:
+            state.tensors[name] = state.tensor(name)[::-1].copy()
+
+
+def _frames(state: State, name: str) -> np.ndarray:
+    frames = state.tensor(name)
+    if frames.shape != (len(state.images), 3, 3):
+        raise InvalidInput(
+            f"input '{name}': expected [{len(state.images)},3,3] (a matrix a crop), "
+            f"got {list(frames.shape)}"
+        )
+    return frames
 
 
 @op
@@ -119,12 +140,20 @@ def ocr_rec_batch(
     widths_output: str = "widths",
     height: int = 48,
     min_width: int = 320,
+    to_image: str | None = None,
 ) -> None:
     """Crops as the recogniser's UINT8 [N,48,W,3] input, W fitting the widest crop, and
     each row's own width (INT32 [N], at least `min_width`): the recogniser runs each line
-    at its width (its `ragged` config), not the padded batch's."""
+    at its width (its `ragged` config), not the padded batch's. With `to_image` (each
+    crop's matrix to the image's pixels): made to start from the recogniser's input."""
     ratios = [im.shape[1] / im.shape[0] for im in state.images]
     width = int(height * max([min_width / height, *ratios]))
+    if to_image is not None:
+        frames = _frames(state, to_image).copy()
+        for i, im in enumerate(state.images):
+            scale_x = im.shape[1] / ceil_width(im.shape[0], im.shape[1], height, width)
+            frames[i] = frames[i] @ np.diag([scale_x, im.shape[0] / height, 1]).astype(np.float32)
+        state.tensors[to_image] = frames
     state.tensors[output] = _paddle_batch(state.images, height, width)
     state.tensors[widths_output] = np.array(
         [

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
+from preprocess.ocr_words import Span, split_words, word_boxes
 from preprocess.ops import op
 from preprocess.state import State
 from protos.errors import InvalidInput
@@ -70,26 +72,34 @@ def _after_punctuation(before: str, previous: str, after: str) -> bool:
     return after.isdigit() and before in "!?" and not previous.isdigit()
 
 
+class Line(NamedTuple):
+    text: str
+    score: float
+    spans: list[Span]
+    """Each character's first and last step (a space put in a word gap: (-1, -1))."""
+
+
 def ctc_line(
     idx: np.ndarray,
     prob: np.ndarray,
     space: np.ndarray | None,
     chars: list[str],
     spacing: Spacing,
-) -> tuple[str, float]:
+) -> Line:
     """One line's best path: repeats merged, blanks dropped, and a space put in each word
     gap `spacing` finds (none without the space's probabilities: the recogniser's own
     spaces only). Score: the mean probability of the kept steps."""
     cls, starts, ends = _runs(idx)
     if not len(cls):
-        return "", 0.0
+        return Line("", 0.0, [])
     score = float(np.mean(prob[starts]))
     space_class = len(chars) - 1
+    spans = list(zip(starts.tolist(), ends.tolist(), strict=True))
     if space is None:
-        return "".join(chars[c] for c in cls), score
+        return Line("".join(chars[c] for c in cls), score, spans)
     letters = starts[cls != space_class]
     median = float(np.median(np.diff(letters))) if len(letters) > 1 else 1.0
-    out = [chars[cls[0]]]
+    out, kept = [chars[cls[0]]], [spans[0]]
     for k in range(1, len(cls)):
         here = chars[cls[k]]
         if cls[k] != space_class and out[-1] != " ":
@@ -110,8 +120,10 @@ def ctc_line(
                 )
             ):
                 out.append(" ")
+                kept.append((-1, -1))
         out.append(here)
-    return "".join(out), score
+        kept.append(spans[k])
+    return Line("".join(out), score, kept)
 
 
 def latin_punctuation(text: str) -> str:
@@ -141,19 +153,26 @@ def ocr_ctc_decode(
     prob: str = "prob",
     space: str = "space",
     boxes: str = "boxes",
+    to_image: str = "to_image",
     min_score: float = 0.5,
     space_strong: float = Spacing.strong,
     space_weak: float = Spacing.weak,
     space_gap_steps: int = Spacing.gap_steps,
     space_pitch: float = Spacing.pitch,
     space_after_punctuation_steps: int = Spacing.after_punctuation_steps,
+    word_margin_steps: float = 1.25,
     text_output: str = "text",
     score_output: str = "score",
     boxes_output: str = "boxes",
+    words_output: str = "words",
+    word_boxes_output: str = "word_boxes",
+    word_lines_output: str = "word_lines",
 ) -> None:
     """Best class per step -> text and confidence per line (lines under min_score drop);
     with the space's probability per step (`space`, optional), word gaps (`space_*`: the
-    fields of Spacing)."""
+    fields of Spacing). The kept lines' words too, each with the line it is on and, given
+    each line's matrix from the recogniser's input to the image (`to_image`, optional),
+    its box (preprocess/ocr_words.py)."""
     chars = charset(Path(characters_file))
     idx, p = state.tensor(index), state.tensor(prob)
     if idx.ndim != 2 or p.shape != idx.shape:
@@ -167,6 +186,14 @@ def ocr_ctc_decode(
         raise InvalidInput(
             f"input '{index}' holds classes outside this character list (0..{len(chars) - 1})"
         )
+    box = state.tensors.get(boxes)
+    if box is not None and box.shape[0] != len(idx):
+        raise InvalidInput(f"input '{boxes}' has {box.shape[0]} boxes for {len(idx)} lines")
+    frames = state.tensors.get(to_image)
+    if frames is not None and frames.shape != (len(idx), 3, 3):
+        raise InvalidInput(
+            f"input '{to_image}' {list(frames.shape)} must be [{len(idx)},3,3] (one a line)"
+        )
     rule = Spacing(
         space_strong, space_weak, space_gap_steps, space_pitch, space_after_punctuation_steps
     )
@@ -174,16 +201,28 @@ def ocr_ctc_decode(
         ctc_line(idx[i], p[i], None if gaps is None else gaps[i], chars, rule)
         for i in range(len(idx))
     ]
-    box = state.tensors.get(boxes)
-    if box is not None and box.shape[0] != len(decoded):
-        raise InvalidInput(f"input '{boxes}' has {box.shape[0]} boxes for {len(decoded)} lines")
-    keep = [i for i, (text, score) in enumerate(decoded) if text and score >= min_score]
-    state.tensors[text_output] = np.array(
-        [latin_punctuation(decoded[i][0]).encode() for i in keep] or [], dtype=object
-    )
-    state.tensors[score_output] = np.array([decoded[i][1] for i in keep], dtype=np.float32)
-    state.tensors[boxes_output] = (
+    keep = [i for i, (text, score, _) in enumerate(decoded) if text and score >= min_score]
+    texts = [latin_punctuation(decoded[i].text) for i in keep]
+    state.tensors[text_output] = np.array([t.encode() for t in texts] or [], dtype=object)
+    state.tensors[score_output] = np.array([decoded[i].score for i in keep], dtype=np.float32)
+    line_boxes = (
         box[keep].reshape(-1, 4, 2).astype(np.float32)
         if box is not None
         else np.zeros((len(keep), 4, 2), np.float32)  # no boxes given: none to report
     )
+    state.tensors[boxes_output] = line_boxes
+    words, places, lines = [], [], []
+    for row, (i, text) in enumerate(zip(keep, texts, strict=True)):
+        found = split_words(text, decoded[i].spans)
+        words += [w.text.encode() for w in found]
+        lines += [row] * len(found)
+        if frames is None:
+            places.append(np.zeros((len(found), 4, 2), np.float32))
+        else:
+            edge = None if box is None else line_boxes[row]
+            places.append(word_boxes(found, frames[i], edge, word_margin_steps))
+    state.tensors[words_output] = np.array(words, dtype=object)
+    state.tensors[word_boxes_output] = (
+        np.concatenate(places) if places else np.zeros((0, 4, 2), np.float32)
+    )
+    state.tensors[word_lines_output] = np.array(lines, dtype=np.int32)

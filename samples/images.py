@@ -86,3 +86,21 @@ def cer(predicted: list[str], truth: list[str], spaces: bool = False) -> tuple[i
             cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
         prev = cur
     return prev[-1], len(b)
+
+
+def word_box_fit(truth: np.ndarray | list, box: np.ndarray | list) -> tuple[float, float]:
+    """How well a word's `box` (four corners, clockwise from its top-left as read) fits the
+    word as drawn (`truth`, the same): (intersection over union along the line, measured
+    on the box's top edge's direction; the share of the truth's area the box covers). A
+    word box is as tall as its line's box, so an overlap of areas would mostly measure the
+    line's height; these two measure where the word starts and ends, and that it is all
+    inside."""
+    t, b = np.asarray(truth, np.float64).reshape(-1, 2), np.asarray(box, np.float64).reshape(-1, 2)
+    along = (b[1] - b[0]) / max(float(np.linalg.norm(b[1] - b[0])), 1e-9)
+    (t0, t1), (b0, b1) = ((float(q.min()), float(q.max())) for q in (t @ along, b @ along))
+    union = max(t1, b1) - min(t0, b0)
+    iou = max(0.0, min(t1, b1) - max(t0, b0)) / union if union > 0 else 0.0
+    hulls = [cv2.convexHull(q.astype(np.float32)) for q in (t, b)]
+    inter, _ = cv2.intersectConvexConvex(*hulls)
+    area = cv2.contourArea(hulls[0])
+    return iou, float(inter / area) if area > 0 else 0.0

@@ -11,36 +11,15 @@ varies; everything is drawn from a seeded generator.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from functools import cache
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import cv2
 import numpy as np
-from PIL import Image, ImageDraw, ImageFont
 
-from samples.pixels import Colour, contrasting, encode
+from samples.pixels import contrasting, encode
+from samples.text_drawing import Look, WordBox, draw, drawn, fonts
 
-_FONT_FILES = (
-    "DejaVuSans.ttf",
-    "DejaVuSans-Bold.ttf",
-    "DejaVuSans-Oblique.ttf",
-    "DejaVuSerif.ttf",
-    "DejaVuSerif-Bold.ttf",
-    "DejaVuSansMono.ttf",
-    "STIXGeneral.ttf",
-    "STIXGeneralBol.ttf",
-    "cmss10.ttf",
-)
-
-
-@cache
-def fonts() -> tuple[Path, ...]:
-    import matplotlib
-
-    folder = Path(matplotlib.get_data_path()) / "fonts" / "ttf"
-    return tuple(folder / name for name in _FONT_FILES)
-
+__all__ = ["CATEGORIES", "Look", "Sample", "draw", "drawn", "fonts", "sentence", "suite"]
 
 # ---------------------------------------------------------------- words
 
@@ -76,80 +55,6 @@ def _token(rng: np.random.Generator) -> str:
 
 def sentence(rng: np.random.Generator, words: tuple[int, int] = (2, 8)) -> str:
     return " ".join(_token(rng) for _ in range(int(rng.integers(*words))))
-
-
-# ---------------------------------------------------------------- drawing
-
-
-@dataclass(frozen=True)
-class Look:
-    """How a text image is drawn."""
-
-    lines: int = 1
-    size: int = 24
-    """Text height in pixels (the font's size: ascender to descender)."""
-    font: int = 0
-    ink: Colour = (0, 0, 0)
-    paper: Colour = (255, 255, 255)
-    paper_to: Colour | None = None
-    """Paper colour at the far end of a linear gradient (None: flat paper)."""
-    margin: float = 0.6
-    """Blank space around the text, in text heights."""
-    spacing: float = 1.5
-    """Line pitch, in text heights."""
-    upside_down: bool = False
-    perspective: float = 0.0
-    """Corners moved by up to this fraction of the image's sides."""
-    blur: float = 0.0
-    """Gaussian sigma, in text heights."""
-    noise: float = 0.0
-    """Sigma (grey levels) of Gaussian pixel noise."""
-    jpeg: int | None = None
-
-
-def draw(text: list[str], look: Look, rng: np.random.Generator) -> np.ndarray:
-    """The lines drawn as a BGR image."""
-    font = ImageFont.truetype(str(fonts()[look.font % len(fonts())]), look.size)
-    widths = [font.getlength(line) for line in text]
-    pitch = round(look.spacing * look.size)
-    margin = round(look.margin * look.size) + 2
-    indents = [int(rng.integers(0, max(1, look.size * 2))) if len(text) > 1 else 0 for _ in text]
-    width = int(max(w + i for w, i in zip(widths, indents, strict=True))) + 2 * margin
-    height = pitch * (len(text) - 1) + round(1.3 * look.size) + 2 * margin
-    paper = _paper(height, width, look, rng)
-    canvas = Image.fromarray(paper[..., ::-1].copy())
-    pen = ImageDraw.Draw(canvas)
-    for i, line in enumerate(text):
-        pen.text((margin + indents[i], margin + i * pitch), line, font=font, fill=look.ink[::-1])
-    img = np.asarray(canvas)[..., ::-1].astype(np.float32)
-    if look.perspective:
-        img = _perspective(img, look.perspective, rng)
-    if look.blur:
-        img = cv2.GaussianBlur(img, (0, 0), look.blur * look.size)
-    if look.noise:
-        img += rng.normal(0, look.noise, img.shape).astype(np.float32)
-    img = np.clip(np.round(img), 0, 255).astype(np.uint8)
-    return cv2.rotate(img, cv2.ROTATE_180) if look.upside_down else img
-
-
-def _paper(height: int, width: int, look: Look, rng: np.random.Generator) -> np.ndarray:
-    start = np.asarray(look.paper, np.float32)
-    if look.paper_to is None:
-        return np.broadcast_to(start, (height, width, 3)).astype(np.uint8)
-    angle = float(rng.uniform(0, 2 * np.pi))
-    ys, xs = np.mgrid[0:height, 0:width].astype(np.float32)
-    along = xs * np.cos(angle) + ys * np.sin(angle)
-    t = (along - along.min()) / max(1e-6, float(along.max() - along.min()))
-    end = np.asarray(look.paper_to, np.float32)
-    return (start + (end - start) * t[..., np.newaxis]).astype(np.uint8)
-
-
-def _perspective(img: np.ndarray, amount: float, rng: np.random.Generator) -> np.ndarray:
-    h, w = img.shape[:2]
-    corners = np.array([[0, 0], [w, 0], [w, h], [0, h]], np.float32)
-    moved = (corners + rng.uniform(-amount, amount, (4, 2)) * [w, h]).astype(np.float32)
-    matrix = cv2.getPerspectiveTransform(corners, moved)
-    return cv2.warpPerspective(img, matrix, (w, h), borderMode=cv2.BORDER_REPLICATE)
 
 
 # ---------------------------------------------------------------- categories
@@ -275,6 +180,8 @@ class Sample:
     image: bytes
     lines: list[str]
     """The true lines, in reading order."""
+    words: list[list[WordBox]] = field(default_factory=list)
+    """Each line's words and where they are (samples/text_drawing.py)."""
 
 
 def suite(per_category: int, seed: int = 0, categories: list[str] | None = None) -> list[Sample]:
@@ -290,7 +197,8 @@ def suite(per_category: int, seed: int = 0, categories: list[str] | None = None)
         for _ in range(per_category):
             look = sampler(rng)
             text = [sentence(rng) for _ in range(look.lines)]
-            out.append(Sample(name, encode(draw(text, look, rng), look.jpeg), text))
+            image, words = drawn(text, look, rng)
+            out.append(Sample(name, encode(image, look.jpeg), text, words))
     return out
 
 

@@ -1,7 +1,10 @@
 """Shape a pipeline's answer from its tensors, as the definition's `result` template says.
 
 - "step.tensor" or "step.tensor[i]": the tensor (or its i-th row) as JSON
-- {zip: {field: ref, ...}}: a list of records over the tensors' first dimension
+- {zip: {field: ref, ...}}: a list of records over the tensors' first dimension; a field
+  may also be {group: {field: ref, ...}, by: ref}: each record's own list of records, those
+  rows of the group's tensors whose `by` (an integer per row) is the record's index (OCR's
+  words, by the line they are on)
 - {per_branch: step, fields: {field: "tensor[i]"}}: a record per successful branch
 Missing tensors (a step a switch skipped) give null, or [] in a zip.
 """
@@ -57,13 +60,19 @@ def render(
     if not isinstance(template, dict):
         return template
     if set(template) == {"zip"}:
-        columns = {k: _lookup(ref, tensors) for k, ref in template["zip"].items()}
-        if any(c is None for c in columns.values()):
+        fields = template["zip"]
+        columns = {k: _lookup(ref, tensors) for k, ref in fields.items() if isinstance(ref, str)}
+        if not columns or any(c is None for c in columns.values()):
             return []
         rows = min(len(c) for c in columns.values() if c is not None)
-        return [
+        records = [
             {k: to_json(c[i]) for k, c in columns.items() if c is not None} for i in range(rows)
         ]
+        for k, grouped in fields.items():
+            if isinstance(grouped, dict):
+                for record, members in zip(records, _grouped(grouped, tensors, rows), strict=True):
+                    record[k] = members
+        return records
     if set(template) == {"per_branch", "fields"}:
         out = {}
         for branch, outputs in branches.get(template["per_branch"], {}).items():
@@ -73,3 +82,17 @@ def render(
             }
         return out
     return {k: render(v, tensors, branches) for k, v in template.items()}
+
+
+def _grouped(template: dict, tensors: dict[str, np.ndarray], rows: int) -> list[list[dict]]:
+    """{group: {field: ref}, by: ref}: the group's records dealt out to `rows` lists by the
+    row index `by` gives each (one out of range belongs to none)."""
+    out: list[list[dict]] = [[] for _ in range(rows)]
+    by = _lookup(str(template.get("by")), tensors)
+    members = render({"zip": template.get("group", {})}, tensors, {})
+    if by is None:
+        return out
+    for row, member in zip(by.reshape(-1).tolist(), members, strict=False):
+        if 0 <= row < rows:
+            out[row].append(member)
+    return out

@@ -96,8 +96,19 @@ def test_ocr_over_grpc_and_http_as_on_v1(mesh: Mesh, tmp_path: Path) -> None:
     for boxes in (np.reshape(got["box"]["data"], got["box"]["shape"]), http.as_numpy("box")):
         np.testing.assert_allclose(boxes, [x["box"] for x in lines])
     np.testing.assert_allclose(got["score"]["data"], [x["score"] for x in lines], rtol=1e-6)
+    # The words, a row each, with the row of their line: /v1's words under their lines.
+    words = [(w["text"], w["box"], row) for row, x in enumerate(lines) for w in x["words"]]
+    assert len(words) >= 2 and got["word"]["data"] == [w for w, _, _ in words]
+    assert [t.decode() for t in http.as_numpy("word")] == [w for w, _, _ in words]
+    assert got["word_line"]["data"] == http.as_numpy("word_line").tolist() == [r for *_, r in words]
+    for boxes in (
+        np.reshape(got["word_box"]["data"], got["word_box"]["shape"]),
+        http.as_numpy("word_box"),
+    ):
+        np.testing.assert_allclose(boxes, [b for _, b, _ in words])
     empty = seen["unary"][1]
     assert empty["text"]["shape"] == [0] and empty["box"]["shape"] == [0, 4, 2]
+    assert empty["word"]["shape"] == [0] and empty["word_box"]["shape"] == [0, 4, 2]
 
 
 def test_a_bad_image_is_invalid_argument_naming_it(mesh: Mesh, tmp_path: Path) -> None:

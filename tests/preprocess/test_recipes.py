@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
+import cv2
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -91,6 +92,7 @@ def rotate_only(recipes: dict[str, Recipe]) -> Recipe:
         "crops": {"datatype": "UINT8", "shape": [-1, -1, -1, 3]},
         "crop_sizes": {"datatype": "INT32", "shape": [-1, 2]},
         "boxes": {"datatype": "FP32", "shape": [-1, 4, 2]},
+        "to_image": {"datatype": "FP32", "shape": [-1, 3, 3]},
     }
     declared = [{"name": n, **t} for n, t in tensors.items()]
     config = cfg.RecipeConfig.model_validate(
@@ -105,6 +107,7 @@ def rotate_only(recipes: dict[str, Recipe]) -> Recipe:
                         "index": 1,
                         "threshold": 0.9,
                         "boxes": "boxes",
+                        "to_image": "to_image",
                     }
                 },
                 {"stack_padded": {"output": "crops", "sizes_output": "crop_sizes"}},
@@ -123,14 +126,18 @@ def test_rotate_turns_only_confident_upside_down_crops(recipes: dict[str, Recipe
     sizes = np.array([[10, 30]] * 3, np.int32)
     probs = np.array([[0.99, 0.01], [0.05, 0.95], [0.2, 0.8]], np.float32)
     boxes = np.arange(24, dtype=np.float32).reshape(3, 4, 2)
+    to_image = np.stack([np.eye(3, dtype=np.float32) + k for k in range(3)])
     out = rotate_only(recipes).run(
-        {"crops": crops, "crop_sizes": sizes, "probs": probs, "boxes": boxes}
+        {"crops": crops, "crop_sizes": sizes, "probs": probs, "boxes": boxes, "to_image": to_image}
     )
     turned = out["crops"]
     assert turned[0, :, :5].min() == 255, "class 0: unchanged"
     assert turned[1, :, -5:].min() == 255, "class 180 above 0.9: turned"
     assert turned[2, :, :5].min() == 255, "class 180 at 0.8: below threshold, unchanged"
     np.testing.assert_array_equal(out["boxes"], boxes)
+    # The turned crop's pixel (x, y) is the unturned one's (30 - x, 10 - y).
+    half_turn = np.array([[-1, 0, 30], [0, -1, 10], [0, 0, 1]], np.float32)
+    np.testing.assert_allclose(out["to_image"], [to_image[0], to_image[1] @ half_turn, to_image[2]])
 
 
 def test_an_upside_down_page_reads_backwards(recipes: dict[str, Recipe]) -> None:
@@ -138,11 +145,13 @@ def test_an_upside_down_page_reads_backwards(recipes: dict[str, Recipe]) -> None
     sizes = np.array([[10, 30]] * 3, np.int32)
     probs = np.array([[0.01, 0.99], [0.02, 0.98], [0.9, 0.1]], np.float32)
     boxes = np.arange(24, dtype=np.float32).reshape(3, 4, 2)
+    to_image = np.stack([np.eye(3, dtype=np.float32) * (k + 1) for k in range(3)])
     out = rotate_only(recipes).run(
-        {"crops": crops, "crop_sizes": sizes, "probs": probs, "boxes": boxes}
+        {"crops": crops, "crop_sizes": sizes, "probs": probs, "boxes": boxes, "to_image": to_image}
     )
     np.testing.assert_array_equal(out["boxes"], boxes[::-1])
     assert [int(c[0, 0, 0]) for c in out["crops"]] == [100, 50, 0]
+    assert [float(m[2, 2]) for m in out["to_image"]] == [3, 2, 1], "matrices follow crops"
 
 
 def test_ctc_decode_merges_repeats_and_drops_blanks(recipes: dict[str, Recipe]) -> None:
@@ -157,7 +166,73 @@ def test_ctc_decode_merges_repeats_and_drops_blanks(recipes: dict[str, Recipe]) 
     assert out["text"].tolist() == [b"aab7"]
     assert out["score"][0] == pytest.approx(0.9)
     alphabet = ["", *chars, " "]
-    assert ctc_line(index[0], prob[0], None, alphabet, Spacing()) == ("aab7", pytest.approx(0.9))
+    line = ctc_line(index[0], prob[0], None, alphabet, Spacing())
+    assert (line.text, line.score) == ("aab7", pytest.approx(0.9))
+    assert line.spans == [(0, 1), (3, 3), (4, 5), (8, 8)], "each character's steps"
+
+
+def test_ctc_decode_gives_words_and_their_boxes_on_the_image(
+    recipes: dict[str, Recipe],
+) -> None:
+    """Words are the text's runs between spaces; a word's box runs from its first step to
+    the end of its last (a step: 8 px of the recogniser's input), widened by
+    word_margin_steps (1.25 steps, 10 px) up to the middle of the gap to its neighbour and
+    the line's end, spans the input's 48 px down, and is carried to the image by the
+    line's matrix (here: twice the size, shifted by (100, 50))."""
+    chars = (ROOT / "models/repository/ocr_rec/characters.txt").read_text().split("\n")[:-1]
+    position = {c: i + 1 for i, c in enumerate(chars)}
+    steps = "ab__cd_"
+    index = np.array([[0 if c == "_" else position[c] for c in steps]] * 2, np.int64)
+    space = np.array([[0, 0, 0.9, 0, 0, 0, 0]] * 2, np.float32)
+    to_image = np.array([[[2, 0, 100], [0, 2, 50], [0, 0, 1]]] * 2, np.float32)
+    line = np.array([[100, 50], [220, 50], [220, 146], [100, 146]], np.float32)  # 60 px
+    prob = np.array([[0.9] * 7, [0.1] * 7], np.float32)  # the second line drops (min_score)
+    out = recipes["ocr_ctc_decode"].run(
+        {
+            "index": index,
+            "prob": prob,
+            "space": space,
+            "boxes": np.stack([line, line]),
+            "to_image": to_image,
+        }
+    )
+    assert out["text"].tolist() == [b"ab cd"]
+    assert out["words"].tolist() == [b"ab", b"cd"] and out["word_lines"].tolist() == [0, 0]
+    # ab: steps 0-1, px 0-16, widened to 0 (the line's start) and 24 (the gap's middle);
+    # cd: steps 4-5, px 32-48, widened to 24 and 58.
+    np.testing.assert_allclose(
+        out["word_boxes"],
+        [
+            [[100, 50], [148, 50], [148, 146], [100, 146]],
+            [[148, 50], [216, 50], [216, 146], [148, 146]],
+        ],
+    )
+
+
+def test_crops_carry_their_way_back_to_the_image(recipes: dict[str, Recipe]) -> None:
+    """Each crop's matrix takes its corners to its box's corners on the original image; a
+    tall crop is turned upright, its matrix with it."""
+    for text, turn in (("Wide line 42", None), ("Tall", cv2.ROTATE_90_CLOCKWISE)):
+        img = np.full((220, 420, 3), 255, np.uint8)
+        cv2.putText(img, text, (40, 120), cv2.FONT_HERSHEY_SIMPLEX, 1.2, (0, 0, 0), 3)
+        if turn is not None:
+            img = np.ascontiguousarray(cv2.rotate(img, turn))
+        det = recipes["ocr_det_input"].run({"image_bytes": as_bytes(encode(img))})
+        maps = _ocr_session("ocr_det").run(None, {"x": det["x"]})[0]
+        out = recipes["ocr_crops"].run(
+            {"maps": maps, "image": det["image"], "transform": det["transform"]}
+        )
+        assert len(out["crop_sizes"]) == 1
+        h, w = out["crop_sizes"][0]
+        assert (w > h) and ((turn is None) == (img.shape[1] > img.shape[0]))
+        corners = np.array([[0, 0, 1], [w, 0, 1], [w, h, 1], [0, h, 1]], np.float64)
+        mapped = corners @ out["to_image"][0].astype(np.float64).T
+        mapped = mapped[:, :2] / mapped[:, 2:]
+        box = out["boxes"][0]
+        # Clockwise from the crop's top-left: the box's own corners, rolled a quarter turn
+        # for the tall one (its first corner is the text's start, not the image's top-left).
+        expected = box if turn is None else np.roll(box, -1, axis=0)
+        np.testing.assert_allclose(mapped, expected, atol=1.5)
 
 
 def _line(recipes: dict[str, Recipe], steps: str, space: list[float]) -> str:
