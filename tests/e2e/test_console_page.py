@@ -148,17 +148,22 @@ async def test_the_console_shows_the_mesh_and_answers_uploads(
     await page.wait_for_selector("#answer-lines", timeout=30_000)
     shown = await page.locator("#answer-lines tr td:first-child").all_inner_texts()
     assert shown == [line["text"] for line in truth]
-    # The boxes are drawn: the canvas holds pixels of the boxes' colour.
+    # The boxes are drawn: the canvas holds pixels of the lines' boxes' colour (blue) and
+    # of the words' (orange).
     drawn = await page.evaluate(
         """() => {
           const c = document.getElementById('answer-canvas');
           const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
-          let n = 0;
-          for (let i = 0; i < d.length; i += 4) if (d[i + 2] > 150 && d[i] < 80) n++;
-          return n;
+          let lines = 0, words = 0;
+          for (let i = 0; i < d.length; i += 4) {
+            if (d[i + 2] > 150 && d[i] < 80) lines++;
+            if (d[i] > 180 && d[i + 1] > 70 && d[i + 1] < 150 && d[i + 2] < 80) words++;
+          }
+          return [lines, words];
         }"""
     )
-    assert drawn > 100, drawn
+    assert drawn[0] > 100 and drawn[1] > 50, drawn
+    assert sum(len(line["words"]) for line in truth) >= 2
     await page.screenshot(path=tmp_path / "ocr.png", full_page=True)
 
     # Not an image: the proxy's error, named, where the answer would be.

@@ -25,7 +25,21 @@
       bars, members);
   }
 
-  // Boxes in the image's own pixels (the pipeline answers them so), scaled to the canvas.
+  // A box's corners in the image's pixels, outlined on the canvas; its first corner back.
+  function outline(g, box, scale, colour, width) {
+    const [first, ...rest] = box.map(([x, y]) => [x * scale, y * scale]);
+    g.strokeStyle = colour;
+    g.lineWidth = width;
+    g.beginPath();
+    g.moveTo(...first);
+    for (const point of rest) g.lineTo(...point);
+    g.closePath();
+    g.stroke();
+    return first;
+  }
+
+  // Boxes in the image's own pixels (the pipeline answers them so), scaled to the canvas:
+  // each word's thin, each line's thick with its text above.
   async function lines(result, file) {
     let picture = null;
     try {
@@ -41,16 +55,12 @@
       height: Math.round(height * scale) });
     const g = canvas.getContext("2d");
     if (picture) g.drawImage(picture, 0, 0, canvas.width, canvas.height);
-    g.lineWidth = 2;
     g.font = "13px sans-serif";
     for (const line of result.lines) {
-      const [first, ...rest] = line.box.map(([x, y]) => [x * scale, y * scale]);
-      g.strokeStyle = "rgba(43, 108, 176, 0.9)";
-      g.beginPath();
-      g.moveTo(...first);
-      for (const point of rest) g.lineTo(...point);
-      g.closePath();
-      g.stroke();
+      for (const word of line.words || []) {
+        outline(g, word.box, scale, "rgba(221, 107, 32, 0.9)", 1);
+      }
+      const first = outline(g, line.box, scale, "rgba(43, 108, 176, 0.9)", 2);
       const label = line.text;
       const textWidth = g.measureText(label).width;
       g.fillStyle = "rgba(43, 108, 176, 0.85)";
