@@ -153,9 +153,9 @@ def engine() -> Iterator[Engine]:
         log.close()
 
 
-def base_image(engine: Engine) -> str:
-    """`BASE_IMAGE` for the Dockerfile, and `REDIS_IMAGE` for compose: Debian bookworm
-    minbase with python3, venv and redis-server."""
+def base_rootfs() -> Path:
+    """Debian bookworm minbase with python3, venv and redis-server, as a tarball cached
+    under build/compose/ (debootstrap takes about a minute)."""
     tarball = CACHE / "bookworm-minbase-redis.tar"
     if not tarball.is_file():
         CACHE.mkdir(parents=True, exist_ok=True)
@@ -173,5 +173,29 @@ def base_image(engine: Engine) -> str:
             partial = tarball.with_suffix(".partial")
             _run(["tar", "-C", rootfs, "-cf", str(partial), "."])
             partial.rename(tarball)
-    _run([docker_cli(), "import", str(tarball), BASE_IMAGE], env=engine.env())
+    return tarball
+
+
+def base_image(engine: Engine) -> str:
+    """`BASE_IMAGE` for the Dockerfile, and `REDIS_IMAGE` for compose (`base_rootfs`)."""
+    _run([docker_cli(), "import", str(base_rootfs()), BASE_IMAGE], env=engine.env())
     return BASE_IMAGE
+
+
+def provision() -> None:
+    """What the smoke test needs of the machine, made beforehand as `./mesh test` installs
+    the other servers the tests start (its set-up, when MESH_COMPOSE_SMOKE=1): the Debian
+    tools, the base image's root filesystem and the wheelhouse (about 100 s on a fresh
+    machine, then cached). The test makes whatever is still missing itself."""
+    from compose import wheelhouse
+
+    install_tools()
+    base_rootfs()
+    wheelhouse.build()
+
+
+if __name__ == "__main__":
+    try:
+        provision()
+    except EngineError as exc:  # the test will say so again, as a failure
+        print(f"mesh: the Docker Compose smoke test's machine is not ready: {exc}")

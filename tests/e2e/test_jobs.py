@@ -23,7 +23,7 @@ import pytest
 
 from bench.mesh import free_port
 from samples.text import suite
-from tests.conftest import Mesh, redis_or_skip
+from tests.conftest import TLS, Mesh, redis_or_skip
 from tests.e2e.test_digits import held_out, png
 from tests.procs import ROOT
 from tests.report import report
@@ -57,14 +57,15 @@ def process(mesh: Mesh, module: str, **env: str) -> Iterator[subprocess.Popen]:
 
 def wait_live(url: str, proc: subprocess.Popen) -> None:
     until = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < until and proc.poll() is None, "not live"
-        time.sleep(0.1)
+    with httpx.Client(timeout=2, verify=TLS) as client:
+        while True:
+            try:
+                if client.get(url + "/healthz").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < until and proc.poll() is None, "not live"
+            time.sleep(0.1)
 
 
 def inputs() -> list[tuple[str, bytes]]:
@@ -80,7 +81,7 @@ def inputs() -> list[tuple[str, bytes]]:
 
 async def submit_all(url: str, work: list[tuple[str, bytes]]) -> list[str]:
     limit = asyncio.Semaphore(32)
-    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=60, verify=TLS) as client:
 
         async def one(pipeline: str, blob: bytes) -> str:
             async with limit:
@@ -96,37 +97,54 @@ async def submit_all(url: str, work: list[tuple[str, bytes]]) -> list[str]:
 
 
 def statuses(url: str, ids: list[str]) -> dict[str, dict]:
-    with httpx.Client(base_url=url, timeout=30) as client:
-        return {i: client.get(f"/v1/jobs/{i}").json() for i in ids}
+    """Each job as GET /v1/jobs/{id} answers it."""
+
+    async def all_of_them() -> list[dict]:
+        limit = asyncio.Semaphore(16)
+        async with httpx.AsyncClient(base_url=url, timeout=30, verify=TLS) as client:
+
+            async def one(job_id: str) -> dict:
+                async with limit:
+                    return (await client.get(f"/v1/jobs/{job_id}")).json()
+
+            return await asyncio.gather(*(one(i) for i in ids))
+
+    return dict(zip(ids, asyncio.run(all_of_them()), strict=True))
 
 
-def final_count(url: str) -> int:
+def final_count(client: httpx.Client) -> int:
     """Jobs ended so far (0 while the store restarts: the door answers 503 then)."""
     count = 0
-    with httpx.Client(base_url=url, timeout=30) as client:
-        for status in FINAL:
-            page = client.get("/v1/jobs", params={"status": status, "limit": "1000"})
-            if page.status_code != 200:
-                assert page.status_code == 503, page.text
-                return 0
-            count += len(page.json()["jobs"])
+    for status in FINAL:
+        page = client.get("/v1/jobs", params={"status": status, "limit": "1000"})
+        if page.status_code != 200:
+            assert page.status_code == 503, page.text
+            return 0
+        count += len(page.json()["jobs"])
     return count
 
 
 def expected(mesh: Mesh, work: list[tuple[str, bytes]]) -> dict[bytes, object]:
     """What /infer answers for each distinct input."""
-    answers: dict[bytes, object] = {}
-    with mesh.client() as client:
-        for pipeline, blob in work:
-            if blob not in answers:
-                r = client.post(
-                    f"/v1/pipelines/{pipeline}/infer",
-                    content=blob,
-                    headers={"Content-Type": "image/png"},
-                )
+    distinct = list(dict((blob, pipeline) for pipeline, blob in work).items())
+
+    async def all_of_them() -> list[object]:
+        limit = asyncio.Semaphore(8)
+        async with httpx.AsyncClient(base_url=mesh.url, timeout=60, verify=TLS) as client:
+
+            async def one(blob: bytes, pipeline: str) -> object:
+                async with limit:
+                    r = await client.post(
+                        f"/v1/pipelines/{pipeline}/infer",
+                        content=blob,
+                        headers={"Content-Type": "image/png"},
+                    )
                 assert r.status_code == 200, r.text
-                answers[blob] = r.json()["result"]
-    return answers
+                return r.json()["result"]
+
+            return await asyncio.gather(*(one(b, p) for b, p in distinct))
+
+    return dict(zip([b for b, _ in distinct], asyncio.run(all_of_them()), strict=True))
 
 
 def check(mesh: Mesh, url: str, work: list[tuple[str, bytes]], ids: list[str]) -> Counter:
@@ -157,14 +175,17 @@ def drain(url: str, total: int, events: dict[int, object], timeout_s: float = 30
     once that many have."""
     until = time.monotonic() + timeout_s
     pending = dict(sorted(events.items()))
-    while True:
-        done = final_count(url)
-        for at in [a for a in pending if done >= a]:
-            pending.pop(at)()  # type: ignore[operator]
-        if done >= total:
-            return
-        assert time.monotonic() < until, f"{done} of {total} ended"
-        time.sleep(0.3)
+    # Each look lists every ended job (up to 1,000 with their results): once a second, so
+    # that looking does not take the workers' CPU.
+    with httpx.Client(base_url=url, timeout=30, verify=TLS) as client:
+        while True:
+            done = final_count(client)
+            for at in [a for a in pending if done >= a]:
+                pending.pop(at)()  # type: ignore[operator]
+            if done >= total:
+                return
+            assert time.monotonic() < until, f"{done} of {total} ended"
+            time.sleep(1.0)
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "redis"])
@@ -232,8 +253,9 @@ def test_a_killed_proxy_finishes_its_jobs_after_a_restart(mesh: Mesh, tmp_path: 
     url = f"http://127.0.0.1:{port}"
     with process(mesh, "proxy", PROXY_PORT=str(port), **env) as proxy:
         ids = asyncio.run(submit_all(url, work))
-        while final_count(url) < 20:  # some ended, some running, most queued
-            time.sleep(0.05)
+        with httpx.Client(base_url=url, timeout=30, verify=TLS) as client:
+            while final_count(client) < 20:  # some ended, some running, most queued
+                time.sleep(0.05)
         proxy.send_signal(signal.SIGKILL)
         proxy.wait(10)
     with process(mesh, "proxy", PROXY_PORT=str(port), **env):
