@@ -97,19 +97,8 @@ async def submit_all(url: str, work: list[tuple[str, bytes]]) -> list[str]:
 
 
 def statuses(url: str, ids: list[str]) -> dict[str, dict]:
-    """Each job as GET /v1/jobs/{id} answers it."""
-
-    async def all_of_them() -> list[dict]:
-        limit = asyncio.Semaphore(16)
-        async with httpx.AsyncClient(base_url=url, timeout=30, verify=TLS) as client:
-
-            async def one(job_id: str) -> dict:
-                async with limit:
-                    return (await client.get(f"/v1/jobs/{job_id}")).json()
-
-            return await asyncio.gather(*(one(i) for i in ids))
-
-    return dict(zip(ids, asyncio.run(all_of_them()), strict=True))
+    with httpx.Client(base_url=url, timeout=30, verify=TLS) as client:
+        return {i: client.get(f"/v1/jobs/{i}").json() for i in ids}
 
 
 def final_count(client: httpx.Client) -> int:
@@ -126,25 +115,18 @@ def final_count(client: httpx.Client) -> int:
 
 def expected(mesh: Mesh, work: list[tuple[str, bytes]]) -> dict[bytes, object]:
     """What /infer answers for each distinct input."""
-    distinct = list(dict((blob, pipeline) for pipeline, blob in work).items())
-
-    async def all_of_them() -> list[object]:
-        limit = asyncio.Semaphore(8)
-        async with httpx.AsyncClient(base_url=mesh.url, timeout=60, verify=TLS) as client:
-
-            async def one(blob: bytes, pipeline: str) -> object:
-                async with limit:
-                    r = await client.post(
-                        f"/v1/pipelines/{pipeline}/infer",
-                        content=blob,
-                        headers={"Content-Type": "image/png"},
-                    )
+    answers: dict[bytes, object] = {}
+    with mesh.client() as client:
+        for pipeline, blob in work:
+            if blob not in answers:
+                r = client.post(
+                    f"/v1/pipelines/{pipeline}/infer",
+                    content=blob,
+                    headers={"Content-Type": "image/png"},
+                )
                 assert r.status_code == 200, r.text
-                return r.json()["result"]
-
-            return await asyncio.gather(*(one(b, p) for b, p in distinct))
-
-    return dict(zip([b for b, _ in distinct], asyncio.run(all_of_them()), strict=True))
+                answers[blob] = r.json()["result"]
+    return answers
 
 
 def check(mesh: Mesh, url: str, work: list[tuple[str, bytes]], ids: list[str]) -> Counter:
