@@ -279,7 +279,8 @@ def ocr_crops(
     state.tensors[to_image_output] = np.array(
         [to_original @ back for _, back in cut], np.float32
     ).reshape(-1, 3, 3)
-    original = np.array(boxes, dtype=np.float32).reshape(-1, 4, 2)
-    original[..., 0] = np.clip((original[..., 0] - pad_left) * ratio_w, 0, raw_w)
-    original[..., 1] = np.clip((original[..., 1] - pad_top) * ratio_h, 0, raw_h)
+    original = np.array(boxes, dtype=np.float64).reshape(-1, 4, 2)
+    if len(original):
+        original = cv2.perspectiveTransform(original.reshape(1, -1, 2), to_original)
+    original = np.clip(original.reshape(-1, 4, 2), 0, [raw_w, raw_h]).astype(np.float32)
     state.tensors[boxes_output] = original

@@ -101,10 +101,9 @@ def rotate_by_class(
     evidence = np.add.reduceat(np.log(q / (1 - q)), starts) if counts else np.zeros(0)
     per_crop = 1 / (1 + np.exp(-evidence / np.maximum(1, counts)))
     flipped = per_crop > threshold
-    if boxes is not None and state.tensor(boxes).shape[:1] != (len(state.images),):
-        raise InvalidInput(
-            f"input '{boxes}' has {len(state.tensor(boxes))} boxes for {len(state.images)} crops"
-        )
+    given = None if boxes is None else len(state.tensor(boxes))
+    if given is not None and given != len(state.images):
+        raise InvalidInput(f"input '{boxes}' has {given} boxes for {len(state.images)} crops")
     if to_image is not None:
         frames = _frames(state, to_image).copy()
         for i in np.flatnonzero(flipped):
@@ -148,17 +147,12 @@ def ocr_rec_batch(
     crop's matrix to the image's pixels): made to start from the recogniser's input."""
     ratios = [im.shape[1] / im.shape[0] for im in state.images]
     width = int(height * max([min_width / height, *ratios]))
+    resized = [ceil_width(im.shape[0], im.shape[1], height, width) for im in state.images]
     if to_image is not None:
         frames = _frames(state, to_image).copy()
-        for i, im in enumerate(state.images):
-            scale_x = im.shape[1] / ceil_width(im.shape[0], im.shape[1], height, width)
-            frames[i] = frames[i] @ np.diag([scale_x, im.shape[0] / height, 1]).astype(np.float32)
+        for i, (im, w) in enumerate(zip(state.images, resized, strict=True)):
+            scale = np.diag([im.shape[1] / w, im.shape[0] / height, 1]).astype(np.float32)
+            frames[i] = frames[i] @ scale
         state.tensors[to_image] = frames
     state.tensors[output] = _paddle_batch(state.images, height, width)
-    state.tensors[widths_output] = np.array(
-        [
-            max(min_width, ceil_width(im.shape[0], im.shape[1], height, width))
-            for im in state.images
-        ],
-        dtype=np.int32,
-    )
+    state.tensors[widths_output] = np.array([max(min_width, w) for w in resized], dtype=np.int32)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import cv2
 import numpy as np
 
 STEP_PX = 8
@@ -62,25 +63,18 @@ def word_boxes(
         left[1:] = np.maximum(left[1:], middles)
     end = _line_end(to_image, line_box) if line_box is not None else np.inf
     left, right = np.clip(left, 0, end), np.clip(right, 0, end)
-    corners = np.stack(
-        [
-            np.stack([left, np.zeros_like(left)], 1),
-            np.stack([right, np.zeros_like(right)], 1),
-            np.stack([right, np.full_like(right, HEIGHT_PX)], 1),
-            np.stack([left, np.full_like(left, HEIGHT_PX)], 1),
-        ],
-        1,
-    )
-    boxes = _apply(to_image.astype(np.float64), corners)
+    across = np.stack([left, right, right, left], 1)
+    down = np.broadcast_to([0.0, 0.0, HEIGHT_PX, HEIGHT_PX], across.shape)
+    boxes = _apply(to_image, np.stack([across, down], -1))
     if line_box is not None:
         boxes = np.clip(boxes, line_box.min(0), line_box.max(0))
     return boxes.astype(np.float32)
 
 
 def _apply(matrix: np.ndarray, points: np.ndarray) -> np.ndarray:
-    flat = points.reshape(-1, 2)
-    moved = np.c_[flat, np.ones(len(flat))] @ matrix.T
-    return (moved[:, :2] / moved[:, 2:]).reshape(points.shape)
+    """Points [..., 2] through a 3x3 perspective matrix."""
+    flat = points.reshape(1, -1, 2).astype(np.float64)
+    return cv2.perspectiveTransform(flat, matrix.astype(np.float64)).reshape(points.shape)
 
 
 def _line_end(to_image: np.ndarray, line_box: np.ndarray) -> float:
@@ -89,4 +83,4 @@ def _line_end(to_image: np.ndarray, line_box: np.ndarray) -> float:
         back = np.linalg.inv(to_image.astype(np.float64))
     except np.linalg.LinAlgError:
         return np.inf
-    return float(_apply(back, line_box.astype(np.float64))[:, 0].max())
+    return float(_apply(back, line_box)[:, 0].max())
