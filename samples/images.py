@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import cv2
 import numpy as np
+from rapidfuzz.distance import Levenshtein
 
 FONTS = [
     cv2.FONT_HERSHEY_SIMPLEX,
@@ -79,13 +80,7 @@ def cer(predicted: list[str], truth: list[str], spaces: bool = False) -> tuple[i
     else:
         a = "".join(predicted).replace(" ", "")
         b = "".join(truth).replace(" ", "")
-    prev = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        cur = [i]
-        for j, cb in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
-        prev = cur
-    return prev[-1], len(b)
+    return Levenshtein.distance(a, b), len(b)
 
 
 def word_box_fit(truth: np.ndarray | list, box: np.ndarray | list) -> tuple[float, float]:
