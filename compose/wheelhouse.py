@@ -11,6 +11,7 @@ mesh's own package), installed in the image with
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
 import tomllib
@@ -27,7 +28,17 @@ def requirements() -> list[str]:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
 
 
+def _stamp(python: str) -> str:
+    """What the wheelhouse is made from: while it stays the same, pip's ~10 s of resolving
+    would find every wheel present."""
+    made_from = [*requirements(), *IMAGE_ONLY, python, (ROOT / "constraints.txt").read_text()]
+    return hashlib.sha256("\n".join(made_from).encode()).hexdigest()
+
+
 def build(python: str = sys.executable, out: Path = WHEELS) -> Path:
+    stamp, want = out / ".made-from", _stamp(python)
+    if stamp.is_file() and stamp.read_text() == want:
+        return out
     subprocess.run(
         [
             python,
@@ -48,6 +59,7 @@ def build(python: str = sys.executable, out: Path = WHEELS) -> Path:
         ],
         check=True,
     )
+    stamp.write_text(want)
     return out
 
 

@@ -3,14 +3,17 @@
 What it takes (see issue #6 and the README's "Docker" section):
 - Debian's docker.io, docker-compose (1.29) and debootstrap, installed with apt-get when
   missing (root only);
-- dockerd started by us with no default bridge and no iptables rules, its data and exec
-  roots in a temporary folder, listening on a socket there (nothing else on the machine
-  is touched);
+- dockerd started by us with no default bridge and no iptables rules, its exec root in a
+  temporary folder, listening on a socket there, its data root under build/compose/ so
+  that the images it built stay for the next run (nothing else on the machine is touched);
 - a base image made with debootstrap (bookworm, minbase, python3 + venv, and Debian's
   redis-server, so that the same image serves as compose's REDIS_IMAGE) and `docker
   import`, cached under build/compose/ so that a rerun skips the minute it takes;
 - the wheelhouse of compose.wheelhouse, so the image build installs with `--no-index`
-  in seconds.
+  in seconds;
+- the mesh's image, built by `./mesh test`'s set-up (`provision`) as the servers the tests
+  start are installed there; the test builds it again, from Docker's layer cache when
+  nothing changed since.
 """
 
 from __future__ import annotations
@@ -30,7 +33,12 @@ from compose.processes import stop_process
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_DIR = ROOT / "compose"
 CACHE = ROOT / "build" / "compose"
+DATA_ROOT = CACHE / "docker"
 BASE_IMAGE = "mesh-base:bookworm"
+REDIS = {"REDIS_IMAGE": BASE_IMAGE}
+"""No registry here: the base image has Debian's redis-server."""
+HOST_FILES = ("compose.yaml", "compose.host.yaml")
+_ROOTFS_LABEL = "mesh.rootfs"
 DEBIAN_MIRROR = os.environ.get("MESH_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 PACKAGES = {
     "dockerd": "docker.io",
@@ -115,8 +123,9 @@ def _wait_ready(engine: Engine, timeout_s: float = 60.0) -> None:
 def _stop(engine: Engine) -> None:
     stop_process(engine.process, timeout=60)
     # Anything dockerd left mounted under its roots would make the folder undeletable.
-    mounts = Path("/proc/mounts").read_text().splitlines()
-    ours = sorted((m.split()[1] for m in mounts if str(engine.root) in m.split()[1]), reverse=True)
+    mounts = [m.split()[1] for m in Path("/proc/mounts").read_text().splitlines()]
+    roots = (str(engine.root), str(DATA_ROOT))
+    ours = sorted((m for m in mounts if m.startswith(roots)), reverse=True)
     for mountpoint in ours:
         subprocess.run(["umount", "-l", mountpoint], capture_output=True)
     shutil.rmtree(engine.root, ignore_errors=True)
@@ -135,7 +144,7 @@ def engine() -> Iterator[Engine]:
             "--bridge=none",
             "--iptables=false",
             "--ip-masq=false",
-            f"--data-root={root / 'data'}",
+            f"--data-root={DATA_ROOT}",
             f"--exec-root={root / 'exec'}",
             f"--pidfile={root / 'dockerd.pid'}",
             f"--host=unix://{root / 'docker.sock'}",
@@ -147,6 +156,10 @@ def engine() -> Iterator[Engine]:
     running = Engine(root, process)
     try:
         _wait_ready(running)
+        # Containers a killed run left in the kept data root restart with the engine
+        # (`restart: unless-stopped`) and would hold the mesh's ports.
+        if left := running.docker("ps", "-aq").split():
+            running.docker("rm", "-f", *left)
         yield running
     finally:
         _stop(running)
@@ -177,21 +190,48 @@ def base_rootfs() -> Path:
 
 
 def base_image(engine: Engine) -> str:
-    """`BASE_IMAGE` for the Dockerfile, and `REDIS_IMAGE` for compose (`base_rootfs`)."""
-    _run([docker_cli(), "import", str(base_rootfs()), BASE_IMAGE], env=engine.env())
+    """`BASE_IMAGE` for the Dockerfile, and `REDIS_IMAGE` for compose (`base_rootfs`),
+    imported again only when the root filesystem's tarball changed: a new import is a new
+    image, and every layer built on the old one would be built again."""
+    tarball = base_rootfs()
+    stat = tarball.stat()
+    stamp = f"{stat.st_size}-{stat.st_mtime_ns}"
+    kept = subprocess.run(
+        [docker_cli(), "image", "inspect", "--format",
+         f'{{{{index .Config.Labels "{_ROOTFS_LABEL}"}}}}', BASE_IMAGE],
+        env=engine.env(), capture_output=True, text=True,
+    )  # fmt: skip
+    if kept.returncode != 0 or kept.stdout.strip() != stamp:
+        change = f"LABEL {_ROOTFS_LABEL}={stamp}"
+        argv = [docker_cli(), "import", "--change", change, str(tarball), BASE_IMAGE]
+        _run(argv, env=engine.env())
     return BASE_IMAGE
+
+
+def build_image(engine: Engine) -> None:
+    """The mesh's image (every service runs it: building the proxy's is enough), with the
+    wheelhouse for an index; Docker's layer cache makes an unchanged build take seconds."""
+    from compose import wheelhouse
+
+    wheelhouse.build()
+    argv = [
+        "docker-compose", *(a for f in HOST_FILES for a in ("-f", f)), "build",
+        "--build-arg", f"BASE_IMAGE={base_image(engine)}",
+        "--build-arg", "PIP_ARGS=--no-index --find-links /app/compose/wheels",
+        "proxy",
+    ]  # fmt: skip
+    _run(argv, cwd=COMPOSE_DIR, env=engine.env(REDIS), timeout=900)
+    engine.docker("image", "prune", "--force")  # the builds this one replaced
 
 
 def provision() -> None:
     """What the smoke test needs of the machine, made beforehand as `./mesh test` installs
     the other servers the tests start (its set-up, when MESH_COMPOSE_SMOKE=1): the Debian
-    tools, the base image's root filesystem and the wheelhouse (about 100 s on a fresh
-    machine, then cached). The test makes whatever is still missing itself."""
-    from compose import wheelhouse
-
+    tools, the base image's root filesystem, the wheelhouse and the mesh's image (about
+    150 s on a fresh machine, then cached). The test makes whatever is still missing."""
     install_tools()
-    base_rootfs()
-    wheelhouse.build()
+    with engine() as running:
+        build_image(running)
 
 
 if __name__ == "__main__":

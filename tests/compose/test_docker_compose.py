@@ -4,9 +4,9 @@ kept in the compose Redis across its restart.
 
 Runs when MESH_COMPOSE_SMOKE=1 (CI sets it; it needs root to install Debian's docker.io,
 docker-compose and debootstrap, which `./mesh test` then does in its set-up with the base
-image's root filesystem and the wheelhouse, and starts a private dockerd). Host networking
-(compose.host.yaml) keeps every hop on 127.0.0.1; a last test runs the plain file on the
-engine's own network, publishing the proxy on 127.0.0.1 only.
+image's root filesystem, the wheelhouse and the image, and starts a private dockerd). Host
+networking (compose.host.yaml) keeps every hop on 127.0.0.1; a last test runs the plain file
+on the engine's own network, publishing the proxy on 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from bench.inprocess import InProcess
-from compose import topology, wheelhouse
+from compose import topology
 from samples.images import text_samples
 from tests.compose import engine as docker
 from tests.e2e.test_digits import held_out, png
@@ -39,11 +39,10 @@ pytestmark = [
     ),
 ]
 
-HOST_FILES = ("compose.yaml", "compose.host.yaml")
+HOST_FILES = docker.HOST_FILES
 BRIDGE_PUBLISH = "127.0.0.1:18080"
 BRIDGE_GRPC_PUBLISH = "127.0.0.1:18081"
-REDIS = {"REDIS_IMAGE": docker.BASE_IMAGE}
-"""No registry here: the base image has Debian's redis-server."""
+REDIS = docker.REDIS
 
 
 @dataclass
@@ -109,18 +108,7 @@ def _assert_free(ports: list[int]) -> None:
 @pytest.fixture(scope="module")
 def engine() -> Iterator[docker.Engine]:
     with docker.engine() as running:
-        wheelhouse.build()
-        base = docker.base_image(running)
-        # Every service runs the same image; building it once is enough.
-        Compose(running, HOST_FILES).run(
-            "build",
-            "--build-arg",
-            f"BASE_IMAGE={base}",
-            "--build-arg",
-            "PIP_ARGS=--no-index --find-links /app/compose/wheels",
-            "proxy",
-            timeout=900,
-        )
+        docker.build_image(running)  # from the layer cache when the set-up built it
         yield running
 
 
