@@ -17,7 +17,7 @@ import time
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 HEADERS, RST_STREAM, SETTINGS, GOAWAY = 1, 3, 4, 7
-END_HEADERS, CANCEL = 0x4, 8
+END_HEADERS, CANCEL, ACK = 0x4, 8, 0x1
 
 
 def frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
@@ -52,6 +52,9 @@ def main(port: int, total: int) -> None:
     sock = socket.create_connection(("127.0.0.1", port))
     sock.sendall(PREFACE + frame(SETTINGS, 0, 0, b""))
     seen = {"goaway": False, "closed": False}
+    unacknowledged: list[int] = []
+    """The server's SETTINGS, acknowledged by the sending thread as a real client does: gRPC
+    core refuses every stream of a peer that never acknowledges, at no cost to itself."""
 
     def read() -> None:
         buffer = b""
@@ -60,17 +63,24 @@ def main(port: int, total: int) -> None:
                 buffer += data
                 while len(buffer) >= 9 and len(buffer) >= 9 + int.from_bytes(buffer[:3], "big"):
                     seen["goaway"] |= buffer[3] == GOAWAY
+                    if buffer[3] == SETTINGS and not buffer[4] & ACK:
+                        unacknowledged.append(1)
                     buffer = buffer[9 + int.from_bytes(buffer[:3], "big") :]
         except OSError:
             pass
         seen["closed"] = True
 
     threading.Thread(target=read, daemon=True).start()
+    until = time.monotonic() + 2
+    while not unacknowledged and time.monotonic() < until:  # the server's preface first
+        time.sleep(0.01)
     start, cpu = time.monotonic(), time.process_time()
     sent, stream = 0, 1
     try:
         while sent < total and not (seen["goaway"] or seen["closed"]):
-            batch = b"".join(
+            acks = b"".join(frame(SETTINGS, ACK, 0, b"") for _ in range(len(unacknowledged)))
+            del unacknowledged[: len(acks) // 9]
+            batch = acks + b"".join(
                 frame(HEADERS, END_HEADERS, stream + 2 * i, BLOCK)
                 + frame(RST_STREAM, 0, stream + 2 * i, struct.pack(">I", CANCEL))
                 for i in range(500)
