@@ -208,18 +208,23 @@ def base_image(engine: Engine) -> str:
     return BASE_IMAGE
 
 
+def compose_argv(files: tuple[str, ...], *args: str) -> list[str]:
+    """`docker-compose -f FILE ... ARGS`, run in COMPOSE_DIR."""
+    return ["docker-compose", *(a for f in files for a in ("-f", f)), *args]
+
+
 def build_image(engine: Engine) -> None:
     """The mesh's image (every service runs it: building the proxy's is enough), with the
     wheelhouse for an index; Docker's layer cache makes an unchanged build take seconds."""
     from compose import wheelhouse
 
     wheelhouse.build()
-    argv = [
-        "docker-compose", *(a for f in HOST_FILES for a in ("-f", f)), "build",
+    argv = compose_argv(
+        HOST_FILES, "build",
         "--build-arg", f"BASE_IMAGE={base_image(engine)}",
         "--build-arg", "PIP_ARGS=--no-index --find-links /app/compose/wheels",
         "proxy",
-    ]  # fmt: skip
+    )  # fmt: skip
     _run(argv, cwd=COMPOSE_DIR, env=engine.env(REDIS), timeout=900)
     engine.docker("image", "prune", "--force")  # the builds this one replaced
 

@@ -52,7 +52,7 @@ class Compose:
     env: dict[str, str] = field(default_factory=lambda: dict(REDIS))
 
     def run(self, *args: str, extra: Mapping[str, str] | None = None, timeout: float = 300) -> str:
-        argv = ["docker-compose", *(a for f in self.files for a in ("-f", f)), *args]
+        argv = docker.compose_argv(self.files, *args)
         done = subprocess.run(
             argv,
             cwd=docker.COMPOSE_DIR,
