@@ -155,6 +155,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     error = _stream_error(request.message, text, call.code, http)
                     answers.put_nowait((error, request.size))
 
+        held = [0]
+        """Requests read but not running yet (waiting for room): a draining stream must
+        not end under them."""
+
         async def read() -> None:
             try:
                 async for request in requests:
@@ -164,9 +168,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                         continue
                     # Not read on until there is room, in messages and in bytes: a sender
                     # that does not read its answers is held back by flow control.
-                    await window.acquire()
-                    await stream_bytes.wait_take(request.size)
-                    await self._held.wait_take(request.size)
+                    held[0] += 1
+                    try:
+                        await window.acquire()
+                        await stream_bytes.wait_take(request.size)
+                        await self._held.wait_take(request.size)
+                    finally:
+                        held[0] -= 1
                     task = asyncio.create_task(one(request), name=request.id)
                     running.add(task)
                     by_id[request.id] = task
@@ -181,7 +189,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         draining = self.plane.draining
         try:
             while True:
-                if draining and not running and answers.empty():
+                if draining and not running and not held[0] and answers.empty():
                     return  # ends the call: the caller opens a new stream elsewhere
                 item = await answers.get()
                 if item is None:

@@ -203,11 +203,11 @@ class Channels:
                 return await self._streamed(pool, key, request, timeout)
             except CallFailed as exc:
                 unfit = exc.unfit or (exc.stream and exc.code() == grpc.StatusCode.UNIMPLEMENTED)
-                if not (unfit or exc.unproven):
+                if not (unfit or exc.resend):
                     raise
                 # A server without streams, or whose streams carry one request: unary from
-                # now on, this request sent again that way (what was learnt fails nothing).
-                # A stream that broke before any answered: this request only.
+                # now on, this request sent again that way (what was learnt fails nothing);
+                # CallFailed.resend: this request only.
                 if unfit and address not in self._unary_only:
                     self._unary_only.add(address)
                     log.warning(

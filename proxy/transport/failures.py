@@ -16,7 +16,7 @@ class CallFailed(Exception):
         *,
         stream: bool = False,
         unfit: bool = False,
-        unproven: bool = False,
+        resend: bool = False,
         http_status: int | None = None,
     ) -> None:
         super().__init__(details)
@@ -30,11 +30,12 @@ class CallFailed(Exception):
         self.unfit = unfit
         """The server's streams do not carry many requests (StreamPool): call it unary,
         this request included (inference is idempotent)."""
-        self.unproven = unproven
-        """The server ended the stream while it was written to, before any of its streams
-        had answered: maybe a server without streams whose UNIMPLEMENTED grpc.aio's failed
-        write hid ("Internal error from Core"). This request goes unary; the address stays
-        on streams until that happens again (StreamPool.unproven)."""
+        self.resend = resend
+        """This request only is sent again, unary; the address stays on streams. The server
+        ended the stream while it was written to before any of its streams had answered
+        (maybe a server without streams whose UNIMPLEMENTED grpc.aio's failed write hid:
+        "Internal error from Core"; StreamPool.unproven counts them), or ended a stream
+        that had answered many with this request outstanding (a draining server)."""
 
     def code(self) -> grpc.StatusCode:
         return self._code

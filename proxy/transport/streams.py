@@ -16,50 +16,15 @@ import itertools
 from dataclasses import dataclass
 
 import grpc
-from google.protobuf.message import DecodeError
 from grpc import aio
 
 from protos import pb, wire
-from protos.channels import (
-    HTTP_STATUS_PARAMETER,
-    METHOD_PREFIX,
-    STREAM_CANCEL_PARAMETER,
-    STREAM_STATUS_PARAMETER,
-)
-from protos.errors import InvalidInput
+from protos.channels import METHOD_PREFIX, STREAM_CANCEL_PARAMETER
 from proxy.transport.failures import CallFailed
+from proxy.transport.stream_answers import parse_stream_response
 
 UNPROVEN_LIMIT = 3
 """Streams to an address ended while written to, before any answered, that make it unary."""
-
-
-@dataclass(frozen=True)
-class StreamAnswer:
-    id: str
-    response: wire.ParsedInferResponse | None
-    failure: CallFailed | None = None
-
-
-_CODES = {code.value[0]: code for code in grpc.StatusCode}
-
-
-def parse_stream_response(data: bytes) -> StreamAnswer:
-    """gRPC deserializer for ModelStreamInferResponse; the answer's tensors stay in the
-    received buffer. Never raises (a bad message fails its request, not the stream)."""
-    try:
-        head, inner = wire.split_field(data, wire.STREAM_RESPONSE_FIELD)
-        error = pb.ModelStreamInferResponse.FromString(head).error_message
-        parsed = wire.parse_infer_response(inner[0] if inner else b"")
-    except (InvalidInput, DecodeError) as exc:
-        failure = CallFailed(grpc.StatusCode.INTERNAL, f"malformed stream answer: {exc}")
-        return StreamAnswer("", None, failure)
-    if not error:
-        return StreamAnswer(parsed.message.id, parsed)
-    parameters = parsed.message.parameters
-    param, http = parameters.get(STREAM_STATUS_PARAMETER), parameters.get(HTTP_STATUS_PARAMETER)
-    code = _CODES.get(param.int64_param if param is not None else -1, grpc.StatusCode.UNKNOWN)
-    failure = CallFailed(code, error, http_status=http.int64_param if http is not None else None)
-    return StreamAnswer(parsed.message.id, None, failure)
 
 
 def _as_is(data: bytes) -> bytes:
@@ -197,9 +162,19 @@ class MuxStream:
 
     def _ended_early(self, answered: int) -> CallFailed | None:
         """The server ended the stream (status OK): fine once nothing is outstanding (a
-        draining server of ours ends its streams so), a sign that its streams do not carry
-        many requests when requests were still outstanding, or when it answered only one
-        (twice running)."""
+        draining server of ours ends its streams so). With requests outstanding, after many
+        answers: a request crossed a draining server's end on the wire (or the server caps
+        a stream's requests); they are sent again unary, which a server still draining
+        refuses at once. A sign that its streams do not carry many requests when it
+        answered at most one (with requests outstanding, or twice running)."""
+        if self._pending and answered > 1:
+            failure = CallFailed(
+                grpc.StatusCode.UNAVAILABLE,
+                f"stream ended by the server with {len(self._pending)} requests unanswered",
+                stream=True,
+            )
+            failure.resend = True
+            return failure
         if self._pending:
             return self._unfit(f"the server ended it with {len(self._pending)} requests unanswered")
         if answered <= 1:
@@ -221,7 +196,7 @@ class MuxStream:
         self._pool.unproven += 1
         if self._pool.unproven >= UNPROVEN_LIMIT:
             return self._unfit(f"{self._pool.unproven} streams ended before any answer")
-        failure.unproven = True
+        failure.resend = True
         return failure
 
     def _unfit(self, why: str) -> CallFailed:

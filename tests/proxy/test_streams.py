@@ -269,21 +269,28 @@ async def test_requests_that_leave_mid_write_do_not_break_the_stream_they_share(
 
 
 class OneShotStreams(UnaryOnly):
-    """A v2 server whose ModelStreamInfer carries one request and ends: it answers the first
-    request and closes (`wrapped`), or, as MLServer 1.7 does, sends a bare ModelInferResponse
-    on the stream instead of a ModelStreamInferResponse and closes."""
+    """A v2 server whose ModelStreamInfer carries `answers` requests (one by default) and
+    ends, whatever was sent after them: it answers and closes (`wrapped`), or, as MLServer
+    1.7 does, sends a bare ModelInferResponse on the stream instead of a
+    ModelStreamInferResponse and closes."""
 
-    def __init__(self, model: ScriptedModel, wrapped: bool) -> None:
+    def __init__(self, model: ScriptedModel, wrapped: bool, answers: int = 1) -> None:
         super().__init__(model)
         self.wrapped = wrapped
+        self.answers = answers
         self.streams = 0
+        self.streamed = 0
 
     async def _stream(self, requests, context: aio.ServicerContext):
         self.streams += 1
+        answered = 0
         async for request in requests:
             answer = await self.servicer.ModelInfer(request, context)
             yield wire.stream_response(answer) if self.wrapped else answer
-            return
+            answered += 1
+            self.streamed += 1
+            if answered == self.answers:
+                return
 
     async def start(self) -> int:
         port = await super().start()
@@ -322,3 +329,65 @@ async def test_a_server_whose_streams_carry_one_request_is_called_unary(
     assert [r.json()["result"] for r in later] == [{"y": [i + 1.0]} for i in range(4)]
     assert one_shot.streams <= 4, "it kept opening streams"
     assert one_shot.infer_calls >= 4, "the later requests went unary"
+
+
+@STREAMS
+async def test_requests_a_stream_ends_under_after_many_answers_are_sent_again(
+    make_client,
+) -> None:
+    """A stream that carried many requests and ended with some outstanding (a draining
+    server ends its streams so, and a request may cross the end on the wire): those are sent
+    again unary, nothing fails, and the address stays on streams (it once went unary for
+    good, after every rolling restart that raced a request)."""
+    parse = await serve(parse_model())
+    capped = OneShotStreams(affine("plus1", 1, 1, delay_s=0.01), wrapped=True, answers=3)
+    port = await capped.start()
+    env = {"PARSE_URL": f"127.0.0.1:{parse.port}", "MODELS_URL": f"127.0.0.1:{port}"}
+    try:
+        async with make_client(PIPES, env) as client:
+            first = await asyncio.gather(*(post(client, "p", body(i)) for i in range(8)))
+            resent, streamed = capped.infer_calls, capped.streamed
+            later = [await post(client, "p", body(i)) for i in range(2)]
+    finally:
+        await parse.stop(0)
+        await capped.server.stop(0)
+    assert [r.status_code for r in first + later] == [200] * 10, [r.text for r in first]
+    assert [r.json()["result"] for r in first + later] == [
+        {"y": [i + 1.0]} for i in [*range(8), *range(2)]
+    ]
+    assert resent >= 1, "the requests the stream ended under were sent again, unary"
+    assert capped.streamed - streamed == 2 and capped.infer_calls == resent, "still streams"
+
+
+async def test_a_draining_stream_answers_the_requests_it_has_read() -> None:
+    """A request read from a stream but still waiting for room (its stream's byte window is
+    full) when the server drains gets an answer before the stream ends: UNAVAILABLE, which
+    the proxy retries elsewhere (the stream used to end as soon as nothing was running, with
+    the request unanswered, and the proxy then called the address unary for good)."""
+    models = await serve(
+        affine("plus1", 1, 1, delay_s=0.3), grace_s=30, stream_window_mb=1e-6
+    )  # a window of one byte: one request at a time
+    channel = aio.insecure_channel(f"127.0.0.1:{models.port}")
+    pool = StreamPool(channel, 1)
+    stream = pool.pick()
+    keys = [pool.key("a"), pool.key("b")]
+    x = np.ones((1, 2), np.float32)
+    calls = [
+        asyncio.ensure_future(
+            stream.infer(k, messages.build_request_bytes("plus1", {"x": x}, request_id=k), 5)
+        )
+        for k in keys
+    ]
+    try:
+        await asyncio.sleep(0.1)  # both written: the first runs, the second waits for room
+        stopping = asyncio.ensure_future(models.stop())
+        first, second = await asyncio.gather(*calls, return_exceptions=True)
+        status = await stream._call.code()
+        await stopping
+    finally:
+        await channel.close()
+    assert messages.response_outputs(first)["y"].tolist() == [[2.0, 2.0]]
+    assert isinstance(second, CallFailed), second
+    assert second.code() == grpc.StatusCode.UNAVAILABLE and not second.stream, second
+    assert "shutting down" in second.details()
+    assert status == grpc.StatusCode.OK and pool.unfit == ""
