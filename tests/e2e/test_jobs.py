@@ -7,6 +7,7 @@ same image. On SQLite, the proxy itself killed with jobs queued and running: all
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -68,6 +70,7 @@ def wait_live(url: str, proc: subprocess.Popen) -> None:
             time.sleep(0.1)
 
 
+@functools.cache
 def inputs() -> list[tuple[str, bytes]]:
     """900 digits (the held-out images) and 100 OCR images (text lines of every size)."""
     images, _ = held_out()
@@ -113,20 +116,26 @@ def final_count(client: httpx.Client) -> int:
     return count
 
 
+_ANSWERS: dict[bytes, object] = {}
+"""What /infer answered for each input (the same inputs and mesh in every test here)."""
+
+
 def expected(mesh: Mesh, work: list[tuple[str, bytes]]) -> dict[bytes, object]:
     """What /infer answers for each distinct input."""
-    answers: dict[bytes, object] = {}
-    with mesh.client() as client:
-        for pipeline, blob in work:
-            if blob not in answers:
-                r = client.post(
-                    f"/v1/pipelines/{pipeline}/infer",
-                    content=blob,
-                    headers={"Content-Type": "image/png"},
-                )
-                assert r.status_code == 200, r.text
-                answers[blob] = r.json()["result"]
-    return answers
+    wanted = {blob: pipeline for pipeline, blob in work if blob not in _ANSWERS}
+
+    def ask(client: httpx.Client, blob: bytes) -> None:
+        r = client.post(
+            f"/v1/pipelines/{wanted[blob]}/infer",
+            content=blob,
+            headers={"Content-Type": "image/png"},
+        )
+        assert r.status_code == 200, r.text
+        _ANSWERS[blob] = r.json()["result"]
+
+    with mesh.client() as client, ThreadPoolExecutor(8) as pool:
+        list(pool.map(functools.partial(ask, client), wanted))
+    return _ANSWERS
 
 
 def check(mesh: Mesh, url: str, work: list[tuple[str, bytes]], ids: list[str]) -> Counter:

@@ -28,7 +28,7 @@ from tests.report import report
 
 BODY = encode(render_digit(np.eye(8) * 16))
 MODEL, VARIABLE = "digits_mlp", "PREDICTOR_DIGITS_MLP_URL"
-HEALTHY_S, FAULT_S, AFTER_S = 4.0, 10.0, 5.0
+HEALTHY_S, FAULT_S, AFTER_S = 3.0, 10.0, 4.0
 """The fault lasts 10 s: longer than the 2 s keepalive takes to close a dead connection, and
 half the ~18 s a blackholed replica used to stop the step for (at ~3 requests/s, failing
 every window)."""
