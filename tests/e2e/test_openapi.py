@@ -91,7 +91,7 @@ def test_answers_conform_to_the_schema(api: BaseSchema, mode: GenerationMode) ->
 
         @given(case=operation.as_strategy(generation_mode=mode))
         @settings(
-            max_examples=30,
+            max_examples=20,
             deadline=None,
             suppress_health_check=list(HealthCheck),
             derandomize=True,
