@@ -1,0 +1,140 @@
+"""`python -m bench door`: where the gRPC door's unary calls lose to the REST door (issue 30).
+
+`digits` through the shipped mesh, rounds interleaved, each system at each concurrency:
+- the REST door (`/v1`, our aiohttp-style closed loop);
+- the gRPC door's unary ModelInfer, from a Python grpc.aio client and from perf_analyzer
+  (Triton's C++ client) when it can run here.
+For each: throughput and p50; the CPU per request of the proxy and of the services (from
+/proc, all threads); the rows each merged call carried (proxy_merged_call_members); and, at
+the door, the pipeline's own time (its ModelStatistics: what the engine took) beside the
+client's p50, the rest being the door's gRPC layers and the client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import time
+import urllib.request
+from collections.abc import Callable
+
+import grpc
+import numpy as np
+from grpc import aio
+
+from bench import perf_analyzer
+from bench.httpload import post_bytes
+from bench.loadgen import Stats, run_async
+from bench.mesh import http_closed_loop, median, proxy_url, shipped_mesh
+from protos import messages, pb, pb_grpc
+from protos.channels import METHOD_PREFIX
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds of a process and its threads."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def _merged(url: str) -> tuple[float, float]:
+    """(requests' calls carried, merged calls made) over every step, from /metrics."""
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    total = {"sum": 0.0, "count": 0.0}
+    for m in re.finditer(r"^proxy_merged_call_members_(sum|count)\{[^}]*\} (\S+)", text, re.M):
+        total[m.group(1)] += float(m.group(2))
+    return total["sum"], total["count"]
+
+
+def _engine(door: str) -> tuple[int, int]:
+    """(requests, nanoseconds in the pipeline) from the door's statistics for `digits`."""
+    with grpc.insecure_channel(door) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        stats = stub.ModelStatistics(pb.ModelStatisticsRequest(name="digits"), timeout=5)
+    model = stats.model_stats[0]
+    return model.inference_count, model.inference_stats.compute_infer.ns
+
+
+async def _door_unary(address: str, blob: bytes, c: int, seconds: float) -> Stats:
+    """Unary ModelInfer at concurrency c over one connection (as tritonclient makes)."""
+    channel = aio.insecure_channel(address)
+    request = messages.build_request_bytes(
+        "digits", {"image": np.array([blob], dtype=object)}, outputs=["result"]
+    )
+    call = channel.unary_unary(
+        METHOD_PREFIX + "ModelInfer",
+        request_serializer=lambda b: b,
+        response_deserializer=lambda b: b,
+    )
+    try:
+        return await run_async(lambda: call(request, timeout=10), c, seconds)
+    finally:
+        await channel.close()
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description="the gRPC door's unary calls against REST")
+    parser.add_argument("--duration", type=float, default=5.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    args = parser.parse_args(argv)
+    from sklearn.datasets import load_digits
+
+    from samples.images import encode, render_digit
+
+    blob = encode(render_digit(load_digits().images[0], scale=4))
+    with shipped_mesh("bench-door-") as mesh:
+        env = mesh.services["proxy"].env
+        door, url = f"127.0.0.1:{env['PROXY_GRPC_PORT']}", proxy_url(mesh)
+        raw = post_bytes(
+            url + "/v1/pipelines/digits/infer", blob, "image/png", {"X-Request-Timeout-Ms": "60000"}
+        )
+        window = args.duration
+        systems: dict[str, Callable[[int], Stats]] = {
+            "REST door": lambda c: asyncio.run(http_closed_loop(url, [raw], c, window)),
+            "gRPC door, grpc.aio client": lambda c: asyncio.run(_door_unary(door, blob, c, window)),
+        }
+        try:
+            pa_env = perf_analyzer.environment()
+            systems["gRPC door, perf_analyzer"] = lambda c: perf_analyzer.measure(
+                door, "digits", c, window, input_data={"image": [blob]}, env=pa_env
+            )
+        except perf_analyzer.Unavailable as exc:
+            print(f"perf_analyzer left out: {exc}")
+        pids = {name: proc.pid for name, proc in mesh.procs.items()}
+        print("| system | c | req/s | p50 ms | proxy CPU ms/req | services CPU ms/req "
+              "| rows per merged call | pipeline ms / client p50 |")  # fmt: skip
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        for c in args.concurrency:
+            rounds: dict[str, list[tuple[Stats, str]]] = {name: [] for name in systems}
+            for _ in range(args.rounds):
+                for name, measure in systems.items():
+                    cpu0 = {n: _cpu_s(p) for n, p in pids.items()}
+                    merged0, engine0 = _merged(url), _engine(door)
+                    started = time.monotonic()
+                    stats = measure(c)
+                    elapsed = time.monotonic() - started
+                    cpu1 = {n: _cpu_s(p) for n, p in pids.items()}
+                    merged1, engine1 = _merged(url), _engine(door)
+                    # Requests the mesh answered in the whole measurement, warm-up included.
+                    answered = max(1.0, stats.requests / stats.seconds * elapsed)
+                    proxy = (cpu1["proxy"] - cpu0["proxy"]) / answered * 1e3
+                    services = sum(cpu1[n] - cpu0[n] for n in pids if n != "proxy") / answered
+                    calls = merged1[1] - merged0[1]
+                    rows = (merged1[0] - merged0[0]) / calls if calls else 0.0
+                    served = engine1[0] - engine0[0]
+                    inside = (engine1[1] - engine0[1]) / served / 1e6 if served else 0.0
+                    share = f"{inside:.2f} / {stats.p50_ms:.2f}" if served else "-"
+                    rate = stats.requests / stats.seconds
+                    cells = [f"{rate:.0f}", f"{stats.p50_ms:.2f}", f"{proxy:.2f}"]
+                    cells += [f"{services * 1e3:.2f}", f"{rows:.1f}", share]
+                    rounds[name].append((stats, " | ".join(cells)))
+            for name, runs in rounds.items():
+                best = median([s for s, _ in runs])
+                line = next(text for s, text in runs if s is best)
+                print(f"| {name} | {c} | {line} |", flush=True)
+    return 0
