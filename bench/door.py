@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import re
 import time
 import urllib.request
@@ -25,20 +24,12 @@ import numpy as np
 from grpc import aio
 
 from bench import perf_analyzer
+from bench.capacity import cpu_s
 from bench.httpload import post_bytes
 from bench.loadgen import Stats, run_async
 from bench.mesh import http_closed_loop, median, proxy_url, shipped_mesh
 from protos import messages, pb, pb_grpc
 from protos.channels import METHOD_PREFIX
-
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_s(pid: int) -> float:
-    """CPU seconds of a process and its threads."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 def _merged(url: str) -> tuple[float, float]:
@@ -113,12 +104,12 @@ def main(argv: list[str]) -> int:
             rounds: dict[str, list[tuple[Stats, str]]] = {name: [] for name in systems}
             for _ in range(args.rounds):
                 for name, measure in systems.items():
-                    cpu0 = {n: _cpu_s(p) for n, p in pids.items()}
+                    cpu0 = {n: cpu_s(p)[0] for n, p in pids.items()}
                     merged0, engine0 = _merged(url), _engine(door)
                     started = time.monotonic()
                     stats = measure(c)
                     elapsed = time.monotonic() - started
-                    cpu1 = {n: _cpu_s(p) for n, p in pids.items()}
+                    cpu1 = {n: cpu_s(p)[0] for n, p in pids.items()}
                     merged1, engine1 = _merged(url), _engine(door)
                     # Requests the mesh answered in the whole measurement, warm-up included.
                     answered = max(1.0, stats.requests / stats.seconds * elapsed)
