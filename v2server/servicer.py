@@ -114,6 +114,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> AsyncIterator[bytes]:
         """Every request of the stream runs as soon as it arrives and is answered when
         done; a failed one is answered with its error_message and the stream goes on."""
+        if self.plane.draining:
+            # Refused like a unary call (the caller retries elsewhere): a stream that ended at
+            # once with status OK and its request unread read as "no streams here" to callers.
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "server is shutting down")
         stream_id = request_id_of(context)
         # (answer, bytes held); no answer for a request its sender cancelled.
         answers: asyncio.Queue[tuple[bytes | None, int] | None] = asyncio.Queue()

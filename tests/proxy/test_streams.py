@@ -391,3 +391,35 @@ async def test_a_draining_stream_answers_the_requests_it_has_read() -> None:
     assert second.code() == grpc.StatusCode.UNAVAILABLE and not second.stream, second
     assert "shutting down" in second.details()
     assert status == grpc.StatusCode.OK and pool.unfit == ""
+
+
+async def test_a_stream_opened_on_a_draining_server_is_refused_and_streams_stay() -> None:
+    """A stream opened while the server drains is refused UNAVAILABLE, like a unary call (the
+    caller retries elsewhere), and the address stays on streams: it used to end at once with
+    status OK and the request unread, which taught the proxy to call the address unary for
+    good, after every graceful restart under load."""
+    models = await serve(affine("plus1", 1, 1, delay_s=0.5), grace_s=30)
+    channel = aio.insecure_channel(f"127.0.0.1:{models.port}")
+    pool = StreamPool(channel, 2)
+    x = np.ones((1, 2), np.float32)
+
+    def request(key: str) -> bytes:
+        return messages.build_request_bytes("plus1", {"x": x}, request_id=key)
+
+    try:
+        first = pool.key("a")
+        running = asyncio.ensure_future(pool.pick().infer(first, request(first), 5))
+        await asyncio.sleep(0.1)  # the first stream has a request running: the stop waits
+        stopping = asyncio.ensure_future(models.stop())
+        await asyncio.sleep(0.1)
+        late = pool.key("b")
+        with pytest.raises(CallFailed) as refused:
+            await pool.pick().infer(late, request(late), 5)  # the pool's second stream
+        answer = await running
+        await stopping
+    finally:
+        await channel.close()
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value
+    assert "shutting down" in refused.value.details()
+    assert not refused.value.unfit and not refused.value.resend and pool.unfit == ""
+    assert messages.response_outputs(answer)["y"].tolist() == [[2.0, 2.0]]
