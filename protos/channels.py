@@ -21,6 +21,9 @@ STREAM_CANCEL_PARAMETER = "cancel"
 if it is still running (it is then not answered)."""
 STREAM_CANCEL_EXTENSION = "stream_cancellation"
 """Listed in ServerMetadata's extensions by servers that understand STREAM_CANCEL_PARAMETER."""
+STREAM_DRAINED_METADATA = "stream-drained"
+"""Trailing metadata (value "1") of a ModelStreamInfer call a draining server of ours ended:
+the end says the server is going away, not that its streams carry few requests."""
 
 
 def channel_options(max_message_mb: int = 64) -> list[tuple[str, int]]:

@@ -13,6 +13,7 @@ from protos import pb, pb_grpc, wire
 from protos.channels import (
     HTTP_STATUS_PARAMETER,
     STREAM_CANCEL_PARAMETER,
+    STREAM_DRAINED_METADATA,
     STREAM_STATUS_PARAMETER,
 )
 from protos.errors import Overloaded
@@ -194,7 +195,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         try:
             while True:
                 if draining and not running and not held[0] and answers.empty():
-                    return  # ends the call: the caller opens a new stream elsewhere
+                    # Ends the call: the caller opens a new stream elsewhere.
+                    context.set_trailing_metadata(((STREAM_DRAINED_METADATA, "1"),))
+                    return
                 item = await answers.get()
                 if item is None:
                     break

@@ -19,7 +19,7 @@ import grpc
 from grpc import aio
 
 from protos import pb, wire
-from protos.channels import METHOD_PREFIX, STREAM_CANCEL_PARAMETER
+from protos.channels import METHOD_PREFIX, STREAM_CANCEL_PARAMETER, STREAM_DRAINED_METADATA
 from proxy.transport.failures import CallFailed
 from proxy.transport.stream_answers import parse_stream_response
 
@@ -137,7 +137,9 @@ class MuxStream:
             while True:
                 answer = await self._call.read()
                 if answer is aio.EOF:
-                    failure = self._ended_early(answered) or failure
+                    trailers = await self._call.trailing_metadata() or ()
+                    drained = any(key == STREAM_DRAINED_METADATA for key, _ in trailers)
+                    failure = self._ended_early(answered, drained) or failure
                     break
                 if not answer.id:
                     # We never send an empty id: the server does not answer v2 stream
@@ -160,14 +162,14 @@ class MuxStream:
             self._writer.cancel()  # the call is over: nothing more can be written
             self._call.cancel()
 
-    def _ended_early(self, answered: int) -> CallFailed | None:
-        """The server ended the stream (status OK): fine once nothing is outstanding (a
-        draining server of ours ends its streams so). With requests outstanding, after many
-        answers: a request crossed a draining server's end on the wire (or the server caps
-        a stream's requests); they are sent again unary, which a server still draining
-        refuses at once. A sign that its streams do not carry many requests when it
-        answered at most one (with requests outstanding, or twice running)."""
-        if self._pending and answered > 1:
+    def _ended_early(self, answered: int, drained: bool) -> CallFailed | None:
+        """The server ended the stream (status OK): fine once nothing is outstanding. A
+        draining server of ours says so (`drained`), as may one that answered many: requests
+        still outstanding crossed its end on the wire and are sent again unary (which a
+        server still draining refuses at once). Otherwise a sign that its streams do not
+        carry many requests: it ended with requests outstanding after at most one answer, or
+        after one answer twice running."""
+        if self._pending and (drained or answered > 1):
             failure = CallFailed(
                 grpc.StatusCode.UNAVAILABLE,
                 f"stream ended by the server with {len(self._pending)} requests unanswered",
@@ -175,6 +177,8 @@ class MuxStream:
             )
             failure.resend = True
             return failure
+        if drained:
+            return None
         if self._pending:
             return self._unfit(f"the server ended it with {len(self._pending)} requests unanswered")
         if answered <= 1:

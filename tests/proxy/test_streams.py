@@ -423,3 +423,29 @@ async def test_a_stream_opened_on_a_draining_server_is_refused_and_streams_stay(
     assert "shutting down" in refused.value.details()
     assert not refused.value.unfit and not refused.value.resend and pool.unfit == ""
     assert messages.response_outputs(answer)["y"].tolist() == [[2.0, 2.0]]
+
+
+async def test_streams_a_draining_server_ends_teach_nothing() -> None:
+    """Two streams that answered one request each, ended by a graceful stop: the server says
+    it drained them (trailing metadata), so the proxy does not take them for a server whose
+    streams carry one request each (twice running made the address unary for good)."""
+    models = await serve(affine("plus1", 1, 1), grace_s=30)
+    channel = aio.insecure_channel(f"127.0.0.1:{models.port}")
+    pool = StreamPool(channel, 2)
+    x = np.ones((1, 2), np.float32)
+    try:
+        streams = []
+        for name in ("a", "b"):
+            key = pool.key(name)
+            stream = pool.pick()
+            request = messages.build_request_bytes("plus1", {"x": x}, request_id=key)
+            await stream.infer(key, request, 5)
+            streams.append(stream)
+        await models.stop()
+        codes = [await s._call.code() for s in streams]
+        await asyncio.sleep(0.05)  # each stream's reader has seen its end
+    finally:
+        await channel.close()
+    assert len({id(s) for s in streams}) == 2, "two streams, one answer each"
+    assert codes == [grpc.StatusCode.OK] * 2 and all(s.closed for s in streams)
+    assert pool.unfit == "" and pool.short_lived == 0
