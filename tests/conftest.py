@@ -216,3 +216,28 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section("measured in this run")
         for line in report.LINES:
             terminalreporter.write_line(line)
+
+
+_LOG_FROM = pytest.StashKey[int]()
+MESH_LOG_SHOWN = 40_000
+"""Bytes of the mesh's log shown with a failed test (its last ones)."""
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
+    """A test on the shared mesh that fails shows what the mesh logged while it ran (the
+    services' and the proxy's own words on a rare failure, which CI's clean machine would
+    otherwise lose with its temporary folder)."""
+    result: pytest.TestReport = yield
+    mesh = getattr(item, "funcargs", {}).get("mesh")
+    if not isinstance(mesh, Mesh) or not mesh.log.exists():
+        return result
+    if result.when == "setup":
+        item.stash[_LOG_FROM] = mesh.log.stat().st_size
+    elif result.failed:
+        with mesh.log.open("rb") as log:
+            log.seek(item.stash.get(_LOG_FROM, 0))
+            during = log.read()
+        cut = during[-MESH_LOG_SHOWN:].decode(errors="replace")
+        result.sections.append(("mesh log while the test ran (its end)", cut))
+    return result
