@@ -160,11 +160,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     error = _stream_error(request.message, text, call.code, http)
                     answers.put_nowait((error, request.size))
 
-        held = [0]
+        waiting = 0
         """Requests read but not running yet (waiting for room): a draining stream must
         not end under them."""
 
         async def read() -> None:
+            nonlocal waiting
             try:
                 async for request in requests:
                     if _is_cancel(request):
@@ -173,13 +174,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                         continue
                     # Not read on until there is room, in messages and in bytes: a sender
                     # that does not read its answers is held back by flow control.
-                    held[0] += 1
+                    waiting += 1
                     try:
                         await window.acquire()
                         await stream_bytes.wait_take(request.size)
                         await self._held.wait_take(request.size)
                     finally:
-                        held[0] -= 1
+                        waiting -= 1
                     task = asyncio.create_task(one(request), name=request.id)
                     running.add(task)
                     by_id[request.id] = task
@@ -191,10 +192,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
         reader = asyncio.create_task(read())
         self._streams.add(answers)
-        draining = self.plane.draining
+        draining = False  # a stream opened while the server drains was refused above
         try:
             while True:
-                if draining and not running and not held[0] and answers.empty():
+                if draining and not running and not waiting and answers.empty():
                     # Ends the call: the caller opens a new stream elsewhere.
                     context.set_trailing_metadata(((STREAM_DRAINED_METADATA, "1"),))
                     return

@@ -170,13 +170,12 @@ class MuxStream:
         carry many requests: it ended with requests outstanding after at most one answer, or
         after one answer twice running."""
         if self._pending and (drained or answered > 1):
-            failure = CallFailed(
+            return CallFailed(
                 grpc.StatusCode.UNAVAILABLE,
                 f"stream ended by the server with {len(self._pending)} requests unanswered",
                 stream=True,
+                resend=True,
             )
-            failure.resend = True
-            return failure
         if drained:
             return None
         if self._pending:
