@@ -3,7 +3,7 @@ compose files, both pipelines over REST, a predictor swapped by environment vari
 kept in the compose Redis across its restart.
 
 Runs when MESH_COMPOSE_SMOKE=1 (CI sets it; it needs root to install Debian's docker.io,
-docker-compose and debootstrap, which `./mesh test` then does in its set-up with the base
+docker-compose and mmdebstrap, which `./mesh test` then does in its set-up with the base
 image's root filesystem, the wheelhouse and the image, and starts a private dockerd). Host
 networking (compose.host.yaml) keeps every hop on 127.0.0.1; a last test runs the plain file
 on the engine's own network, publishing the proxy on 127.0.0.1 only.

@@ -25,6 +25,10 @@ REFERENCE_EVERY = 4
 mesh's time a page (3.1 s against 0.36 s on one thread: it scales a line's shorter side up to
 736 px before detecting), and reading half of them took 95 s of the suite's 20 minutes. The
 mesh's own error rate is measured on all of them."""
+IN_PROCESS_EVERY = 2
+"""The same steps in one process read every other image (4 of 8 a category): the mesh must
+read exactly what they read. Reading all of them added ~10 s to the suite for no other
+case."""
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +59,7 @@ def test_text_images_read_at_least_as_well_as_the_reference(
     (rapidocr-onnxruntime on the same three models) on the same images (the reference reads
     a quarter of them), spaces ignored and counted; counting spaces, a tenth of the reference's
     over those; below 1% over the whole suite; and the mesh reads exactly what the same
-    steps read in one process, words and their boxes too."""
+    steps read in one process (on half of the images), words and their boxes too."""
     # Both in-process readers run on two threads (one ONNX Runtime thread per call each):
     # the same answers, half the wall time of the suite.
     local = InProcess()
@@ -68,25 +72,29 @@ def test_text_images_read_at_least_as_well_as_the_reference(
         return [r[1] for r in (engines.reference(img)[0] or [])]
 
     compared = list(range(0, len(samples), REFERENCE_EVERY))
+    twins = list(range(0, len(samples), IN_PROCESS_EVERY))
     with ThreadPoolExecutor(2) as pool:
-        expected = list(pool.map(lambda s: local.ocr(s.image)["lines"], samples))
+        read_alone = pool.map(lambda i: local.ocr(samples[i].image)["lines"], twins)
         read_by_them = pool.map(theirs, [samples[i] for i in compared])
+        expected = dict(zip(twins, read_alone, strict=True))
         references = dict(zip(compared, read_by_them, strict=True))
     # [ours, reference, characters] spaces ignored, then the same counting spaces, over the
     # images the reference read; and ours alone over all of them
     errors: dict[str, list[int]] = defaultdict(lambda: [0] * 6)
     all_errors = all_chars = 0
-    for i, (sample, lines, mine) in enumerate(zip(samples, answers, expected, strict=True)):
+    for i, (sample, lines) in enumerate(zip(samples, answers, strict=True)):
         ours = [line["text"] for line in lines]
-        assert ours == [line["text"] for line in mine], sample.lines
-        for line, alone in zip(lines, mine, strict=True):
+        for line in lines:
             assert np.array(line["box"]).shape == (4, 2) and 0 <= line["score"] <= 1
             assert [w["text"] for w in line["words"]] == line["text"].split()
-            np.testing.assert_allclose(
-                [w["box"] for w in line["words"]] or np.zeros((0, 4, 2)),
-                [w["box"] for w in alone["words"]] or np.zeros((0, 4, 2)),
-                atol=0.01,
-            )
+        if i in expected:
+            assert ours == [line["text"] for line in expected[i]], sample.lines
+            for line, alone in zip(lines, expected[i], strict=True):
+                np.testing.assert_allclose(
+                    [w["box"] for w in line["words"]] or np.zeros((0, 4, 2)),
+                    [w["box"] for w in alone["words"]] or np.zeros((0, 4, 2)),
+                    atol=0.01,
+                )
         e, n = cer(ours, sample.lines, False)
         all_errors, all_chars = all_errors + e, all_chars + n
         if i not in compared:
