@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
@@ -62,8 +63,14 @@ def _run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
     return done
 
 
+def missing_packages() -> list[str]:
+    """The Debian packages of PACKAGES whose tool is not installed (`./mesh test` installs
+    them with the other servers': `python -m tests.compose.engine --missing`)."""
+    return [pkg for tool, pkg in PACKAGES.items() if shutil.which(tool) is None]
+
+
 def install_tools() -> None:
-    missing = [pkg for tool, pkg in PACKAGES.items() if shutil.which(tool) is None]
+    missing = missing_packages()
     if not missing:
         return
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
@@ -168,22 +175,21 @@ def engine() -> Iterator[Engine]:
 
 def base_rootfs() -> Path:
     """Debian bookworm minbase with python3, venv and redis-server, as a tarball cached
-    under build/compose/. mmdebstrap writes it (apt's parallel downloads: ~30 s on a
-    fresh machine, where debootstrap took ~100 s); debootstrap where mmdebstrap is
-    missing."""
+    under build/compose/. mmdebstrap (installed by `install_tools`, as `engine` starts)
+    writes it with apt's parallel downloads: ~30 s on a fresh machine, where debootstrap
+    took ~100 s."""
     tarball = CACHE / "bookworm-minbase-redis.tar"
-    if tarball.is_file():
-        return tarball
-    CACHE.mkdir(parents=True, exist_ok=True)
-    partial = tarball.with_suffix(".partial")
-    args = ["--variant=minbase", "--include=python3,python3-venv,redis-server", "bookworm"]
-    if shutil.which("mmdebstrap"):
-        _run(["mmdebstrap", "--quiet", "--format=tar", *args, str(partial), DEBIAN_MIRROR])
-    else:
-        with tempfile.TemporaryDirectory(prefix="mesh-rootfs-") as rootfs:
-            _run(["debootstrap", *args, rootfs, DEBIAN_MIRROR])
-            _run(["tar", "-C", rootfs, "-cf", str(partial), "."])
-    partial.rename(tarball)
+    if not tarball.is_file():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        partial = tarball.with_suffix(".partial")
+        _run(
+            [
+                "mmdebstrap", "--quiet", "--format=tar", "--variant=minbase",
+                "--include=python3,python3-venv,redis-server", "bookworm",
+                str(partial), DEBIAN_MIRROR,
+            ]
+        )  # fmt: skip
+        partial.rename(tarball)
     return tarball
 
 
@@ -238,6 +244,9 @@ def provision() -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--missing"]:
+        print(" ".join(missing_packages()))
+        sys.exit(0)
     try:
         provision()
     except EngineError as exc:  # the test will say so again, as a failure
