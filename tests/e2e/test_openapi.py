@@ -66,7 +66,7 @@ def proxy_url(request: pytest.FixtureRequest, mesh: Mesh) -> Iterator[str]:
     """The mesh's proxy, and a second one over the same services calling them the old way
     (unary calls, no merging): the same document must hold on both."""
     if request.param == "old path":
-        with mesh.extra_proxy(27480, PROXY_TRANSPORT="unary", PROXY_MERGE="false") as url:
+        with mesh.extra_proxy(27485, PROXY_TRANSPORT="unary", PROXY_MERGE="false") as url:
             yield url
     else:
         yield mesh.url
