@@ -23,6 +23,7 @@ from tests import report
 from tests.modelgen import build_test_repository
 from tests.pki import PKI, make_pki
 from tests.procs import ROOT, Service, start_service
+from tests.workers import worker_index
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -78,44 +79,10 @@ def preprocess_service(workdir: Path) -> Iterator[Service]:
     service.stop()
 
 
-def worker_index() -> int:
-    """Which of `./mesh test`'s pytest-xdist workers runs this process (0 without xdist)."""
-    return int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
-
-
 PORT_OFFSET = (20000, 10000)[worker_index()]
-"""The shared mesh's ports, beside a mesh a developer may be running with ./mesh up; each
-worker has a mesh of its own (both below the kernel's ephemeral ports, 32768 and up)."""
-
-SERIAL_FILES = {
-    f"tests/{name}.py"
-    for name in (
-        "e2e/test_jobs", "e2e/test_batch", "e2e/test_ocr", "e2e/test_digits",
-        "e2e/test_client_matrix", "e2e/test_swap", "e2e/test_cache", "e2e/test_extending",
-        "faults/test_faults", "faults/test_impatient", "faults/test_slow_step",
-        "hostile/test_load", "hostile/test_grpc_door", "hostile/test_front_door",
-        "hostile/test_services", "proxy/test_cache",
-    )
-}  # fmt: skip
-"""Files whose tests load both cores or measure how the mesh holds under load or faults:
-`./mesh test` runs them one after another on one worker, never beside each other. The
-rest (most of their time spent waiting on processes, timers and network faults) run one
-after another on the other worker, beside them. Two groups, not one per file: each
-group's fixed ports and its shared mesh stay with one process."""
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """xdist's loadgroup cannot be used: it renames items through an attribute pytest 9 no
-    longer reads, so its groups are ignored. Its scope scheduler with our two groups as the
-    scopes does the same."""
-    from xdist.scheduler import LoadScopeScheduling
-
-    class TwoGroups(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return "serial" if nodeid.split("::")[0] in SERIAL_FILES else "beside"
-
-    return TwoGroups(config, log)
+"""The shared mesh's ports, beside a mesh a developer may be running with ./mesh up; each of
+`./mesh test`'s two workers has a mesh of its own (both below the kernel's ephemeral ports,
+32768 and up)."""
 
 
 TLS = ssl.create_default_context()

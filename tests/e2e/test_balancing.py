@@ -108,12 +108,21 @@ def test_calls_keep_succeeding_when_a_replica_is_killed(
     blobs = [png(image) for image in held_out()[0][:20]]
     doomed = replicas["127.0.0.2"]
     with mesh.extra_proxy(27098, **{VARIABLE: _target(replicas)}) as url:
-        killer = threading.Timer(1.0, doomed.stop, kwargs={"sig": signal.SIGKILL})
         served_before: list[int] = []
+
+        def kill_once_it_served_its_share() -> None:
+            # Mid-load, once it has answered some of it (not at a fixed time: how much a
+            # second holds depends on what else the machine runs).
+            until = time.monotonic() + 2.0
+            while (served := _rows_served("127.0.0.2", doomed)) <= 20:
+                if time.monotonic() > until:
+                    break
+                time.sleep(0.05)
+            served_before.append(served)
+            doomed.stop(sig=signal.SIGKILL)
+
+        killer = threading.Thread(target=kill_once_it_served_its_share)
         killer.start()
-        threading.Timer(
-            0.9, lambda: served_before.append(_rows_served("127.0.0.2", doomed))
-        ).start()
         failures: list[str] = []
         statuses = _load(url, blobs, clients=6, seconds=3.0, failures=failures)
         killer.join()

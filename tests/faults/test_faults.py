@@ -21,6 +21,8 @@ from tests.faults.load import run
 from tests.procs import metric_of
 from tests.report import report
 
+pytestmark = pytest.mark.alone  # how the mesh holds under load: no other test beside it
+
 BODY = encode(render_digit(np.eye(8) * 16))
 
 

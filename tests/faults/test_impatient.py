@@ -19,6 +19,8 @@ from tests.conftest import Mesh
 from tests.faults.load import hang_ups, impatient, run
 from tests.report import report
 
+pytestmark = pytest.mark.alone  # how the mesh holds under load: no other test beside it
+
 BODY = encode(render_digit(np.eye(8) * 16))
 PATHS = {
     "streams+merged": ({}, 15.0),

@@ -21,6 +21,8 @@ from tests.faults.test_faults import BODY
 from tests.procs import Service, metric, metric_of, start_service
 from tests.report import report
 
+pytestmark = pytest.mark.alone  # how the mesh holds under load: no other test beside it
+
 DELAY_MS = 400
 BUDGET_MS = 250
 CHAIN_PORT = 27280

@@ -26,6 +26,8 @@ from tests.faults.load import Tally, run
 from tests.procs import ROOT, Service, start_service
 from tests.report import report
 
+pytestmark = pytest.mark.alone  # how the mesh holds under load: no other test beside it
+
 BODY = encode(render_digit(np.eye(8) * 16))
 MODEL, VARIABLE = "digits_mlp", "PREDICTOR_DIGITS_MLP_URL"
 HEALTHY_S, FAULT_S, AFTER_S = 3.0, 10.0, 4.0

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import httpx
 import numpy as np
+import pytest
 
 from protos import pb, pb_grpc
 from samples import text
@@ -19,6 +20,8 @@ from tests.conftest import Mesh
 from tests.hostile.probe import Watch
 from tests.procs import metric_of
 from tests.report import report
+
+pytestmark = pytest.mark.alone  # how the mesh holds under load: no other test beside it
 
 
 def page(
