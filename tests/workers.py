@@ -5,8 +5,8 @@ tests/conftest.py).
   (SERIAL_FILES) on one, the rest on the other, beside them. A group's fixed ports and its
   shared mesh stay with one process.
 - Tests marked `alone` (how the mesh holds under load and faults: budgets, stalls, shedding)
-  run with the other worker paused: they take a lock that every other test shares, so
-  nothing of the other group runs beside them.
+  run last, with the other worker paused: they take a lock that every other test shares,
+  so nothing of the other group runs beside them.
 Without xdist (`pytest` alone, or `MESH_TEST_WORKERS=0`), tests run one after another."""
 
 from __future__ import annotations
@@ -25,14 +25,17 @@ SERIAL_FILES = {
     for name in (
         "e2e/test_jobs", "e2e/test_batch", "e2e/test_ocr", "e2e/test_digits",
         "e2e/test_client_matrix", "e2e/test_traces", "e2e/test_run_command",
-        "foreign/test_swap_in", "faults/test_faults", "faults/test_impatient",
-        "faults/test_slow_step", "hostile/test_load", "hostile/test_grpc_door",
-        "hostile/test_front_door", "hostile/test_services",
+        "e2e/test_swap", "e2e/test_cache", "e2e/test_extending", "proxy/test_cache",
+        "foreign/test_swap_in", "hostile/test_grpc_door", "hostile/test_front_door",
+        "hostile/test_services",
+        # alone (run last):
+        "faults/test_faults", "faults/test_impatient", "faults/test_slow_step",
+        "faults/test_stalled_replica", "hostile/test_load",
     )
 }  # fmt: skip
-"""The CPU-heavy files, and those with fixed ports in one range (run_command's and traces'
-meshes), on one worker; the two groups take about as long (~520 s each besides the `alone`
-tests, on 2026-11-26)."""
+"""The CPU-heavy files, those with fixed ports in one range (run_command's and traces'
+meshes), and the `alone` ones. Besides the `alone` tests, the two groups took about as long
+(~520 s each on 2026-11-26), so the other worker is done by the time they start."""
 
 
 def worker_index() -> int:
@@ -56,6 +59,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
             return group_of(nodeid)
 
     return TwoGroups(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The `alone` tests last (a stable sort: the same order on every worker, as xdist
+    requires): by then the other worker has run its share, so pausing it costs nothing."""
+    items.sort(key=lambda item: item.get_closest_marker("alone") is not None)
 
 
 def pytest_configure(config: pytest.Config) -> None:

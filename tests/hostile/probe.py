@@ -8,6 +8,8 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import httpx
@@ -109,3 +111,23 @@ def health_meanwhile(url: str, stop: threading.Event, seconds: list[float]) -> N
             client.get("/healthz")
             seconds.append(time.monotonic() - start)
             time.sleep(0.02)
+
+
+@contextmanager
+def health_watched(url: str) -> Iterator[list[float]]:
+    """/healthz polled in a thread from before the block (its first answer is awaited: a
+    refusal can come quicker than a thread's first request) until 0.1 s after it; yields
+    each answer's time."""
+    stop, seconds = threading.Event(), []
+    checker = threading.Thread(target=health_meanwhile, args=(url, stop, seconds))
+    checker.start()
+    try:
+        until = time.monotonic() + 30
+        while not seconds:
+            assert checker.is_alive() and time.monotonic() < until, "/healthz never answered"
+            time.sleep(0.01)
+        yield seconds
+        time.sleep(0.1)
+    finally:
+        stop.set()
+        checker.join()

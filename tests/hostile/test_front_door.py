@@ -12,7 +12,7 @@ import orjson
 
 from tests.conftest import Mesh
 from tests.e2e.test_digits import held_out, png
-from tests.hostile.probe import Watch, exchange, health_meanwhile
+from tests.hostile.probe import Watch, exchange, health_watched
 from tests.report import report
 
 MB = 1 << 20
@@ -263,13 +263,13 @@ def test_large_v2_bodies_leave_the_event_loop_free(mesh: Mesh) -> None:
         ),
     }
     for what, (path, body, headers) in bodies.items():
-        stop, slowest = threading.Event(), []
-        checker = threading.Thread(target=health_meanwhile, args=(mesh.url, stop, slowest))
-        checker.start()
-        with Watch(mesh.local.procs["proxy"].pid) as watch, httpx.Client(timeout=30) as c:
+        proxy = mesh.local.procs["proxy"].pid
+        with (
+            health_watched(mesh.url) as slowest,
+            Watch(proxy) as watch,
+            httpx.Client(timeout=30) as c,
+        ):
             r = c.post(mesh.url + path, content=body, headers=headers)
-        stop.set()
-        checker.join()
         report(
             f"\nhostile: v2 REST, {what} ({len(body) / MB:.0f} MiB): {r.status_code} in "
             f"{watch.cost.seconds:.2f} s, proxy peak +{watch.cost.peak_growth_mb:.0f} MiB; "

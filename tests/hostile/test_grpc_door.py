@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
-import time
 
 import grpc
 import httpx
@@ -17,7 +15,7 @@ import pytest
 from protos import pb, pb_grpc
 from protos.channels import channel_options
 from tests.conftest import Mesh
-from tests.hostile.probe import Watch, health_meanwhile
+from tests.hostile.probe import Watch, health_watched
 from tests.hostile.test_front_door import digit, digits_ok
 from tests.procs import ROOT
 from tests.report import report
@@ -53,16 +51,8 @@ def test_a_bytes_bomb_at_the_door_is_refused_by_its_shape(mesh: Mesh) -> None:
     proxy = mesh.local.procs["proxy"].pid
     for typed in (False, True):
         bomb = _bytes_bomb(typed)
-        stop, slowest = threading.Event(), []
-        checker = threading.Thread(target=health_meanwhile, args=(mesh.url, stop, slowest))
-        checker.start()
-        while not slowest:  # /healthz answers before the bomb
-            time.sleep(0.01)
-        with Watch(proxy) as watch:
+        with health_watched(mesh.url) as slowest, Watch(proxy) as watch:
             answer = _door_call(mesh, bomb)
-        time.sleep(0.1)  # and after it
-        stop.set()
-        checker.join()
         kind = "typed contents" if typed else "raw contents"
         report(
             f"\nhostile: gRPC door, 5 M empty BYTES elements ({kind}, "
