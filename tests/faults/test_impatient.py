@@ -23,12 +23,13 @@ pytestmark = pytest.mark.alone  # how the mesh holds under load: no other test b
 
 BODY = encode(render_digit(np.eye(8) * 16))
 PATHS = {
-    "streams+merged": ({}, 15.0),
+    "streams+merged": ({}, 30.0),
     "streams": ({"PROXY_MERGE": "false"}, 8.0),
     "unary": ({"PROXY_TRANSPORT": "unary", "PROXY_MERGE": "false"}, 8.0),
 }
-"""The proxy's settings, and how long the impatient load lasts (the default path longest:
-the lanes wedged within 8 s of such a load, and after 3.3 s of hang-ups alone)."""
+"""The proxy's settings, and how long the impatient load lasts: on the default path the 30 s
+issue 24 asks for (its lanes wedged within 8 s of such a load, and after 3.3 s of hang-ups
+alone); on the other two paths 8 s, to keep the suite's time."""
 
 
 @contextmanager
