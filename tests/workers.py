@@ -24,16 +24,20 @@ SERIAL_FILES = {
     f"tests/{name}.py"
     for name in (
         "e2e/test_jobs", "e2e/test_batch", "e2e/test_ocr", "e2e/test_digits",
-        "e2e/test_client_matrix", "e2e/test_swap", "e2e/test_cache", "e2e/test_extending",
-        "hostile/test_grpc_door", "hostile/test_services",
+        "e2e/test_client_matrix", "e2e/test_traces", "e2e/test_run_command",
+        "e2e/test_swap", "e2e/test_cache", "e2e/test_extending", "e2e/test_workers",
+        "proxy/test_cache", "foreign/test_swap_in", "hostile/test_grpc_door",
+        "hostile/test_front_door", "hostile/test_services",
         # alone (run last):
         "faults/test_faults", "faults/test_impatient", "faults/test_slow_step",
         "faults/test_stalled_replica", "hostile/test_load",
     )
 }  # fmt: skip
-"""The CPU-heavy files and the `alone` ones. The other worker's files took about as long as
-these together (~790 s each in a clean-clone run on 2026-11-26, with the Compose smoke
-test), so it is done by the time the `alone` tests start."""
+"""The CPU-heavy files, those with fixed ports in one range (run_command's and traces'
+meshes), and the `alone` ones. Besides the `alone` tests, the two groups take about as long
+(~650 s each in a clean-clone run on 2026-11-26, with the Compose smoke test): the other
+worker must be done by the time the `alone` tests start, or they pause it test by test and
+its remaining tests add to the run (~120 s when it had ~260 s more than this one)."""
 
 
 def worker_index() -> int:
