@@ -44,6 +44,8 @@ async def test_a_replica_with_a_stalled_call_is_passed_over() -> None:
     assert late.address in {(await replicas.pick()).address for _ in range(4)}
 
 
+@pytest.mark.alone  # its replica is passed over by timing: 20 of 40 burst calls reached the
+# frozen one with the other test worker beside it (2026-11-26)
 @TRANSPORTS
 async def test_calls_stalled_on_one_replica_are_answered_by_the_other(streams: int) -> None:
     frozen, healthy = asyncio.Event(), asyncio.Event()
