@@ -79,10 +79,11 @@ def preprocess_service(workdir: Path) -> Iterator[Service]:
     service.stop()
 
 
-PORT_OFFSET = (20000, 14000)[worker_index()]
-"""The shared mesh's ports, beside a mesh a developer may be running with ./mesh up; each of
-`./mesh test`'s two workers has a mesh of its own, below the kernel's ephemeral ports (32768
-and up) and clear of the ports tests fix (18080: the Compose smoke test's; 27xxx)."""
+PORT_OFFSET = 20000 - 6000 * worker_index()
+"""The shared mesh's ports, beside a mesh a developer may be running with ./mesh up; each
+pytest-xdist worker has a mesh of its own (+ 20000, + 14000, + 8000, ...), below the
+kernel's ephemeral ports (32768 and up) and clear of the ports tests fix (18080: the Compose
+smoke test's; 27xxx)."""
 
 
 TLS = ssl.create_default_context()

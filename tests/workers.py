@@ -1,5 +1,5 @@
-"""How `./mesh test` shares the machine between its two pytest-xdist workers (a plugin of
-tests/conftest.py).
+"""How `./mesh test` shares the machine between its two pytest-xdist workers (a pytest
+plugin, loaded by `-p tests.workers` in pyproject.toml's addopts).
 
 - Two groups of files, one a worker, each run in order: the files that load both cores
   (SERIAL_FILES) on one, the rest on the other, beside them. A group's fixed ports and its
