@@ -23,6 +23,14 @@ class Tally:
     """Requests with no answer by their deadline plus the margin."""
     latencies: list[float] = field(default_factory=list)
     timeline: list[tuple[float, int]] = field(default_factory=list)
+    bodies: dict[int, list[bytes]] = field(default_factory=dict)
+    """The first few answers of each status but 200, as sent: an assertion on statuses shows
+    them (the error names the step and carries the request id, to find in the mesh's logs)."""
+
+    def count(self, status: int, body: bytes) -> None:
+        self.by_status[status] += 1
+        if status != 200 and len(kept := self.bodies.setdefault(status, [])) < 3:
+            kept.append(body[:500])
 
     def p99_ms(self) -> float:
         return float(np.percentile(self.latencies, 99) * 1000) if self.latencies else 0.0
@@ -78,7 +86,7 @@ async def run(
                 raw, wait_s = fixed or request()
                 t0 = time.monotonic()
                 try:
-                    status, _ = await asyncio.wait_for(conn.request(raw), wait_s)
+                    status, answer = await asyncio.wait_for(conn.request(raw), wait_s)
                 except TimeoutError:
                     tally.hung += 1
                     await conn.close()
@@ -88,7 +96,7 @@ async def run(
                     tally.lost += 1
                     conn = await Connection.open(url)
                     continue
-                tally.by_status[status] += 1
+                tally.count(status, answer)
                 tally.latencies.append(time.monotonic() - t0)
                 tally.timeline.append((t0 - start, status))
         finally:

@@ -212,7 +212,7 @@ def test_graceful_shutdown_under_load(mesh: Mesh, service: str) -> None:
     report(tally.summary(f"SIGTERM {service}, digits"))
     assert code == 0, "the service exits cleanly after draining"
     assert tally.lost == 0 and tally.hung == 0
-    assert set(tally.by_status) <= {200, 503}, tally.by_status
+    assert set(tally.by_status) <= {200, 503}, (tally.by_status, tally.bodies)
     assert tally.by_status[503] > 0
     assert max(tally.latencies) < 2.0
 
