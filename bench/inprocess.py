@@ -80,6 +80,8 @@ class InProcess:
                 "space": space,
                 "boxes": rec_in["boxes"],
                 "to_image": rec_in["to_image"],
+                "ink": rec_in["ink"],
+                "ink_height": rec_in["ink_height"],
             }
         )
         lines = [

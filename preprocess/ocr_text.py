@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from preprocess.ocr_gaps import GapWeights, Ink
 from preprocess.ocr_words import Span, split_words, word_boxes
 from preprocess.ops import op
 from preprocess.state import State
@@ -85,10 +86,12 @@ def ctc_line(
     space: np.ndarray | None,
     chars: list[str],
     spacing: Spacing,
+    ink: Ink | None = None,
 ) -> Line:
     """One line's best path: repeats merged, blanks dropped, and a space put in each word
     gap `spacing` finds (none without the space's probabilities: the recogniser's own
-    spaces only). Score: the mean probability of the kept steps."""
+    spaces only); given the line's `ink`, each gap weighed by `ink.weights` instead.
+    Score: the mean probability of the kept steps."""
     cls, starts, ends = _runs(idx)
     if not len(cls):
         return Line("", 0.0, [])
@@ -97,6 +100,12 @@ def ctc_line(
     spans = list(zip(starts.tolist(), ends.tolist(), strict=True))
     if space is None:
         return Line("".join(chars[c] for c in cls), score, spans)
+    if ink is not None:
+        is_letter = cls != space_class
+        text, kept = _spaced_by_ink(
+            cls[is_letter], starts[is_letter], ends[is_letter], space, chars, ink
+        )
+        return Line(text, score, kept)
     letters = starts[cls != space_class]
     median = float(np.median(np.diff(letters))) if len(letters) > 1 else 1.0
     out, kept = [chars[cls[0]]], [spans[0]]
@@ -124,6 +133,41 @@ def ctc_line(
         out.append(here)
         kept.append(spans[k])
     return Line("".join(out), score, kept)
+
+
+def _spaced_by_ink(
+    cls: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    space: np.ndarray,
+    chars: list[str],
+    ink: Ink,
+) -> tuple[str, list[Span]]:
+    """The line's characters (`cls`: the recogniser's own spaces left out) with a space in
+    every gap `ink.weights` calls a word gap. The recogniser's spaces are judged like any
+    other gap: on small text it puts them inside words, where the ink shows none."""
+    if not len(cls):
+        return "", []
+    median = float(np.median(np.diff(starts))) if len(starts) > 1 else 1.0
+    ink_gaps = ink.gaps(starts, ends)
+    out, kept = [chars[cls[0]]], [(int(starts[0]), int(ends[0]))]
+    for k in range(1, len(cls)):
+        here = chars[cls[k]]
+        gap = ends[k - 1] + 1, starts[k]
+        if ink.weights.says_space(
+            likely=float(space[gap[0] : gap[1]].max()) if gap[1] > gap[0] else 0.0,
+            blanks=int(gap[1] - gap[0]),
+            pitch=float(starts[k] - starts[k - 1]) / median,
+            after_punctuation=_after_punctuation(out[-1], out[-2] if len(out) > 1 else "", here),
+            before=out[-1],
+            after=here,
+            ink_gap=float(ink_gaps[k - 1]),
+        ):
+            out.append(" ")
+            kept.append((-1, -1))
+        out.append(here)
+        kept.append((int(starts[k]), int(ends[k])))
+    return "".join(out), kept
 
 
 def latin_punctuation(text: str) -> str:
@@ -154,12 +198,15 @@ def ocr_ctc_decode(
     space: str = "space",
     boxes: str = "boxes",
     to_image: str = "to_image",
+    ink: str = "ink",
+    ink_height: str = "ink_height",
     min_score: float = 0.5,
     space_strong: float = Spacing.strong,
     space_weak: float = Spacing.weak,
     space_gap_steps: int = Spacing.gap_steps,
     space_pitch: float = Spacing.pitch,
     space_after_punctuation_steps: int = Spacing.after_punctuation_steps,
+    ink_gap_weights: dict[str, float] | None = None,
     word_margin_steps: float = 1.25,
     text_output: str = "text",
     score_output: str = "score",
@@ -197,8 +244,9 @@ def ocr_ctc_decode(
     rule = Spacing(
         space_strong, space_weak, space_gap_steps, space_pitch, space_after_punctuation_steps
     )
+    inks = _inks(state, ink, ink_height, idx.shape, ink_gap_weights)
     decoded = [
-        ctc_line(idx[i], p[i], None if gaps is None else gaps[i], chars, rule)
+        ctc_line(idx[i], p[i], None if gaps is None else gaps[i], chars, rule, inks[i])
         for i in range(len(idx))
     ]
     keep = [i for i, (text, score, _) in enumerate(decoded) if text and score >= min_score]
@@ -226,3 +274,24 @@ def ocr_ctc_decode(
         np.concatenate(places) if places else np.zeros((0, 4, 2), np.float32)
     )
     state.tensors[word_lines_output] = np.array(lines, dtype=np.int32)
+
+
+def _inks(
+    state: State,
+    columns: str,
+    heights: str,
+    shape: tuple[int, ...],
+    weights: dict[str, float] | None,
+) -> list[Ink | None]:
+    """Each line's Ink when the recipe weighs gaps by it and the caller sent `columns` (UINT8
+    [N,W]: the recogniser's input's columns, STEP_PX a step) and `heights` (FP32 [N])."""
+    given = state.tensors.get(columns)
+    if weights is None or given is None:
+        return [None] * shape[0]
+    tall = state.tensor(heights)
+    if given.ndim != 2 or len(given) != shape[0]:
+        raise InvalidInput(f"input '{columns}' {list(given.shape)} must be [{shape[0]}, W]")
+    if tall.shape != (shape[0],):
+        raise InvalidInput(f"input '{heights}' {list(tall.shape)} must be [{shape[0]}]")
+    rule = GapWeights(**weights)
+    return [Ink(given[i], float(tall[i]), rule) for i in range(shape[0])]
