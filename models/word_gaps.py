@@ -1,0 +1,170 @@
+"""Fit the OCR recipe's `ink_gap_weights` (preprocess/ocr_gaps.py GapWeights) on the generated
+text suite, and show what they read, counting spaces, per category:
+
+    .venv/bin/python -m models.word_gaps [--train 1,3,4,5] [--check 0,2] [--c 30]
+
+The suites are read in process with the shipped recipes and models (bench/inprocess.py), up to
+the decoding step; then every gap between two characters of a line read right (spaces aside)
+is a row: its features as the decoding step computes them, and whether the truth has a space
+there. The fit never sees the seeds it is checked on (the e2e test reads seed 0)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import threading
+from collections import defaultdict
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from bench.inprocess import InProcess
+from preprocess.ocr_gaps import GapWeights, Ink
+from preprocess.ocr_text import Spacing, charset, ctc_line, latin_punctuation
+from samples.images import cer
+from samples.text import suite
+
+CHARS = charset(Path(__file__).resolve().parent / "repository" / "ocr_rec" / "characters.txt")
+Decoded = tuple[str, list[str], dict[str, np.ndarray] | None]
+"""(category, the truth's lines, the decoding step's inputs; None: no text found)."""
+
+
+def decoding_inputs(seed: int, per_category: int) -> list[Decoded]:
+    """Every image of a suite read in process up to the decoding step."""
+    local = InProcess()
+    step = local.recipes["ocr_ctc_decode"]
+    run, seen = step.run, threading.local()
+
+    def keep(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        seen.inputs = dict(inputs)
+        return run(inputs)
+
+    step.run = keep  # type: ignore[method-assign]
+
+    def read(sample) -> Decoded:
+        seen.inputs = None
+        local.ocr(sample.image)
+        return sample.category, sample.lines, seen.inputs
+
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(read, suite(per_category, seed=seed)))
+
+
+class _Recorder(GapWeights):
+    """Says no space anywhere, and keeps each gap's features."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        object.__setattr__(self, "rows", [])  # GapWeights is frozen
+
+    def says_space(self, **gap) -> bool:  # type: ignore[override]
+        self.rows.append(  # type: ignore[attr-defined]
+            [
+                math.log10(max(gap["likely"], 1e-6)),
+                gap["blanks"],
+                gap["pitch"],
+                float(gap["after_punctuation"]),
+                float(gap["after"] == "-"),
+                float(gap["before"] == "."),
+                gap["ink_gap"],
+            ]
+        )
+        return False
+
+
+def _lines(item: Decoded, weights: GapWeights) -> Iterator[tuple[str, int]]:
+    """(text, line) of each line the recipe keeps (score 0.5 and up), spaced by `weights`."""
+    _, _, inputs = item
+    if inputs is None:
+        return
+    for i in range(len(inputs["index"])):
+        ink = Ink(inputs["ink"][i], float(inputs["ink_height"][i]), weights)
+        text, score, _ = ctc_line(
+            inputs["index"][i], inputs["prob"][i], inputs["space"][i], CHARS, Spacing(), ink
+        )
+        if text and score >= 0.5:
+            yield latin_punctuation(text), i
+
+
+def gaps(items: list[Decoded]) -> tuple[np.ndarray, np.ndarray]:
+    """Features and labels (1: a word gap) of the gaps on the lines read right."""
+    features: list[list[float]] = []
+    labels: list[int] = []
+    recorder = _Recorder()
+    rows: list[list[float]] = recorder.rows  # type: ignore[attr-defined]
+    for _, truth_lines, inputs in items:
+        if inputs is None:
+            continue
+        truth = {line.replace(" ", ""): line for line in truth_lines}
+        for i in range(len(inputs["index"])):
+            rows.clear()
+            ink = Ink(inputs["ink"][i], float(inputs["ink_height"][i]), recorder)
+            read = ctc_line(
+                inputs["index"][i], inputs["prob"][i], inputs["space"][i], CHARS, Spacing(), ink
+            )
+            text = latin_punctuation(read.text)
+            line = truth.get(text)
+            if line is None:
+                continue  # misread: its gaps' truth is unknown
+            spaced = [0] * len(text)
+            for word_end in np.cumsum([len(w) for w in line.split()])[:-1]:
+                spaced[word_end - 1] = 1
+            features += rows
+            labels += spaced[:-1]
+    return np.array(features), np.array(labels)
+
+
+def error_rates(items: list[Decoded], weights: GapWeights) -> dict[str, tuple[float, float]]:
+    """Per category and over all: (CER counting spaces, CER without)."""
+    tally: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for item in items:
+        read = [text for text, _ in _lines(item, weights)]
+        for key in (item[0], "all"):
+            spaced, chars = cer(read, item[1], True)
+            tally[key][0] += spaced
+            tally[key][1] += cer(read, item[1], False)[0]
+            tally[key][2] += chars
+    tally["all"] = tally.pop("all")  # last
+    return {k: (e / n, e0 / n) for k, (e, e0, n) in tally.items()}
+
+
+def fit(features: np.ndarray, labels: np.ndarray, c: float) -> GapWeights:
+    from sklearn.linear_model import LogisticRegression
+
+    model = LogisticRegression(C=c, max_iter=20_000).fit(features, labels)
+    names = [f.name for f in dataclasses.fields(GapWeights)][1:]
+    weights = dict(zip(names, model.coef_[0].tolist(), strict=True))
+    return GapWeights(
+        bias=round(float(model.intercept_[0]), 2), **{k: round(v, 2) for k, v in weights.items()}
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--train", default="1,3,4,5", help="seeds to fit on (8 a category)")
+    parser.add_argument("--check", default="0:8,2:20", help="seed:images a category to check")
+    parser.add_argument("--c", type=float, default=30.0, help="inverse regularisation")
+    args = parser.parse_args()
+    training = [i for s in args.train.split(",") for i in decoding_inputs(int(s), 8)]
+    features, labels = gaps(training)
+    weights = fit(features, labels, args.c)
+    print(f"{len(labels)} gaps, {int(labels.sum())} word gaps: {weights}")
+    for spec in args.check.split(","):
+        seed, per = (int(x) for x in spec.split(":"))
+        items = decoding_inputs(seed, per)
+        x, y = gaps(items)
+        said = (x @ np.array(dataclasses.astuple(weights)[1:]) + weights.bias) > 0
+        print(
+            f"\nseed {seed}, {per} a category: {int((said & (y == 0)).sum())} spaces too many, "
+            f"{int((~said & (y == 1)).sum())} missed of {int(y.sum())} word gaps ({len(y)} gaps)"
+        )
+        print("| category | CER counting spaces | without |\n| --- | --- | --- |")
+        for category, (spaced, plain) in error_rates(items, weights).items():
+            print(f"| {category} | {spaced:.4f} | {plain:.4f} |")
+
+
+if __name__ == "__main__":
+    main()
