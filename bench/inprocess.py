@@ -61,7 +61,8 @@ class InProcess:
         mean = np.mean(np.stack([self._run(n, x)[1] for n in DIGITS_MODELS]), axis=0)
         return {"label": mean.argmax(axis=1).tolist(), "probabilities": mean}
 
-    def ocr(self, image: bytes) -> dict:
+    def ocr_decoding_inputs(self, image: bytes) -> dict[str, np.ndarray] | None:
+        """What the `ocr` pipeline sends its decoding step for `image` (None: no text found)."""
         r = self.recipes
         det_in = r["ocr_det_input"].run({"image_bytes": _bytes(image)})
         maps = self._run("ocr_det", det_in["x"])[0]
@@ -69,21 +70,22 @@ class InProcess:
             {"maps": maps, "image": det_in["image"], "transform": det_in["transform"]}
         )
         if len(crops["crop_sizes"]) == 0:
-            return {"lines": []}
+            return None
         cls = self._run("ocr_cls", r["ocr_cls_input"].run(crops)["x"])[0]
         rec_in = r["ocr_rotate_rec_input"].run({**crops, "probs": cls})
         index, prob, space = self._run_rows("ocr_rec", rec_in["x"], rec_in["widths"])
-        out = r["ocr_ctc_decode"].run(
-            {
-                "index": index,
-                "prob": prob,
-                "space": space,
-                "boxes": rec_in["boxes"],
-                "to_image": rec_in["to_image"],
-                "ink": rec_in["ink"],
-                "ink_height": rec_in["ink_height"],
-            }
-        )
+        return {
+            "index": index,
+            "prob": prob,
+            "space": space,
+            **{k: rec_in[k] for k in ("boxes", "to_image", "ink", "ink_height")},
+        }
+
+    def ocr(self, image: bytes) -> dict:
+        decoding = self.ocr_decoding_inputs(image)
+        if decoding is None:
+            return {"lines": []}
+        out = self.recipes["ocr_ctc_decode"].run(decoding)
         lines = [
             {"text": t.decode(), "score": float(s), "box": b.tolist(), "words": []}
             for t, s, b in zip(out["text"], out["score"], out["boxes"], strict=True)

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
-import threading
 from collections import defaultdict
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -23,31 +21,23 @@ import numpy as np
 
 from bench.inprocess import InProcess
 from preprocess.ocr_gaps import GapWeights, Ink
-from preprocess.ocr_text import Spacing, charset, ctc_line, latin_punctuation
+from preprocess.ocr_text import Line, Spacing, charset, ctc_line, latin_punctuation
 from samples.images import cer
 from samples.text import suite
 
 CHARS = charset(Path(__file__).resolve().parent / "repository" / "ocr_rec" / "characters.txt")
 Decoded = tuple[str, list[str], dict[str, np.ndarray] | None]
 """(category, the truth's lines, the decoding step's inputs; None: no text found)."""
+MIN_SCORE = 0.5
+"""The recipe's `min_score`: lines read with less are dropped."""
 
 
 def decoding_inputs(seed: int, per_category: int) -> list[Decoded]:
     """Every image of a suite read in process up to the decoding step."""
     local = InProcess()
-    step = local.recipes["ocr_ctc_decode"]
-    run, seen = step.run, threading.local()
-
-    def keep(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        seen.inputs = dict(inputs)
-        return run(inputs)
-
-    step.run = keep  # type: ignore[method-assign]
 
     def read(sample) -> Decoded:
-        seen.inputs = None
-        local.ocr(sample.image)
-        return sample.category, sample.lines, seen.inputs
+        return sample.category, sample.lines, local.ocr_decoding_inputs(sample.image)
 
     with ThreadPoolExecutor(2) as pool:
         return list(pool.map(read, suite(per_category, seed=seed)))
@@ -60,60 +50,50 @@ class _Recorder(GapWeights):
         super().__init__()
         object.__setattr__(self, "rows", [])  # GapWeights is frozen
 
-    def says_space(self, **gap) -> bool:  # type: ignore[override]
-        self.rows.append(  # type: ignore[attr-defined]
-            [
-                math.log10(max(gap["likely"], 1e-6)),
-                gap["blanks"],
-                gap["pitch"],
-                float(gap["after_punctuation"]),
-                float(gap["after"] == "-"),
-                float(gap["before"] == "."),
-                gap["ink_gap"],
-            ]
-        )
+    def says_space(
+        self,
+        likely: float,
+        blanks: int,
+        pitch: float,
+        after_punctuation: bool,
+        before: str,
+        after: str,
+        ink_gap: float,
+    ) -> bool:
+        gap = self.features(likely, blanks, pitch, after_punctuation, before, after, ink_gap)
+        self.rows.append(gap)  # type: ignore[attr-defined]
         return False
 
 
-def _lines(item: Decoded, weights: GapWeights) -> Iterator[tuple[str, int]]:
-    """(text, line) of each line the recipe keeps (score 0.5 and up), spaced by `weights`."""
-    _, _, inputs = item
+def _read(item: Decoded, weights: GapWeights) -> Iterator[Line]:
+    """Each line of an image as the decoding step reads it, its gaps judged by `weights`."""
+    inputs = item[2]
     if inputs is None:
         return
     for i in range(len(inputs["index"])):
         ink = Ink(inputs["ink"][i], float(inputs["ink_height"][i]), weights)
-        text, score, _ = ctc_line(
-            inputs["index"][i], inputs["prob"][i], inputs["space"][i], CHARS, Spacing(), ink
-        )
-        if text and score >= 0.5:
-            yield latin_punctuation(text), i
+        space = inputs["space"][i]
+        yield ctc_line(inputs["index"][i], inputs["prob"][i], space, CHARS, Spacing(), ink)
 
 
 def gaps(items: list[Decoded]) -> tuple[np.ndarray, np.ndarray]:
     """Features and labels (1: a word gap) of the gaps on the lines read right."""
-    features: list[list[float]] = []
+    features: list[tuple[float, ...]] = []
     labels: list[int] = []
     recorder = _Recorder()
-    rows: list[list[float]] = recorder.rows  # type: ignore[attr-defined]
-    for _, truth_lines, inputs in items:
-        if inputs is None:
-            continue
-        truth = {line.replace(" ", ""): line for line in truth_lines}
-        for i in range(len(inputs["index"])):
-            rows.clear()
-            ink = Ink(inputs["ink"][i], float(inputs["ink_height"][i]), recorder)
-            read = ctc_line(
-                inputs["index"][i], inputs["prob"][i], inputs["space"][i], CHARS, Spacing(), ink
-            )
+    rows: list[tuple[float, ...]] = recorder.rows  # type: ignore[attr-defined]
+    for item in items:
+        truth = {line.replace(" ", ""): line for line in item[1]}
+        for read in _read(item, recorder):  # each line's gaps recorded as it is read
             text = latin_punctuation(read.text)
             line = truth.get(text)
-            if line is None:
-                continue  # misread: its gaps' truth is unknown
-            spaced = [0] * len(text)
-            for word_end in np.cumsum([len(w) for w in line.split()])[:-1]:
-                spaced[word_end - 1] = 1
-            features += rows
-            labels += spaced[:-1]
+            if line is not None:  # read right (a misread line's gaps have no known truth)
+                spaced = [0] * len(text)
+                for word_end in np.cumsum([len(w) for w in line.split()])[:-1]:
+                    spaced[word_end - 1] = 1
+                features += rows
+                labels += spaced[:-1]
+            rows.clear()
     return np.array(features), np.array(labels)
 
 
@@ -121,7 +101,8 @@ def error_rates(items: list[Decoded], weights: GapWeights) -> dict[str, tuple[fl
     """Per category and over all: (CER counting spaces, CER without)."""
     tally: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
     for item in items:
-        read = [text for text, _ in _lines(item, weights)]
+        kept = (line for line in _read(item, weights) if line.text and line.score >= MIN_SCORE)
+        read = [latin_punctuation(line.text) for line in kept]
         for key in (item[0], "all"):
             spaced, chars = cer(read, item[1], True)
             tally[key][0] += spaced
@@ -156,7 +137,7 @@ def main() -> None:
         seed, per = (int(x) for x in spec.split(":"))
         items = decoding_inputs(seed, per)
         x, y = gaps(items)
-        said = (x @ np.array(dataclasses.astuple(weights)[1:]) + weights.bias) > 0
+        said = (x @ np.array(weights.vector) + weights.bias) > 0
         print(
             f"\nseed {seed}, {per} a category: {int((said & (y == 0)).sum())} spaces too many, "
             f"{int((~said & (y == 1)).sum())} missed of {int(y.sum())} word gaps ({len(y)} gaps)"

@@ -11,7 +11,9 @@ the recogniser's own space probability (docs/accuracy.md has the measurements).
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 from dataclasses import dataclass
 
 import cv2
@@ -86,6 +88,41 @@ class GapWeights:
     """The widest run of empty columns between the two characters' centres, less the line's
     median of those runs, over the text's height."""
 
+    @staticmethod
+    def features(
+        likely: float,
+        blanks: int,
+        pitch: float,
+        after_punctuation: bool,
+        before: str,
+        after: str,
+        ink_gap: float,
+    ) -> tuple[float, ...]:
+        """A gap between `before` and `after`, as the weights after `bias` read it (the
+        fields' order; models/word_gaps.py fits them on these)."""
+        return (
+            math.log10(max(likely, 1e-6)),
+            float(blanks),
+            pitch,
+            float(after_punctuation),
+            float(after == "-"),
+            float(before == "."),
+            ink_gap,
+        )
+
+    @functools.cached_property
+    def vector(self) -> tuple[float, ...]:
+        """The weights after `bias`, in the order of `features`."""
+        return (
+            self.log_space,
+            self.blank_steps,
+            self.pitch,
+            self.after_punctuation,
+            self.before_hyphen,
+            self.after_period,
+            self.ink_gap,
+        )
+
     def says_space(
         self,
         likely: float,
@@ -97,16 +134,8 @@ class GapWeights:
         ink_gap: float,
     ) -> bool:
         """Whether the gap between `before` and `after` is a word gap."""
-        return (
-            self.bias
-            + self.log_space * math.log10(max(likely, 1e-6))
-            + self.blank_steps * blanks
-            + self.pitch * pitch
-            + self.after_punctuation * after_punctuation
-            + self.before_hyphen * (after == "-")
-            + self.after_period * (before == ".")
-            + self.ink_gap * ink_gap
-        ) > 0
+        gap = self.features(likely, blanks, pitch, after_punctuation, before, after, ink_gap)
+        return self.bias + sum(map(operator.mul, self.vector, gap)) > 0
 
 
 def empty_runs(columns: np.ndarray, centres: np.ndarray) -> np.ndarray:

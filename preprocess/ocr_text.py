@@ -100,14 +100,14 @@ def ctc_line(
     spans = list(zip(starts.tolist(), ends.tolist(), strict=True))
     if space is None:
         return Line("".join(chars[c] for c in cls), score, spans)
+    is_letter = cls != space_class
+    letters = starts[is_letter]
+    median = float(np.median(np.diff(letters))) if len(letters) > 1 else 1.0
     if ink is not None:
-        is_letter = cls != space_class
         text, kept = _spaced_by_ink(
-            cls[is_letter], starts[is_letter], ends[is_letter], space, chars, ink
+            cls[is_letter], letters, ends[is_letter], median, space, chars, ink
         )
         return Line(text, score, kept)
-    letters = starts[cls != space_class]
-    median = float(np.median(np.diff(letters))) if len(letters) > 1 else 1.0
     out, kept = [chars[cls[0]]], [spans[0]]
     for k in range(1, len(cls)):
         here = chars[cls[k]]
@@ -139,16 +139,17 @@ def _spaced_by_ink(
     cls: np.ndarray,
     starts: np.ndarray,
     ends: np.ndarray,
+    median: float,
     space: np.ndarray,
     chars: list[str],
     ink: Ink,
 ) -> tuple[str, list[Span]]:
-    """The line's characters (`cls`: the recogniser's own spaces left out) with a space in
-    every gap `ink.weights` calls a word gap. The recogniser's spaces are judged like any
-    other gap: on small text it puts them inside words, where the ink shows none."""
+    """The line's characters (`cls`: the recogniser's own spaces left out; `median`, their
+    usual distance in steps) with a space in every gap `ink.weights` calls a word gap. The
+    recogniser's spaces are judged like any other gap: on small text it puts them inside
+    words, where the ink shows none."""
     if not len(cls):
         return "", []
-    median = float(np.median(np.diff(starts))) if len(starts) > 1 else 1.0
     ink_gaps = ink.gaps(starts, ends)
     out, kept = [chars[cls[0]]], [(int(starts[0]), int(ends[0]))]
     for k in range(1, len(cls)):

@@ -10,14 +10,15 @@ import pytest
 
 from preprocess import recipes as recipe_file
 from preprocess.ocr_gaps import STEP_PX, empty_runs
+from preprocess.ocr_text import charset
 from preprocess.recipes import Recipe
 from preprocess.settings import DEFAULT_RECIPES
 from protos.errors import InvalidInput
 from samples.images import render_lines
 
 ROOT = Path(__file__).resolve().parents[2]
-CHARS = (ROOT / "models/repository/ocr_rec/characters.txt").read_text().split("\n")[:-1]
-SPACE = len(CHARS) + 1  # the recogniser's space class: after the blank and the file's characters
+ALPHABET = charset(ROOT / "models/repository/ocr_rec/characters.txt")
+SPACE = len(ALPHABET) - 1  # the recogniser's space class: after the blank and the characters
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +89,7 @@ def _decode(
 
 
 def _at(char: str) -> int:
-    return CHARS.index(char) + 1
+    return ALPHABET.index(char)
 
 
 def test_a_faint_gap_is_a_space_where_the_ink_shows_one(recipes: dict[str, Recipe]) -> None:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from preprocess import config as cfg
 from preprocess import images
 from preprocess import recipes as recipe_file
-from preprocess.ocr_text import Spacing, ctc_line, latin_punctuation
+from preprocess.ocr_text import Spacing, charset, ctc_line, latin_punctuation
 from preprocess.recipes import Recipe
 from preprocess.settings import DEFAULT_RECIPES
 from protos import media
@@ -23,6 +23,9 @@ from protos.errors import InvalidInput
 from samples.images import encode, render_lines
 
 ROOT = Path(__file__).resolve().parents[2]
+ALPHABET = charset(ROOT / "models/repository/ocr_rec/characters.txt")
+"""The recogniser's classes: the CTC blank (0), the file's characters, a space."""
+CLASS = {c: i for i, c in enumerate(ALPHABET)}
 
 
 @pytest.fixture(scope="module")
@@ -155,18 +158,15 @@ def test_an_upside_down_page_reads_backwards(recipes: dict[str, Recipe]) -> None
 
 
 def test_ctc_decode_merges_repeats_and_drops_blanks(recipes: dict[str, Recipe]) -> None:
-    chars = (ROOT / "models/repository/ocr_rec/characters.txt").read_text().split("\n")[:-1]
-    position = {c: i + 1 for i, c in enumerate(chars)}  # 0 is the CTC blank
     steps = ["a", "a", "", "a", "b", "b", "", "", "7", ""]  # "aab7"
-    index = np.array([[position[c] if c else 0 for c in steps]], np.int64)
+    index = np.array([[CLASS[c] if c else 0 for c in steps]], np.int64)
     prob = np.where(index > 0, 0.9, 0.6).astype(np.float32)
     out = recipes["ocr_ctc_decode"].run(
         {"index": index, "prob": prob, "boxes": np.zeros((1, 4, 2), np.float32)}
     )
     assert out["text"].tolist() == [b"aab7"]
     assert out["score"][0] == pytest.approx(0.9)
-    alphabet = ["", *chars, " "]
-    line = ctc_line(index[0], prob[0], None, alphabet, Spacing())
+    line = ctc_line(index[0], prob[0], None, ALPHABET, Spacing())
     assert (line.text, line.score) == ("aab7", pytest.approx(0.9))
     assert line.spans == [(0, 1), (3, 3), (4, 5), (8, 8)], "each character's steps"
 
@@ -179,10 +179,8 @@ def test_ctc_decode_gives_words_and_their_boxes_on_the_image(
     word_margin_steps (1.25 steps, 10 px) up to the middle of the gap to its neighbour and
     the line's end, spans the input's 48 px down, and is carried to the image by the
     line's matrix (here: twice the size, shifted by (100, 50))."""
-    chars = (ROOT / "models/repository/ocr_rec/characters.txt").read_text().split("\n")[:-1]
-    position = {c: i + 1 for i, c in enumerate(chars)}
     steps = "ab__cd_"
-    index = np.array([[0 if c == "_" else position[c] for c in steps]] * 2, np.int64)
+    index = np.array([[0 if c == "_" else CLASS[c] for c in steps]] * 2, np.int64)
     space = np.array([[0, 0, 0.9, 0, 0, 0, 0]] * 2, np.float32)
     to_image = np.array([[[2, 0, 100], [0, 2, 50], [0, 0, 1]]] * 2, np.float32)
     line = np.array([[100, 50], [220, 50], [220, 146], [100, 146]], np.float32)  # 60 px
@@ -238,9 +236,7 @@ def test_crops_carry_their_way_back_to_the_image(recipes: dict[str, Recipe]) -> 
 def _line(recipes: dict[str, Recipe], steps: str, space: list[float]) -> str:
     """`steps`: one character a step, `_` the blank; `space`: the space's probability at
     each step."""
-    chars = (ROOT / "models/repository/ocr_rec/characters.txt").read_text().split("\n")[:-1]
-    position = {c: i + 1 for i, c in enumerate(chars)}
-    index = np.array([[0 if c == "_" else position[c] for c in steps]], np.int64)
+    index = np.array([[0 if c == "_" else CLASS[c] for c in steps]], np.int64)
     prob = np.full(index.shape, 0.9, np.float32)
     gaps = np.array([space], np.float32)
     out = recipes["ocr_ctc_decode"].run({"index": index, "prob": prob, "space": gaps})
