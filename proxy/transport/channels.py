@@ -188,6 +188,8 @@ class Channels:
         timeout: float,
         request_id: str,
     ) -> dict[str, np.ndarray]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         if self.streams and address not in self._unary_only:
             pool = self._pool(address)
             key = pool.key(request_id)
@@ -213,6 +215,13 @@ class Channels:
                     log.warning(
                         "%s: calls go unary from now on (%s)", address, pool.unfit or exc.details()
                     )
+                # Sent again within the request's own budget, not a fresh one: the stream's
+                # end may have come late (a server draining its last requests).
+                timeout = deadline - loop.time()
+                if timeout <= 0:
+                    raise CallFailed(
+                        grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"
+                    ) from None
         call = self.get(address).unary_unary(
             METHOD_PREFIX + "ModelInfer",
             request_serializer=wire.serialize_infer_request,
