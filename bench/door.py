@@ -27,9 +27,10 @@ from bench import perf_analyzer
 from bench.capacity import cpu_s
 from bench.httpload import post_bytes
 from bench.loadgen import Stats, run_async
-from bench.mesh import http_closed_loop, median, proxy_url, shipped_mesh
+from bench.mesh import free_port, http_closed_loop, median, proxy_url, shipped_mesh
 from protos import messages, pb, pb_grpc
 from protos.channels import METHOD_PREFIX
+from proxy.doors.grpc_front_nginx import front_pids
 
 
 def _merged(url: str) -> tuple[float, float]:
@@ -78,26 +79,39 @@ def main(argv: list[str]) -> int:
     from samples.images import encode, render_digit
 
     blob = encode(render_digit(load_digits().images[0], scale=4))
-    with shipped_mesh("bench-door-") as mesh:
+    # The door's port is nginx's (proxy/doors/grpc_front_nginx.py); the grpc.aio door
+    # behind it, at a port of its own, is measured alone beside it.
+    inner = free_port()
+    with shipped_mesh("bench-door-", extra={"PROXY_GRPC_DOOR_PORT": str(inner)}) as mesh:
         env = mesh.services["proxy"].env
         door, url = f"127.0.0.1:{env['PROXY_GRPC_PORT']}", proxy_url(mesh)
+        alone = f"127.0.0.1:{inner}"
+        fronted = front_pids(mesh.procs["proxy"].pid)
         raw = post_bytes(
             url + "/v1/pipelines/digits/infer", blob, "image/png", {"X-Request-Timeout-Ms": "60000"}
         )
         window = args.duration
+        doors = {"gRPC door": door} | ({"grpc.aio door alone": alone} if fronted else {})
+        print(f"the gRPC door's front: {'nginx' if fronted else 'none (nginx not found)'}")
         systems: dict[str, Callable[[int], Stats]] = {
             "REST door": lambda c: asyncio.run(http_closed_loop(url, [raw], c, window)),
-            "gRPC door, grpc.aio client": lambda c: asyncio.run(_door_unary(door, blob, c, window)),
         }
         try:
-            pa_env = perf_analyzer.environment()
-            systems["gRPC door, perf_analyzer"] = lambda c: perf_analyzer.measure(
-                door, "digits", c, window, input_data={"image": [blob]}, env=pa_env
-            )
+            pa_env: dict[str, str] | None = perf_analyzer.environment()
         except perf_analyzer.Unavailable as exc:
             print(f"perf_analyzer left out: {exc}")
-        pids = {name: proc.pid for name, proc in mesh.procs.items()}
-        print("| system | c | req/s | p50 ms | proxy CPU ms/req | services CPU ms/req "
+            pa_env = None
+        for label, address in doors.items():
+            systems[f"{label}, grpc.aio client"] = lambda c, a=address: asyncio.run(
+                _door_unary(a, blob, c, window)
+            )
+            if pa_env is not None:
+                systems[f"{label}, perf_analyzer"] = lambda c, a=address: perf_analyzer.measure(
+                    a, "digits", c, window, input_data={"image": [blob]}, env=pa_env
+                )
+        nginx = {f"nginx {pid}": pid for pid in fronted}
+        pids = {name: proc.pid for name, proc in mesh.procs.items()} | nginx
+        print("| system | c | req/s | p50 ms | proxy (+nginx) CPU ms/req | services CPU ms/req "
               "| rows per merged call | pipeline ms / client p50 |")  # fmt: skip
         print("| --- | --- | --- | --- | --- | --- | --- | --- |")
         for c in args.concurrency:
@@ -105,16 +119,17 @@ def main(argv: list[str]) -> int:
             for _ in range(args.rounds):
                 for name, measure in systems.items():
                     cpu0 = {n: cpu_s(p)[0] for n, p in pids.items()}
-                    merged0, engine0 = _merged(url), _engine(door)
+                    merged0, engine0 = _merged(url), _engine(alone if fronted else door)
                     started = time.monotonic()
                     stats = measure(c)
                     elapsed = time.monotonic() - started
                     cpu1 = {n: cpu_s(p)[0] for n, p in pids.items()}
-                    merged1, engine1 = _merged(url), _engine(door)
+                    merged1, engine1 = _merged(url), _engine(alone if fronted else door)
                     # Requests the mesh answered in the whole measurement, warm-up included.
                     answered = max(1.0, stats.requests / stats.seconds * elapsed)
-                    proxy = (cpu1["proxy"] - cpu0["proxy"]) / answered * 1e3
-                    services = sum(cpu1[n] - cpu0[n] for n in pids if n != "proxy") / answered
+                    front = [n for n in pids if n == "proxy" or n in nginx]
+                    proxy = sum(cpu1[n] - cpu0[n] for n in front) / answered * 1e3
+                    services = sum(cpu1[n] - cpu0[n] for n in pids if n not in front) / answered
                     calls = merged1[1] - merged0[1]
                     rows = (merged1[0] - merged0[0]) / calls if calls else 0.0
                     served = engine1[0] - engine0[0]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from contextlib import nullcontext
 
 import uvicorn
 
@@ -13,6 +14,7 @@ from protos import logs, tracing
 from protos.tls import TLSConfigError
 from proxy import workers
 from proxy.app import create_app
+from proxy.doors import grpc_front_nginx as nginx
 from proxy.doors.protocol import GuardedHttpToolsProtocol
 from proxy.errors import DefinitionError
 from proxy.settings import ProxySettings
@@ -22,8 +24,19 @@ def main(argv: list[str] | None = None) -> int:
     settings = ProxySettings(_cli_parse_args=sys.argv[1:] if argv is None else argv)
     logs.configure(settings.log_level)
     tracing.setup("proxy")
-    if settings.workers > 1:
-        return workers.supervise(settings)
+    # The front (nginx on the door's port) is started once: by a supervisor for its workers.
+    front = nginx.running if workers.SUPERVISED not in os.environ else nullcontext
+    try:
+        with front(settings) as settings:
+            if settings.workers > 1:
+                return workers.supervise(settings)
+            return _serve(settings)
+    except nginx.FrontError as exc:
+        logging.getLogger("proxy").error("cannot start: %s", exc)
+        return 2
+
+
+def _serve(settings: ProxySettings) -> int:
     try:
         app = create_app(settings)
     except (DefinitionError, TLSConfigError) as exc:

@@ -17,6 +17,7 @@ from protos.version import VERSION
 from proxy import workers
 from proxy.doors import console, routes, schemas, v2plane
 from proxy.doors.grpc_door import grpc_door
+from proxy.doors.grpc_front import GrpcFront
 from proxy.doors.health import HealthEndpoints
 from proxy.doors.jobs import JobEndpoints
 from proxy.doors.middleware import RequestContext
@@ -45,9 +46,11 @@ def create_app(
     v2 = V2Endpoints(state, plane)
     # Each of several workers serves the same port.
     shared = workers.SUPERVISED in os.environ
-    door = (
-        None if settings.grpc_port is None else grpc_door(state, settings.grpc_port, plane, shared)
-    )
+    door = None
+    if settings.grpc_door_port is not None:  # behind the front (proxy/doors/grpc_front_nginx.py)
+        door = grpc_door(state, settings.grpc_door_port, plane, shared, host="127.0.0.1")
+    elif settings.grpc_port is not None:
+        door = grpc_door(state, settings.grpc_port, plane, shared)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -82,6 +85,8 @@ def create_app(
     )
     open_paths = {p.strip() for p in settings.open_paths.split(",") if p.strip()}
     app.add_middleware(RequestContext, api_key=settings.api_key, open_paths=open_paths)
+    if door is not None:  # the gRPC front's unary calls, answered as gRPC, before all else
+        app.add_middleware(GrpcFront, door=door, api_key=settings.api_key)
 
     async def on_error(request: Request, exc: Exception) -> Response:
         return error_response(exc, getattr(request.state, "request_id", ""))

@@ -35,6 +35,16 @@ class ProxySettings(BaseSettings):
     grpc_port: int | None = 8081
     """The v2 gRPC door (proxy/doors/grpc_door.py): the models PROXY_V2_MODELS names, as the
     /v2 REST door serves them. `off` (or empty): no gRPC door; 0 picks a free port."""
+    grpc_front: Literal["auto", "nginx", "off"] = "auto"
+    """What listens on the gRPC door's port (proxy/doors/grpc_front_nginx.py): `nginx`
+    terminates HTTP/2 in C and hands unary ModelInfer calls to the REST server, every other
+    call to the grpc.aio door behind it (at concurrency 32, ~1.4x the door's unary
+    throughput alone: bench/README);
+    `off`: the grpc.aio door itself; `auto`: nginx when it is installed."""
+    grpc_front_nginx: str = "nginx"
+    """The nginx binary (a name on PATH or a path)."""
+    grpc_door_port: int | None = None
+    """Behind the front, the grpc.aio door's port on 127.0.0.1; unset: a free one."""
     grpc_grace_s: float = 10.0
     """On shutdown, how long the gRPC door's calls in flight may take to finish."""
     grpc_max_connections: int = Field(default=2048, ge=1)

@@ -51,7 +51,7 @@ def supervise(settings: ProxySettings) -> int:
     # Refused here, not in each worker: with SO_REUSEPORT a port another program holds
     # the same way would be shared silently.
     listening_socket(settings.host, settings.port, shared=False).close()
-    if settings.grpc_port:
+    if settings.grpc_port and settings.grpc_door_port is None:  # a front holds it
         listening_socket(settings.host, settings.grpc_port, shared=False).close()
     directory = tempfile.mkdtemp(prefix="proxy-metrics-")
     env = {

@@ -68,6 +68,12 @@ class V2Server:
         self.port = 0
         self.metrics_port: int | None = None
 
+    @property
+    def in_flight(self) -> InFlight:
+        """Calls being answered, which the graceful stop waits for (also those a front hands
+        to the servicer outside grpc.aio: proxy/doors/grpc_front.py)."""
+        return self._in_flight
+
     def _build(self) -> aio.Server:
         """Create the grpc.aio server; it binds itself to the running event loop."""
         s = self.settings

@@ -58,15 +58,19 @@ def _bytes(value: str | bytes | None) -> bytes:
 
 
 def grpc_door(
-    state: ProxyState, port: int, plane: ProxyPlane | None = None, share_port: bool = False
+    state: ProxyState,
+    port: int,
+    plane: ProxyPlane | None = None,
+    share_port: bool = False,
+    host: str | None = None,
 ) -> V2Server:
     """The door's server (not started) on the v2 data plane the REST door serves too (built
     here when not given); `port` 0 picks a free one; `share_port`: one of several workers
-    serving the same port."""
+    serving the same port; `host`: other than the proxy's (behind the front: loopback)."""
     s: ProxySettings = state.settings
     plane = plane or v2plane.build(state)
     settings = ServerSettings(
-        host=s.host,
+        host=host or s.host,
         port=port,
         grace_s=s.grpc_grace_s,
         linger_s=0.5,

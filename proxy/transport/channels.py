@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 import grpc
@@ -21,6 +20,7 @@ from protos.channels import METHOD_PREFIX, STREAM_CANCEL_EXTENSION, channel_opti
 from proxy.transport.balancing import CONNECTION, Replica, Replicas, names_replicas
 from proxy.transport.failures import RETRYABLE, CallFailed
 from proxy.transport.hedging import hedged
+from proxy.transport.outgoing import Asked, request_bytes
 from proxy.transport.streams import StreamPool
 from proxy.transport.target import Target
 
@@ -168,7 +168,7 @@ class Channels:
         """One inference, on a stream or a unary call; raises CallFailed. Tensors stay as
         received bytes. `classification`: outputs asked as their top k (Triton's extension)."""
         address, replicas, replica = await self._route(target.address)
-        asked = _Asked(outputs, classification)
+        asked = Asked(outputs, classification)
         if replicas is None or replica is None:
             return await self._infer(address, target, inputs, asked, timeout, request_id)
 
@@ -184,7 +184,7 @@ class Channels:
         address: str,
         target: Target,
         inputs: Mapping[str, np.ndarray],
-        outputs: _Asked,
+        outputs: Asked,
         timeout: float,
         request_id: str,
     ) -> dict[str, np.ndarray]:
@@ -200,7 +200,7 @@ class Channels:
             # (also before the metadata says whether it is read: unknown ones are ignored).
             traces = tracing.ENABLED and (pool.traces or not pool.learned.is_set())
             parent = tracing.traceparent() if traces else None
-            request = _request(target, inputs, outputs, key, timeout_us, parent)
+            request = request_bytes(target, inputs, outputs, key, timeout_us, parent)
             try:
                 return await self._streamed(pool, key, request, timeout)
             except CallFailed as exc:
@@ -227,7 +227,7 @@ class Channels:
             request_serializer=wire.serialize_infer_request,
             response_deserializer=wire.parse_infer_response,
         )
-        request = _request(target, inputs, outputs, request_id)
+        request = request_bytes(target, inputs, outputs, request_id)
         metadata: tuple[tuple[str, str], ...] = (("x-request-id", request_id),)
         if tracing.ENABLED and (parent := tracing.traceparent()) is not None:
             metadata += ((tracing.TRACEPARENT, parent),)
@@ -281,29 +281,3 @@ async def _close_later(pool: StreamPool | None, channel: aio.Channel | None) -> 
         await pool.close()
     if channel is not None:
         await channel.close()
-
-
-@dataclass(frozen=True)
-class _Asked:
-    names: Sequence[str]
-    classification: Mapping[str, int] | None
-
-
-def _request(
-    target: Target,
-    inputs: Mapping[str, np.ndarray],
-    outputs: _Asked,
-    request_id: str,
-    timeout_us: int = 0,
-    traceparent: str | None = None,
-) -> bytes:
-    return messages.build_request_bytes(
-        target.model,
-        inputs,
-        model_version=target.version,
-        request_id=request_id,
-        outputs=outputs.names,
-        timeout_us=timeout_us,
-        classification=outputs.classification,
-        traceparent=traceparent,
-    )

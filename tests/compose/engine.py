@@ -174,18 +174,18 @@ def engine() -> Iterator[Engine]:
 
 
 def base_rootfs() -> Path:
-    """Debian bookworm minbase with python3, venv and redis-server, as a tarball cached
+    """Debian bookworm minbase with python3, venv, redis-server and nginx, as a tarball cached
     under build/compose/. mmdebstrap (installed by `install_tools`, as `engine` starts)
     writes it with apt's parallel downloads: ~30 s on a fresh machine, where debootstrap
     took ~100 s."""
-    tarball = CACHE / "bookworm-minbase-redis.tar"
+    tarball = CACHE / "bookworm-minbase-redis-nginx.tar"
     if not tarball.is_file():
         CACHE.mkdir(parents=True, exist_ok=True)
         partial = tarball.with_suffix(".partial")
         _run(
             [
                 "mmdebstrap", "--quiet", "--format=tar", "--variant=minbase",
-                "--include=python3,python3-venv,redis-server", "bookworm",
+                "--include=python3,python3-venv,redis-server,nginx", "bookworm",
                 str(partial), DEBIAN_MIRROR,
             ]
         )  # fmt: skip

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import httpx
 
+from proxy.doors import grpc_front_nginx as nginx
+from proxy.doors.grpc_front_nginx import front_pids
+from proxy.settings import ProxySettings
 from tests.e2e.conftest import Mesh
 from tests.e2e.test_digits import held_out, png
 from tests.e2e.test_v2_door import probe
@@ -20,14 +23,17 @@ from tests.procs import LISTEN, ROOT, established_on_port, metric_of
 
 PORT = 27090
 GRPC_PORT = 27091
+DOOR_PORT = 27092
+"""The grpc.aio door's, behind the front (nginx on GRPC_PORT) where nginx is installed."""
 URL = f"http://127.0.0.1:{PORT}"
 
 
 def _children(pid: int) -> list[int]:
+    """The supervisor's workers (its nginx, the gRPC door's front, left out)."""
     found = []
     for task in Path(f"/proc/{pid}/task").iterdir():
         found += [int(c) for c in (task / "children").read_text().split()]
-    return sorted(found)
+    return sorted(set(found) - set(front_pids(pid)))
 
 
 def _spread(port: int, workers: list[int]) -> list[int]:
@@ -85,6 +91,7 @@ def test_workers_share_the_port_metrics_and_a_graceful_stop(mesh: Mesh, tmp_path
         **mesh.local.services["proxy"].env,
         "PROXY_PORT": str(PORT),
         "PROXY_GRPC_PORT": str(GRPC_PORT),
+        "PROXY_GRPC_DOOR_PORT": str(DOOR_PORT),
         "PROXY_WORKERS": "2",
     }
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
@@ -98,10 +105,12 @@ def test_workers_share_the_port_metrics_and_a_graceful_stop(mesh: Mesh, tmp_path
     try:
         _wait_ready(supervisor, 2)
         workers = _children(supervisor.pid)
+        fronts = front_pids(supervisor.pid)  # one front, the supervisor's, for all workers
+        assert len(fronts) == (2 if nginx.binary(ProxySettings()) else 0), fronts
 
         # Connections are spread over both workers (16 of them all on one: 1 in 32,768),
-        # on the REST port and on the gRPC door's.
-        for port in (PORT, GRPC_PORT):
+        # on the REST port and on the gRPC door's (behind the front: the port it calls).
+        for port in (PORT, DOOR_PORT if fronts else GRPC_PORT):
             spread = _spread(port, workers)
             assert sum(spread) == 16 and min(spread) > 0, (port, spread)
 
@@ -136,4 +145,4 @@ def test_workers_share_the_port_metrics_and_a_graceful_stop(mesh: Mesh, tmp_path
         supervisor.send_signal(signal.SIGTERM)
         code = supervisor.wait(60)
     assert code == 0
-    assert not any(Path(f"/proc/{pid}").exists() for pid in workers[1:])
+    assert not any(Path(f"/proc/{pid}").exists() for pid in workers[1:] + fronts)

@@ -1,7 +1,7 @@
 """Open N idle HTTP/2 connections to a port and hold them (a client preface and an empty
-SETTINGS frame each, then nothing); print how many are open, then again when asked (a line
-on standard input), until standard input closes. Its own process: the tests' process has
-other descriptors to keep.
+SETTINGS frame each, then nothing; what the server sends is read and dropped); print how
+many are open, then again when asked (a line on standard input), until standard input
+closes. Its own process: the tests' process has other descriptors to keep.
 Usage: python tests/hostile/idle_connections.py PORT N
 """
 
@@ -14,26 +14,39 @@ PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x
 
 
 async def main(port: int, count: int) -> None:
-    held: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    writers: list[asyncio.StreamWriter] = []
+    closed = 0
+
+    async def drain(reader: asyncio.StreamReader) -> None:
+        # What the server sends (SETTINGS, a GOAWAY) is read and dropped: a closed
+        # connection is one whose EOF or reset has been read (unread frames hid it).
+        nonlocal closed
+        try:
+            while await reader.read(65536):
+                pass
+        except OSError:
+            pass
+        closed += 1
+
+    drains = []
     for _ in range(count):
         try:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
         except OSError:
             continue
         writer.write(PREFACE)
-        held.append((reader, writer))
-
-    def still_open() -> int:
-        # A connection the server closed has seen EOF (its frames, if any, are unread).
-        return sum(1 for reader, _ in held if not reader.at_eof() and not reader.exception())
+        writers.append(writer)
+        drains.append(asyncio.ensure_future(drain(reader)))
 
     loop = asyncio.get_running_loop()
     await asyncio.sleep(1.0)
-    print(len(held), still_open(), flush=True)
+    print(len(writers), len(writers) - closed, flush=True)
     while await loop.run_in_executor(None, sys.stdin.readline):
-        print(len(held), still_open(), flush=True)
-    for _, writer in held:
+        print(len(writers), len(writers) - closed, flush=True)
+    for writer in writers:
         writer.close()
+    for task in drains:
+        task.cancel()
 
 
 if __name__ == "__main__":

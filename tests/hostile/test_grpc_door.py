@@ -14,6 +14,7 @@ import pytest
 
 from protos import pb, pb_grpc
 from protos.channels import channel_options
+from proxy.doors.grpc_front_nginx import front_pids
 from tests.conftest import Mesh
 from tests.hostile.probe import Watch, health_watched
 from tests.hostile.test_front_door import digit, digits_ok
@@ -33,6 +34,12 @@ def _door_call(mesh: Mesh, request: pb.ModelInferRequest) -> grpc.RpcError | pb.
             return exc
 
 
+def _door_pids(mesh: Mesh) -> list[int]:
+    """The proxy and, where it has one, its gRPC front (nginx): the door's cost is theirs."""
+    proxy = mesh.local.procs["proxy"].pid
+    return [proxy, *front_pids(proxy)]
+
+
 def _bytes_bomb(typed: bool) -> pb.ModelInferRequest:
     """5 M empty BYTES elements declared for the pipeline's `image` input, BYTES [1]."""
     count = 5_000_000
@@ -48,16 +55,15 @@ def _bytes_bomb(typed: bool) -> pb.ModelInferRequest:
 def test_a_bytes_bomb_at_the_door_is_refused_by_its_shape(mesh: Mesh) -> None:
     """It once took the proxy's event loop 8.6 s (and REST with it) to decode 16 M empty
     elements one by one before the shape said no."""
-    proxy = mesh.local.procs["proxy"].pid
     for typed in (False, True):
         bomb = _bytes_bomb(typed)
-        with health_watched(mesh.url) as slowest, Watch(proxy) as watch:
+        with health_watched(mesh.url) as slowest, Watch(*_door_pids(mesh)) as watch:
             answer = _door_call(mesh, bomb)
         kind = "typed contents" if typed else "raw contents"
         report(
             f"\nhostile: gRPC door, 5 M empty BYTES elements ({kind}, "
             f"{bomb.ByteSize() / MB:.0f} MiB): {answer.code().name} in "  # type: ignore[union-attr]
-            f"{watch.cost.seconds:.2f} s, proxy CPU {watch.cost.cpu_s:.2f} s, peak "
+            f"{watch.cost.seconds:.2f} s, proxy (+front) CPU {watch.cost.cpu_s:.2f} s, peak "
             f"+{watch.cost.peak_growth_mb:.0f} MiB; /healthz at most {max(slowest):.3f} s"
         )
         assert isinstance(answer, grpc.RpcError)
@@ -75,7 +81,7 @@ def test_an_image_over_the_body_limit_is_refused_at_the_door(mesh: Mesh) -> None
     request.inputs.add(name="image", datatype="BYTES", shape=[1])
     blob = digit() + b"\x00" * (40 * MB)
     request.raw_input_contents.append(len(blob).to_bytes(4, "little") + blob)
-    with Watch(mesh.local.procs["proxy"].pid) as watch:
+    with Watch(*_door_pids(mesh)) as watch:
         answer = _door_call(mesh, request)
     report(
         f"\nhostile: gRPC door, a 40 MiB image: {answer.code().name} in "  # type: ignore[union-attr]
@@ -143,11 +149,12 @@ def test_a_flood_of_reset_streams_costs_the_server_no_more_than_the_attacker(
     The bound is 5x the attacker's (23x without the limit): a CI run on a loaded machine
     measured 1.6 s against 0.48 s (3.3x), the server's own background work included."""
     if who == "door":
-        port, pid = mesh.grpc_address.rsplit(":", 1)[1], mesh.local.procs["proxy"].pid
+        port, pids = mesh.grpc_address.rsplit(":", 1)[1], _door_pids(mesh)
     else:
-        port, pid = mesh.local.services[who].env["PREDICTOR_PORT"], mesh.local.procs[who].pid
+        port = mesh.local.services[who].env["PREDICTOR_PORT"]
+        pids = [mesh.local.procs[who].pid]
     script = str(ROOT / "tests" / "hostile" / "rapid_reset.py")
-    with Watch(pid) as watch:
+    with Watch(*pids) as watch:
         done = subprocess.run(
             [sys.executable, script, port, "150000"], capture_output=True, text=True, timeout=120
         )

@@ -1,0 +1,160 @@
+"""The gRPC door's unary ModelInfer behind a native HTTP/2 front (PROXY_GRPC_FRONT).
+
+grpc.aio's server spends ~0.4 ms of CPU on a unary call before its handler runs, 2.4x what
+uvicorn spends on the same bytes over HTTP/1.1 (bench/README, issue 30), and at concurrency
+32 it held two thirds of a request's time. So nginx, in C, terminates the callers' HTTP/2 and
+hands each ModelInfer to this route as an HTTP/1.1 POST on a kept-alive connection: the gRPC
+message as it came (5-byte prefix and protobuf), the call's metadata as headers. The answer's
+status goes back as headers that nginx sends as the call's trailers (its configuration:
+proxy/doors/grpc_front_nginx.py). Every other method nginx passes to the grpc.aio door.
+
+The call runs exactly as on the door: the same servicer (byte window, data plane), the same
+scope (request id, metrics, spans, in-flight count for the graceful stop), the same error
+table, the client's `grpc-timeout` as its deadline, a hang-up (nginx closes the upstream
+connection when its caller resets the stream) as a cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from urllib.parse import quote
+
+import grpc
+from starlette.requests import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from protos import wire
+from protos.channels import HTTP_STATUS_METADATA, METHOD_PREFIX
+from proxy.doors.disconnect import until_disconnect
+from proxy.doors.grpc_door import OPEN_METHODS
+from proxy.doors.middleware import key_matches
+from proxy.errors import ClientGone
+from v2server.interceptors import CallScope, error_status, request_id_of
+from v2server.server import V2Server
+
+PATH = METHOD_PREFIX + "ModelInfer"
+"""The only method the front hands over HTTP/1.1; nginx routes the rest to the door."""
+FRONT_HEADER = b"x-mesh-grpc-front"
+"""Set by the front's nginx on what it hands here: without it, a POST to PATH is plain HTTP,
+answered by the REST door (404)."""
+_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
+"""grpc-message is percent-encoded: everything but printable ASCII and '%' (gRPC's spec)."""
+
+
+def grpc_timeout(value: str) -> float | None:
+    """Seconds of a `grpc-timeout` header (`<digits><unit>`); None when absent or bad."""
+    if len(value) < 2 or value[-1] not in _UNITS or not value[:-1].isdigit():
+        return None
+    return int(value[:-1]) * _UNITS[value[-1]]
+
+
+class _Call:
+    """What the servicer and the call's scope read of a grpc.aio context: the deadline and
+    the metadata (x-request-id, traceparent)."""
+
+    def __init__(self, headers: list[tuple[str, str]], timeout: float | None) -> None:
+        self._headers = headers
+        self._deadline = None if timeout is None else time.monotonic() + timeout
+
+    def time_remaining(self) -> float | None:
+        return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+
+    def invocation_metadata(self) -> list[tuple[str, str]]:
+        return self._headers
+
+
+class GrpcFront:
+    """ASGI middleware: answers the front's ModelInfer before everything else (its errors
+    are gRPC statuses, not REST's JSON); anything else goes on to `app`."""
+
+    def __init__(self, app: ASGIApp, door: V2Server, api_key: str | None = None) -> None:
+        self.app = app
+        self.door = door
+        self.api_key = (api_key or "").encode()
+        assert "ModelInfer" not in OPEN_METHODS
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != PATH:
+            await self.app(scope, receive, send)
+            return
+        raw = dict(scope["headers"])
+        if FRONT_HEADER not in raw or scope["method"] != "POST":
+            await self.app(scope, receive, send)  # not the front's: REST's 404 or 405
+            return
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
+        request = Request(scope, receive)
+        call = _Call(headers, grpc_timeout(raw.get(b"grpc-timeout", b"").decode("latin-1")))
+        if self.api_key and not key_matches(
+            self.api_key, raw.get(b"x-api-key", b""), raw.get(b"authorization", b"")
+        ):
+            await _answer(send, grpc.StatusCode.UNAUTHENTICATED, "missing or wrong API key")
+            return
+        body = await request.body()
+        parsed = _message(body)
+        with CallScope(
+            self.door.in_flight,
+            "ModelInfer",
+            parsed,
+            request_id_of(call),
+            call,  # type: ignore[arg-type]
+        ) as scope_:
+            try:
+                if isinstance(parsed, str):
+                    raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, parsed)
+                answer = await until_disconnect(
+                    request,
+                    self.door.servicer.ModelInfer(parsed, call),  # type: ignore[arg-type]
+                )
+            except ClientGone:
+                scope_.code = grpc.StatusCode.CANCELLED
+                return
+            except asyncio.CancelledError:
+                scope_.code = grpc.StatusCode.CANCELLED
+                raise
+            except _Refused as exc:
+                scope_.code = exc.code
+                await _answer(send, exc.code, exc.text)
+                return
+            except Exception as exc:
+                scope_.code, text = error_status(exc, "ModelInfer")
+                await _answer(send, scope_.code, text, getattr(exc, "http_status", None))
+                return
+        await _answer(send, grpc.StatusCode.OK, "", None, answer)
+
+
+class _Refused(Exception):
+    def __init__(self, code: grpc.StatusCode, text: str) -> None:
+        self.code, self.text = code, text
+
+
+def _message(body: bytes) -> wire.ParsedInferRequest | str:
+    """The one message of a unary call, or why there is none."""
+    if len(body) < 5:
+        return "no gRPC message in the call"
+    if body[0] != 0:
+        return "compressed messages are not accepted (grpc-encoding: identity)"
+    if int.from_bytes(body[1:5], "big") != len(body) - 5:
+        return "a unary call carries exactly one message"
+    return wire.parse_infer_request(body[5:])
+
+
+async def _answer(
+    send: Send,
+    code: grpc.StatusCode,
+    text: str,
+    http_status: int | None = None,
+    message: bytes | None = None,
+) -> None:
+    headers = [
+        (b"content-type", b"application/grpc"),
+        (b"grpc-status", str(code.value[0]).encode()),
+    ]
+    if text:
+        headers.append((b"grpc-message", quote(text, safe=_SAFE).encode()))
+    if http_status is not None:
+        headers.append((HTTP_STATUS_METADATA.encode(), str(http_status).encode()))
+    body = b"" if message is None else b"\x00" + len(message).to_bytes(4, "big") + message
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

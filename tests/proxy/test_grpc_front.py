@@ -1,0 +1,133 @@
+"""The gRPC front's route (proxy/doors/grpc_front.py), as nginx calls it: a unary ModelInfer
+over HTTP/1.1, answered by the door's own servicer with the call's deadline, its errors as
+gRPC statuses in headers (nginx sends them as trailers). nginx itself: tests/e2e."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from urllib.parse import unquote
+
+import httpx
+import numpy as np
+import pytest
+from starlette.responses import PlainTextResponse
+
+from protos import messages, pb
+from proxy.doors.grpc_front import FRONT_HEADER, PATH, GrpcFront, grpc_timeout
+from tests.proxy.scripted import affine
+from v2server.registry import Registry
+from v2server.server import V2Server
+from v2server.settings import ServerSettings
+
+
+def _framed(message: bytes, flag: int = 0) -> bytes:
+    return bytes([flag]) + len(message).to_bytes(4, "big") + message
+
+
+def _request(model: str = "plus1", x: float = 1.0) -> bytes:
+    return messages.build_request_bytes(model, {"x": np.full((1, 2), x, np.float32)})
+
+
+async def _fallback(scope, receive, send) -> None:
+    await PlainTextResponse("not the front's", status_code=404)(scope, receive, send)
+
+
+def _client(delay_s: float = 0.0, api_key: str | None = None):
+    model = affine("plus1", 1, 1, delay_s=delay_s)
+    door = V2Server(
+        Registry.of(model), ServerSettings(port=0), server_name="door", server_version="0"
+    )
+    front = GrpcFront(_fallback, door=door, api_key=api_key)
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=front), base_url="http://front")
+    return client, model, door
+
+
+async def _call(client: httpx.AsyncClient, body: bytes, **headers: str) -> httpx.Response:
+    sent = {"content-type": "application/grpc", FRONT_HEADER.decode(): "1", **headers}
+    return await client.post(PATH, content=body, headers=sent)
+
+
+def _status(answer: httpx.Response) -> tuple[int, str]:
+    """(grpc-status, grpc-message as sent: percent-encoded)."""
+    return int(answer.headers["grpc-status"]), answer.headers.get("grpc-message", "")
+
+
+async def test_a_call_is_answered_with_its_message_and_status_ok() -> None:
+    client, _, door = _client()
+    async with client:
+        answer = await _call(client, _framed(_request(x=2.0)), **{"x-request-id": "front-1"})
+    assert answer.status_code == 200 and answer.headers["content-type"] == "application/grpc"
+    assert _status(answer) == (0, "")
+    body = answer.content
+    assert body[0] == 0 and int.from_bytes(body[1:5], "big") == len(body) - 5
+    response = pb.ModelInferResponse.FromString(body[5:])
+    assert messages.response_outputs(response)["y"].tolist() == [[3.0, 3.0]]
+    assert door.in_flight.count == 0
+
+
+async def test_the_call_keeps_its_grpc_timeout_and_is_cut_at_it() -> None:
+    client, model, _ = _client(delay_s=5.0)
+    async with client:
+        start = time.monotonic()
+        answer = await _call(client, _framed(_request()), **{"grpc-timeout": "300m"})
+        took = time.monotonic() - start
+    assert _status(answer)[0] == 4, answer.headers  # DEADLINE_EXCEEDED
+    assert 0.1 < model.remaining_s[0] <= 0.3, model.remaining_s
+    assert took < 5, "the model ran on past the call's deadline"
+    await asyncio.sleep(0)
+    assert model.cancelled == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "says"),
+    [
+        (_framed(_request("nosuch")), 5, "unknown model 'nosuch'"),
+        (_framed(_request(), flag=1), 3, "compressed messages are not accepted"),
+        (_framed(_request())[:-3], 3, "exactly one message"),
+        (_framed(_request()) * 2, 3, "exactly one message"),
+        (b"\x00\x00", 3, "no gRPC message"),
+        (_framed(b"\xff\xff\xff"), 3, "request does not parse"),
+    ],
+    ids=["unknown-model", "compressed", "cut-short", "two-messages", "no-message", "garbage"],
+)
+async def test_bad_calls_get_the_doors_status_and_message(
+    body: bytes, code: int, says: str
+) -> None:
+    client, model, door = _client()
+    async with client:
+        answer = await _call(client, body)
+    status, message = _status(answer)
+    assert answer.status_code == 200 and answer.content == b""
+    assert status == code and says in unquote(message), message
+    assert model.calls == 0 and door.in_flight.count == 0
+
+
+async def test_the_api_key_is_asked_for_as_on_the_door() -> None:
+    client, model, _ = _client(api_key="sesame")
+    async with client:
+        refused = await _call(client, _framed(_request()))
+        wrong = await _call(client, _framed(_request()), **{"x-api-key": "open"})
+        bearer = await _call(client, _framed(_request()), authorization="Bearer sesame")
+    assert _status(refused) == (16, "missing or wrong API key")
+    assert _status(wrong)[0] == 16 and _status(bearer)[0] == 0
+    assert model.calls == 1
+
+
+async def test_a_plain_post_without_the_fronts_header_is_not_a_grpc_call() -> None:
+    client, model, _ = _client()
+    async with client:
+        answer = await client.post(PATH, content=_framed(_request()))
+    assert answer.status_code == 404 and "grpc-status" not in answer.headers
+    assert model.calls == 0
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [("300m", 0.3), ("2S", 2.0), ("1M", 60.0), ("1H", 3600.0), ("5000u", 0.005),
+     ("7n", 7e-9), ("", None), ("10", None), ("m", None), ("1.5S", None), ("-1S", None)],
+)  # fmt: skip
+def test_grpc_timeout_headers_are_read_as_the_spec_writes_them(
+    value: str, seconds: float | None
+) -> None:
+    assert grpc_timeout(value) == (pytest.approx(seconds) if seconds is not None else None)
