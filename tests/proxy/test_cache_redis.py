@@ -17,9 +17,21 @@ from tests.proxy.scripted import affine
 from tests.proxy.test_cache import cached
 from tests.proxy.test_pipelines import body, parse_model, post
 
+GENEROUS = 2000
+"""cache_timeout_ms for tests of what is cached: an operation slower than its timeout counts
+as a miss, and the suite loads the CPU (a 50 ms write was once dropped in a CI run)."""
+
 
 def errors(pipeline: str) -> float:
     return metrics.CACHE_LOOKUPS.labels(pipeline, "", "error")._value.get()
+
+
+async def written(store: redis.Redis, before: int) -> None:
+    """Until an entry is in Redis: entries are written in the background, after the answer."""
+    for _ in range(500):
+        if store.dbsize() > before:
+            return
+        await asyncio.sleep(0.01)
 
 
 async def test_replicas_share_their_answers(servers, make_client, redis_db) -> None:
@@ -27,7 +39,7 @@ async def test_replicas_share_their_answers(servers, make_client, redis_db) -> N
     env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": await servers(model)}
     pipes = cached()
     # Generous: a lookup slower than its timeout counts as a miss (the suite loads the CPU).
-    settings = {"cache_url": redis_db.url, "cache_timeout_ms": 2000}
+    settings = {"cache_url": redis_db.url, "cache_timeout_ms": GENEROUS}
     store = redis.Redis.from_url(redis_db.url)
     before = store.dbsize()
     async with (
@@ -35,10 +47,7 @@ async def test_replicas_share_their_answers(servers, make_client, redis_db) -> N
         make_client(pipes, env, **settings) as two,
     ):
         first = await post(one, "p", body(11, 12))
-        for _ in range(500):  # written in the background, after the answer
-            if store.dbsize() > before:
-                break
-            await asyncio.sleep(0.01)
+        await written(store, before)
         second = await post(two, "p", body(11, 12))
         cleared = await two.delete("/v1/pipelines/p/cache")
         third = await post(one, "p", body(11, 12))
@@ -50,9 +59,12 @@ async def test_replicas_share_their_answers(servers, make_client, redis_db) -> N
 async def test_a_hit_cancels_the_run_it_raced(servers, make_client, redis_db) -> None:
     slow = affine("plus1", 1, 1, delay_s=0.3)
     env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": await servers(slow)}
-    async with make_client(cached(), env, cache_url=redis_db.url) as client:
+    store = redis.Redis.from_url(redis_db.url)
+    before = store.dbsize()
+    settings = {"cache_url": redis_db.url, "cache_timeout_ms": GENEROUS}
+    async with make_client(cached(), env, **settings) as client:
         await post(client, "p", body(21))
-        await asyncio.sleep(0.1)
+        await written(store, before)
         again = await post(client, "p", body(21))
         await asyncio.sleep(0.05)
     assert again.headers["X-Cache"] == "hit" and again.json()["result"] == {"y": [22.0]}
@@ -91,9 +103,11 @@ async def test_the_data_cache_in_redis(servers, make_client, redis_db) -> None:
     pipes = cached()
     pipes["p"].pop("cache")
     pipes["p"]["steps"][0]["call"]["cache"] = True
-    async with make_client(pipes, env, cache_url=redis_db.url) as client:
+    store = redis.Redis.from_url(redis_db.url)
+    before = store.dbsize()
+    async with make_client(pipes, env, cache_url=redis_db.url, cache_timeout_ms=GENEROUS) as client:
         first = await post(client, "p", body(51))
-        await asyncio.sleep(0.1)
+        await written(store, before)
         second = await post(client, "p", body(51))
     assert first.json()["steps"][0]["cache"] == "miss"
     assert second.json()["steps"][0]["cache"] == "hit"
