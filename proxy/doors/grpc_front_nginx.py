@@ -65,6 +65,7 @@ http {
     listen $listen http2;
     http2_max_concurrent_streams $streams;
     keepalive_timeout ${idle}s;
+    keepalive_requests 1000000000;  # a gRPC channel's calls (nginx's default: 1,000 each)
     client_header_timeout ${head}s;
     client_body_timeout ${head}s;
     large_client_header_buffers 4 ${head_kb}k;

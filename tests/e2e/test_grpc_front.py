@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import httpx
@@ -170,3 +171,26 @@ def test_nginx_dies_with_the_proxy_and_is_required_when_asked_for(mesh: Mesh) ->
     missing = _proxy({**env, "PROXY_GRPC_FRONT_NGINX": "/nonexistent/nginx"})
     _, err = missing.communicate(timeout=60)
     assert missing.returncode == 2 and "'/nonexistent/nginx' is not found" in err
+
+
+def _client_ports(port: int) -> set[int]:
+    """Local ports of this machine's established TCP connections to `port` (gRPC's sockets
+    are IPv6 ones with IPv4-mapped addresses: both tables)."""
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, remote, state = line.split()[1:4]
+            if state == "01" and int(remote.rsplit(":", 1)[1], 16) == port:
+                ports.add(int(local.rsplit(":", 1)[1], 16))
+    return ports
+
+
+def test_a_channel_keeps_its_connection_past_a_thousand_calls(fronted: Mesh) -> None:
+    """nginx closes an HTTP/2 connection after `keepalive_requests` (1,000 by default): a
+    gRPC channel would reconnect every thousand calls, and calls racing the GOAWAY fail."""
+    for stub in _stub(FRONT):
+        stub.ServerLive(pb.ServerLiveRequest(), timeout=10)
+        before = _client_ports(FRONT)
+        for _ in range(1200):
+            stub.ServerLive(pb.ServerLiveRequest(), timeout=10)
+        assert _client_ports(FRONT) == before and len(before) == 1
