@@ -38,7 +38,7 @@ class ProxySettings(BaseSettings):
     grpc_front: Literal["auto", "nginx", "off"] = "auto"
     """What listens on the gRPC door's port (proxy/doors/grpc_front_nginx.py): `nginx`
     terminates HTTP/2 in C and hands unary ModelInfer calls to the REST server, every other
-    call to the grpc.aio door behind it (at concurrency 32, ~1.4x the door's unary
+    call to the grpc.aio door behind it (at concurrency 32, 1.2-1.5x the door's unary
     throughput alone: bench/README);
     `off`: the grpc.aio door itself; `auto`: nginx when it is installed."""
     grpc_front_nginx: str = "nginx"
