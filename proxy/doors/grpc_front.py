@@ -26,7 +26,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from protos import wire
 from protos.channels import HTTP_STATUS_METADATA, METHOD_PREFIX
 from proxy.doors.disconnect import until_disconnect
-from proxy.doors.grpc_door import OPEN_METHODS
 from proxy.doors.middleware import key_matches
 from proxy.errors import ClientGone
 from v2server.interceptors import CallScope, error_status, request_id_of
@@ -68,11 +67,14 @@ class GrpcFront:
     """ASGI middleware: answers the front's ModelInfer before everything else (its errors
     are gRPC statuses, not REST's JSON); anything else goes on to `app`."""
 
-    def __init__(self, app: ASGIApp, door: V2Server, api_key: str | None = None) -> None:
+    def __init__(
+        self, app: ASGIApp, door: V2Server, api_key: str | None = None, max_wait_s: float = 60.0
+    ) -> None:
         self.app = app
         self.door = door
         self.api_key = (api_key or "").encode()
-        assert "ModelInfer" not in OPEN_METHODS
+        self.max_wait_s = max_wait_s
+        """Longest a message may take to arrive when the call has no deadline."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] != PATH:
@@ -90,7 +92,14 @@ class GrpcFront:
         ):
             await _answer(send, grpc.StatusCode.UNAUTHENTICATED, "missing or wrong API key")
             return
-        body = await request.body()
+        try:
+            # A message trickled in is bounded as REST's uploads are: by the call's budget.
+            remaining = call.time_remaining()
+            async with asyncio.timeout(self.max_wait_s if remaining is None else remaining):
+                body = await request.body()
+        except TimeoutError:
+            await _answer(send, grpc.StatusCode.DEADLINE_EXCEEDED, "the message came too slowly")
+            return
         parsed = _message(body)
         with CallScope(
             self.door.in_flight,

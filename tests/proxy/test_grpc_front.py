@@ -79,6 +79,23 @@ async def test_the_call_keeps_its_grpc_timeout_and_is_cut_at_it() -> None:
     assert model.cancelled == 1
 
 
+async def test_a_message_that_trickles_in_is_cut_at_the_calls_deadline() -> None:
+    client, model, door = _client()
+    message = _framed(_request())
+
+    async def slowly():
+        yield message[:5]
+        await asyncio.sleep(3)
+        yield message[5:]
+
+    async with client:
+        start = time.monotonic()
+        answer = await _call(client, slowly(), **{"grpc-timeout": "300m"})  # type: ignore[arg-type]
+        took = time.monotonic() - start
+    assert _status(answer) == (4, "the message came too slowly"), answer.headers
+    assert took < 2 and model.calls == 0 and door.in_flight.count == 0
+
+
 @pytest.mark.parametrize(
     ("body", "code", "says"),
     [
