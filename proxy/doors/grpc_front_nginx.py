@@ -133,7 +133,7 @@ def wanted(settings: ProxySettings) -> bool:
         raise FrontError(f"PROXY_GRPC_FRONT=nginx but '{settings.grpc_front_nginx}' is not found")
     log.info(
         "no nginx: the gRPC door answers unary calls itself (PROXY_GRPC_FRONT, "
-        "docs/operating.md: with nginx its unary calls run ~1.6x faster at concurrency 32)"
+        "docs/calling.md: with nginx they ran 1.2-1.5x faster at concurrency 32)"
     )
     return False
 
@@ -169,7 +169,7 @@ def config(settings: ProxySettings, folder: Path) -> str:
     body_kb = int((settings.max_body_mb + 1 / 16) * 1024) + 1
     # PROXY_GRPC_MAX_CONNECTIONS bounds nginx's connections, the clients' and its own to the
     # proxy: descriptors stay bounded under a flood of idle connections (beyond it nginx
-    # accepts and closes at once, as gRPC core does), and calls in flight then wait for it.
+    # closes the oldest idle ones for the new), and calls in flight then wait for it.
     connections = settings.grpc_max_connections
     return CONFIG.substitute(
         user=f"user {getpass.getuser()};" if os.geteuid() == 0 else "",
