@@ -50,17 +50,7 @@ class _Recorder(GapWeights):
         super().__init__()
         object.__setattr__(self, "rows", [])  # GapWeights is frozen
 
-    def says_space(
-        self,
-        likely: float,
-        blanks: int,
-        pitch: float,
-        after_punctuation: bool,
-        before: str,
-        after: str,
-        ink_gap: float,
-    ) -> bool:
-        gap = self.features(likely, blanks, pitch, after_punctuation, before, after, ink_gap)
+    def says_space(self, gap: tuple[float, ...]) -> bool:
         self.rows.append(gap)  # type: ignore[attr-defined]
         return False
 

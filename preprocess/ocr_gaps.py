@@ -123,18 +123,8 @@ class GapWeights:
             self.ink_gap,
         )
 
-    def says_space(
-        self,
-        likely: float,
-        blanks: int,
-        pitch: float,
-        after_punctuation: bool,
-        before: str,
-        after: str,
-        ink_gap: float,
-    ) -> bool:
-        """Whether the gap between `before` and `after` is a word gap."""
-        gap = self.features(likely, blanks, pitch, after_punctuation, before, after, ink_gap)
+    def says_space(self, gap: tuple[float, ...]) -> bool:
+        """Whether a gap (its `features`) is a word gap."""
         return self.bias + sum(map(operator.mul, self.vector, gap)) > 0
 
 

@@ -155,7 +155,7 @@ def _spaced_by_ink(
     for k in range(1, len(cls)):
         here = chars[cls[k]]
         gap = ends[k - 1] + 1, starts[k]
-        if ink.weights.says_space(
+        features = GapWeights.features(
             likely=float(space[gap[0] : gap[1]].max()) if gap[1] > gap[0] else 0.0,
             blanks=int(gap[1] - gap[0]),
             pitch=float(starts[k] - starts[k - 1]) / median,
@@ -163,7 +163,8 @@ def _spaced_by_ink(
             before=out[-1],
             after=here,
             ink_gap=float(ink_gaps[k - 1]),
-        ):
+        )
+        if ink.weights.says_space(features):
             out.append(" ")
             kept.append((-1, -1))
         out.append(here)
