@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import asdict
 
 import numpy as np
@@ -30,7 +29,6 @@ class PipelineEndpoints:
         state, engine = self.state, self.engine
         plan = engine.plan(name)
         request_id = request.state.request_id
-        started = time.perf_counter()
         # The budget starts now: it covers the upload too.
         deadline = asyncio.get_running_loop().time() + budget_s(
             request, plan.pipeline.timeout_ms, state.settings.max_timeout_ms
@@ -47,7 +45,9 @@ class PipelineEndpoints:
                     )
                     running = ticket.run_tensors(given, request_id)
                 run = await until_disconnect(request, running)
-                answer = engine.answer(name, request_id, run, started)
+                # From when the ticket opened, as the console's record of it: the figure the
+                # client reads is the one the console shows, never more.
+                answer = engine.answer(name, request_id, run, ticket.opened)
         except StepError as exc:
             raise exc.problem(name) from None
         if plan.pipeline.later is not None:  # sync-async: the rest of the answer comes later

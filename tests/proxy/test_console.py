@@ -78,7 +78,8 @@ async def test_the_last_requests_newest_first_with_their_steps(servers, make_cli
     ]
     assert "up to 100" in failed["steps"][1]["error"]
     assert answered["steps"] == ok.json()["steps"]
-    assert answered["latency_ms"] >= ok.json()["latency_ms"] - 1.0
+    # The same start; the console's record ends after the answer is made.
+    assert answered["latency_ms"] >= ok.json()["latency_ms"] > 0
     assert [r["id"] for r in one.json()["requests"]] == ["second"]
     assert other.json() == {"requests": []}
 
