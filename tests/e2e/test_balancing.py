@@ -31,12 +31,23 @@ def _replica(host: str, workdir: Path, env: dict[str, str] | None = None) -> Ser
     return start_service("predictors", args, workdir, env=env)
 
 
-@pytest.fixture
-def replicas(tmp_path: Path) -> Iterator[dict[str, Service]]:
-    started = {host: _replica(host, tmp_path) for host in ("127.0.0.1", "127.0.0.2")}
+def _two_replicas(workdir: Path) -> Iterator[dict[str, Service]]:
+    started = {host: _replica(host, workdir) for host in ("127.0.0.1", "127.0.0.2")}
     yield started
     for service in started.values():
         service.stop()
+
+
+@pytest.fixture
+def replicas(tmp_path: Path) -> Iterator[dict[str, Service]]:
+    """Two of their own (a test that kills one)."""
+    yield from _two_replicas(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def shared_replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Service]]:
+    """Two for the tests that only call them (starting two each took ~5 s of the suite)."""
+    yield from _two_replicas(tmp_path_factory.mktemp("replicas"))
 
 
 def _target(replicas: dict[str, Service]) -> str:
@@ -89,14 +100,17 @@ def _load(
     ids=["proxy-streams", "proxy-unary", "grpc-round-robin-unary"],
 )
 def test_calls_spread_over_the_replicas(
-    mesh: Mesh, replicas: dict[str, Service], port: int, env: dict[str, str]
+    mesh: Mesh, shared_replicas: dict[str, Service], port: int, env: dict[str, str]
 ) -> None:
+    replicas = shared_replicas
     blobs = [png(image) for image in held_out()[0][:20]]
+    before = [_rows_served(host, s) for host, s in replicas.items()]
     with mesh.extra_proxy(port, **{VARIABLE: _target(replicas)}, **env) as url:
         sequential = _load(url, blobs, clients=1, seconds=1.5)
         concurrent = _load(url, blobs, clients=6, seconds=2.0)
     assert set(sequential + concurrent) == {200}
-    served = [_rows_served(host, s) for host, s in replicas.items()]
+    after = [_rows_served(host, s) for host, s in replicas.items()]
+    served = [a - b for a, b in zip(after, before, strict=True)]
     total = sum(served)
     assert total >= len(sequential) + len(concurrent)  # readiness checks add none
     assert min(served) >= 0.25 * total, f"rows per replica: {served}"

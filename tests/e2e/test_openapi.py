@@ -61,9 +61,9 @@ def no_internal_error(ctx: CheckContext, response: Response, case: Case) -> bool
     return None
 
 
-@pytest.fixture(scope="module", params=["streams, merged calls", "old path"])
+@pytest.fixture(scope="module")
 def proxy_url(request: pytest.FixtureRequest, mesh: Mesh) -> Iterator[str]:
-    """The mesh's proxy, and a second one over the same services calling them the old way
+    """The mesh's proxy, or a second one over the same services calling them the old way
     (unary calls, no merging): the same document must hold on both."""
     if request.param == "old path":
         with mesh.extra_proxy(27485, PROXY_TRANSPORT="unary", PROXY_MERGE="false") as url:
@@ -87,7 +87,17 @@ def _operations(api: BaseSchema) -> list[APIOperation]:
     return [result.ok() for result in api.get_all_operations()]
 
 
-@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
+@pytest.mark.parametrize(
+    ("proxy_url", "mode"),
+    [
+        ("streams, merged calls", GenerationMode.POSITIVE),
+        ("streams, merged calls", GenerationMode.NEGATIVE),
+        # Invalid requests are refused at the door, before a transport is chosen: the old
+        # path adds nothing there (13-26 s of the suite).
+        ("old path", GenerationMode.POSITIVE),
+    ],
+    indirect=["proxy_url"],
+)
 def test_answers_conform_to_the_schema(api: BaseSchema, mode: GenerationMode) -> None:
     # schemathesis' own pytest plugin does not run under pytest 9 yet; drive Hypothesis
     # directly, one operation at a time, and report every operation that failed.
