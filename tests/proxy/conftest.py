@@ -12,6 +12,12 @@ from proxy.app import create_app
 from proxy.settings import ProxySettings
 from tests.proxy.scripted import ScriptedModel, serve
 
+GENEROUS_CACHE_MS = 2000
+"""cache_timeout_ms for tests of what is cached: a store call slower than its timeout counts
+as a miss, a service slower than it (at least 0.5 s) to tell its model's fingerprint leaves
+the request uncached, and the suite loads the CPU (a 50 ms Redis write was once dropped, and
+a first request once went uncached, in CI runs)."""
+
 
 @pytest.fixture(params=["stream", "unary"])
 def transport(request: pytest.FixtureRequest) -> str:

@@ -12,10 +12,22 @@ import numpy as np
 import pytest
 
 from protos.errors import InvalidInput
+from tests.proxy.conftest import GENEROUS_CACHE_MS
 from tests.proxy.scripted import ScriptedModel, affine, serve
 from tests.proxy.test_pipelines import body, call, parse_model, partial_fan_out, pipeline, post
 
 RESULT = {"y": "a.y[0]"}
+
+
+@pytest.fixture
+def make_client(make_client):
+    """conftest's, with a generous cache_timeout_ms unless a test sets its own."""
+
+    def factory(pipelines: dict, env: dict[str, str], **settings):
+        settings.setdefault("cache_timeout_ms", GENEROUS_CACHE_MS)
+        return make_client(pipelines, env, **settings)
+
+    return factory
 
 
 def cached(ttl_s: float = 60.0, **extra) -> dict:

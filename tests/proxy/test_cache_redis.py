@@ -13,13 +13,12 @@ import redis
 
 from proxy import metrics
 from tests.conftest import redis_or_skip
+from tests.proxy.conftest import GENEROUS_CACHE_MS
 from tests.proxy.scripted import affine
 from tests.proxy.test_cache import cached
 from tests.proxy.test_pipelines import body, parse_model, post
 
-GENEROUS = 2000
-"""cache_timeout_ms for tests of what is cached: an operation slower than its timeout counts
-as a miss, and the suite loads the CPU (a 50 ms write was once dropped in a CI run)."""
+GENEROUS = GENEROUS_CACHE_MS
 
 
 def errors(pipeline: str) -> float:
