@@ -30,6 +30,7 @@ from proxy.jobs.model import (
     new_id,
 )
 from proxy.jobs.queue import Depth, JobQueue, Page
+from proxy.jobs.redis_pages import ENDED, Pages
 
 T = TypeVar("T")
 GROUP = "workers"
@@ -72,6 +73,7 @@ class RedisQueue(JobQueue):
         self._group_made = False
         self._swept_stranded = 0.0
         self._submit: Grouped[tuple[Submission, int], Any] = Grouped(self._submit_many)
+        self._pages = Pages(self._redis, prefix, SHOWN, _job, self._call)
 
     async def _call(self, work: Awaitable[T]) -> T:
         try:
@@ -88,6 +90,8 @@ class RedisQueue(JobQueue):
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
+        else:
+            await self._pages.new_queue()
         self._group_made = True
 
     def _submission(self, job: Submission, max_queued: int) -> tuple[list[str], list[Any]]:
@@ -141,43 +145,7 @@ class RedisQueue(JobQueue):
     async def page(
         self, pipeline: str | None, status: str | None, limit: int, cursor: str | None
     ) -> Page:
-        top: float | str = "+inf"
-        after_id = None
-        if cursor is not None:
-            created, _, after_id = cursor.partition(":")
-            top = float(created)
-        jobs: list[Job] = []
-        offset = 0
-        while len(jobs) <= limit:
-            ids = await self._call(
-                self._redis.zrevrangebyscore(
-                    self._k["index"], top, "-inf", start=offset, num=200, withscores=True
-                )
-            )
-            if not ids:
-                break
-            offset += len(ids)
-            wanted = []
-            for raw, score in ids:
-                job_id = raw.decode()
-                if after_id is not None and score == top and job_id >= after_id:
-                    continue
-                wanted.append(job_id)
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for job_id in wanted:
-                    pipe.hmget(self._job + job_id, SHOWN)
-                rows = await self._call(pipe.execute())
-            for job_id, row in zip(wanted, rows, strict=True):
-                job = _job(job_id, row)
-                if job is None:
-                    continue
-                if (pipeline is None or job.pipeline == pipeline) and (
-                    status is None or job.status == status
-                ):
-                    jobs.append(job)
-        more = len(jobs) > limit
-        jobs = jobs[:limit]
-        return Page(jobs, f"{jobs[-1].created!r}:{jobs[-1].id}" if more else None)
+        return await self._pages.page(pipeline, status, limit, cursor)
 
     async def cancel(self, job_id: str, keep_s: float) -> tuple[Job | None, bool]:
         ended = await self._end(job_id, "", "cancelled", keep_s)
@@ -186,7 +154,7 @@ class RedisQueue(JobQueue):
     async def _end(self, job_id: str, token: str, status: str, keep_s: float, *fields: Any) -> bool:
         k = self._k
         keys = [self._job + job_id, k["running"], k["stream"], k["expiry"], k["queued"]]
-        keys += [k["delayed"], k["leases"]]
+        keys += [k["delayed"], k["leases"], self._pages.ended(status)]
         args = [job_id, token, status, repr(time.time()), int(keep_s * 1000), GROUP, *fields]
         return bool(await self._call(self._scripts["FINISH"](keys, args)))
 
@@ -235,7 +203,7 @@ class RedisQueue(JobQueue):
     async def _take(self, entry: str, job_id: str, lease_s: float) -> Claimed | None:
         k, token, now = self._k, new_id(), time.time()
         keys = [self._job + job_id, k["queued"], k["running"], k["stream"], k["expiry"]]
-        keys.append(k["leases"])
+        keys += [k["leases"], self._pages.ended("failed")]
         args = [job_id, entry, token, repr(now), GROUP, int(self.keep_s * 1000), LOST]
         args += [int(lease_s * 1000), self.consumer, *SHOWN, "kind", "payload"]
         fields = await self._call(self._scripts["TAKE"](keys, args))
@@ -281,8 +249,10 @@ class RedisQueue(JobQueue):
     async def sweep(self, now: float) -> int:
         gone = await self._call(self._redis.zrangebyscore(self._k["expiry"], "-inf", now))
         if gone:
-            await self._call(self._redis.zrem(self._k["index"], *gone))
-            await self._call(self._redis.zrem(self._k["expiry"], *gone))
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for key in (self._k["index"], self._k["expiry"], *map(self._pages.ended, ENDED)):
+                    pipe.zrem(key, *gone)
+                await self._call(pipe.execute())
         return len(gone)
 
     async def depth(self) -> Depth:

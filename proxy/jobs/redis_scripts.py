@@ -5,7 +5,9 @@ with consumer group `workers` (an entry per attempt to run; a worker holds it in
 pending list while it runs, its idle time renewed by XCLAIM; one idle longer than the lease
 is taken over by XAUTOCLAIM); `P:delayed` a sorted set of jobs waiting out their back-off;
 `P:queued` (by creation) and `P:running` the unfinished jobs; `P:index` every kept job by
-creation (the list); `P:expiry` ended jobs by when they go; `P:idem:<key>` a key's job."""
+creation (the list); `P:ended:<status>` the ended jobs of each status by creation (the list
+filtered by status, redis_pages.py); `P:expiry` ended jobs by when they go; `P:idem:<key>` a
+key's job."""
 
 from __future__ import annotations
 
@@ -42,15 +44,16 @@ if KEYS[6] ~= '' then redis.call('SET', KEYS[6], ARGV[1], 'PX', ARGV[3]) end
 return {'new', ARGV[1]}
 """
 
-# KEYS: job, queued, running, stream, expiry, leases; ARGV: id, entry, token, now, group,
+# KEYS: job, queued, running, stream, expiry, leases, ended:failed; ARGV: id, entry, token,
+# now, group,
 # keep_ms, error, lease_ms, consumer, then the fields to answer (once taken). An entry this
 # worker read, or a job whose lease ran out:
 # run it (the entry now this consumer's), leave it (its lease still runs: its worker lives),
 # drop it (its job ended, or it is an old attempt's), or fail the job (its worker died on
 # its last attempt).
 TAKE = """
-local status, attempts, most, entry = unpack(redis.call('HMGET', KEYS[1], 'status', 'attempts',
-                                                        'max_attempts', 'entry'))
+local status, attempts, most, entry, created = unpack(redis.call('HMGET', KEYS[1], 'status',
+                                                 'attempts', 'max_attempts', 'entry', 'created'))
 local function drop()
   redis.call('XACK', KEYS[4], ARGV[5], ARGV[2])
   redis.call('XDEL', KEYS[4], ARGV[2])
@@ -74,6 +77,7 @@ if status == 'running' and attempts >= tonumber(most) then
   redis.call('SREM', KEYS[3], ARGV[1])
   redis.call('ZREM', KEYS[6], ARGV[1])
   redis.call('ZADD', KEYS[5], now + tonumber(ARGV[6]) / 1000, ARGV[1])
+  redis.call('ZADD', KEYS[7], tonumber(created), ARGV[1])
   return 'exhausted'
 end
 redis.call('XCLAIM', KEYS[4], ARGV[5], ARGV[9], 0, ARGV[2], 'JUSTID')
@@ -85,11 +89,12 @@ redis.call('ZADD', KEYS[6], now + tonumber(ARGV[8]) / 1000, ARGV[1])
 return redis.call('HMGET', KEYS[1], unpack(ARGV, 10))
 """
 
-# KEYS: job, running, stream, expiry, queued, delayed, leases; ARGV: id, token ('' for a cancel),
-# status, now, keep_ms, group, then fields to set as name, value pairs.
+# KEYS: job, running, stream, expiry, queued, delayed, leases, ended:<status>; ARGV: id, token
+# ('' for a cancel), status, now, keep_ms, group, then fields to set as name, value pairs.
 # The final state, written once: by the worker holding the token, or by a cancel.
 FINISH = """
-local status, token, entry = unpack(redis.call('HMGET', KEYS[1], 'status', 'token', 'entry'))
+local status, token, entry, created = unpack(redis.call('HMGET', KEYS[1], 'status', 'token',
+                                                       'entry', 'created'))
 if status ~= 'running' and not (ARGV[2] == '' and status == 'queued') then return 0 end
 if ARGV[2] ~= '' and token ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], 'status', ARGV[3], 'updated', ARGV[4], 'finished', ARGV[4])
@@ -101,6 +106,7 @@ redis.call('ZREM', KEYS[5], ARGV[1])
 redis.call('ZREM', KEYS[6], ARGV[1])
 redis.call('ZREM', KEYS[7], ARGV[1])
 redis.call('ZADD', KEYS[4], tonumber(ARGV[4]) + tonumber(ARGV[5]) / 1000, ARGV[1])
+redis.call('ZADD', KEYS[8], tonumber(created), ARGV[1])
 if entry then
   redis.call('XACK', KEYS[3], ARGV[6], entry)
   redis.call('XDEL', KEYS[3], entry)

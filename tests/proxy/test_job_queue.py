@@ -142,6 +142,79 @@ async def test_pages_newest_first_filtered_and_ended_jobs_expire(queue: JobQueue
     assert [j.id for j in (await queue.page(None, None, 10, None)).jobs] == ids[:0:-1]
 
 
+async def _every_status(queue: JobQueue) -> tuple[list[str], dict[str, list[str]]]:
+    """Eight jobs: two succeeded, one failed, two running, one cancelled, two queued; their
+    ids in submission order, and each status's ids newest first."""
+    ids = []
+    for i in range(8):
+        ids.append((await queue.submit(job(payload=bytes([i])), 20))[0].id)
+        await asyncio.sleep(0.002)  # distinct creation times
+    claimed = [await queue.claim(lease_s=60.0, wait_s=0.5) for _ in range(5)]
+    assert [c.job.id for c in claimed if c is not None] == ids[:5]  # oldest first
+    for c, status in zip(claimed, ("succeeded", "succeeded", "failed"), strict=False):
+        assert c is not None and await queue.finish(c, status, {"r": 1}, None, 60)
+    await queue.cancel(ids[5], keep_s=60)
+    statuses = {
+        "succeeded": [ids[1], ids[0]], "failed": [ids[2]], "running": [ids[4], ids[3]],
+        "cancelled": [ids[5]], "queued": [ids[7], ids[6]],
+    }  # fmt: skip
+    return ids, statuses
+
+
+async def _walk(queue: JobQueue, status: str | None, limit: int) -> list[str]:
+    """Every page of `status`, `limit` jobs a page, cursor after cursor."""
+    seen: list[str] = []
+    cursor = None
+    while True:
+        page = await queue.page(None, status, limit, cursor)
+        assert len(page.jobs) <= limit and all(status in (None, j.status) for j in page.jobs)
+        seen += [j.id for j in page.jobs]
+        if page.next is None:
+            return seen
+        cursor = page.next
+
+
+async def test_pages_of_every_status_walk_newest_first(queue: JobQueue) -> None:
+    ids, statuses = await _every_status(queue)
+    for status, expected in statuses.items():
+        for limit in (1, 2, 10):
+            assert await _walk(queue, status, limit) == expected, (status, limit)
+    assert await _walk(queue, None, 3) == ids[::-1]
+
+
+async def test_a_redis_page_of_one_status_reads_only_that_status(tmp_path: Path) -> None:
+    """In Redis each status has its own set: a page reads the jobs it shows and one more,
+    never the others kept (a poll of an empty queue once read every kept job); and a queue
+    written before those sets existed gets them filled on its first page."""
+    import redis
+
+    server = redis_or_skip(tmp_path / "redis", persistent=True)
+    queue = open_queue(server.url, keep_s=60)
+    client = redis.Redis.from_url(server.url)
+
+    def reads() -> int:
+        return client.info("commandstats").get("cmdstat_hmget", {"calls": 0})["calls"]
+
+    try:
+        _, statuses = await _every_status(queue)
+        for status, expected in statuses.items():
+            before = reads()
+            page = await queue.page(None, status, 1, None)
+            assert [j.id for j in page.jobs] == expected[:1]
+            assert reads() - before <= 2, f"a page of '{status}' read {reads() - before} jobs"
+        # An older queue: no ended sets, no mark. Its first page fills them.
+        await queue.close()
+        for key in client.scan_iter("*:ended:*"):
+            client.delete(key)
+        queue = open_queue(server.url, keep_s=60)
+        assert await _walk(queue, "succeeded", 1) == statuses["succeeded"]
+        assert await _walk(queue, "failed", 1) == statuses["failed"]
+    finally:
+        await queue.close()
+        client.close()
+        server.stop()
+
+
 async def test_sqlite_copies_the_wal_back_off_the_writers_path(tmp_path: Path) -> None:
     # The database file alone (immutable: the WAL unread) holds the jobs once the
     # checkpointer has run, and closing leaves no WAL behind.
