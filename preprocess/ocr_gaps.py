@@ -11,6 +11,7 @@ the recogniser's own space probability (docs/accuracy.md has the measurements).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import operator
@@ -159,3 +160,20 @@ class Ink:
         if not len(runs):
             return runs
         return (runs - float(np.median(runs))) / max(self.height, 1.0)
+
+
+def check_weights(weights: object) -> None:
+    """The recipe's `ink_gap_weights` (None: not weighed), checked when the recipes load: a
+    misspelt weight would otherwise fail every line at the first request."""
+    if weights is None:
+        return
+    if not isinstance(weights, dict):
+        raise ValueError("ink_gap_weights must map GapWeights' fields to numbers")
+    for key, value in weights.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"ink_gap_weights: {key} must be a number, not {value!r}")
+    try:
+        GapWeights(**weights)
+    except TypeError as exc:
+        known = ", ".join(f.name for f in dataclasses.fields(GapWeights))
+        raise ValueError(f"ink_gap_weights: {exc} (known: {known})") from None

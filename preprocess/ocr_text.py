@@ -10,9 +10,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from preprocess.ocr_gaps import GapWeights, Ink
+from preprocess.ocr_gaps import GapWeights, Ink, check_weights
 from preprocess.ocr_words import Span, split_words, word_boxes
-from preprocess.ops import op
+from preprocess.ops import checks, op
 from preprocess.state import State
 from protos.errors import InvalidInput
 
@@ -276,6 +276,11 @@ def ocr_ctc_decode(
         np.concatenate(places) if places else np.zeros((0, 4, 2), np.float32)
     )
     state.tensors[word_lines_output] = np.array(lines, dtype=np.int32)
+
+
+@checks("ocr_ctc_decode")
+def _check_decode(params: dict) -> None:
+    check_weights(params.get("ink_gap_weights"))
 
 
 def _inks(

@@ -29,9 +29,24 @@ _INTERPOLATION = {
 }
 
 
+CHECKS: dict[str, Callable[[dict], None]] = {}
+"""Per operation, a check of its parameters' values beyond the signature (raises ValueError
+or TypeError naming the problem): run when the configuration loads, not at the first image."""
+
+
 def op(fn: Op) -> Op:
     OPS[fn.__name__] = fn
     return fn
+
+
+def checks(name: str) -> Callable[[Callable[[dict], None]], Callable[[dict], None]]:
+    """Register the function as the check of operation `name`'s parameters."""
+
+    def register(check: Callable[[dict], None]) -> Callable[[dict], None]:
+        CHECKS[name] = check
+        return check
+
+    return register
 
 
 def check_params(name: str, params: dict) -> None:
@@ -40,7 +55,9 @@ def check_params(name: str, params: dict) -> None:
         raise ValueError(f"unknown operation '{name}' (known: {', '.join(sorted(OPS))})")
     try:
         inspect.signature(OPS[name]).bind(None, **params)
-    except TypeError as exc:
+        if name in CHECKS:
+            CHECKS[name](params)
+    except (TypeError, ValueError) as exc:
         raise ValueError(f"operation '{name}': {exc}") from None
     if "interpolation" in params and params["interpolation"] not in _INTERPOLATION:
         raise ValueError(f"operation '{name}': unknown interpolation '{params['interpolation']}'")

@@ -105,16 +105,29 @@ def test_random_uploads_get_a_clean_answer(
     assert stub.ServerLive(pb.ServerLiveRequest(), timeout=TIMEOUT).live
 
 
-def test_bad_recipe_file_fails_start_naming_the_problem(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("step", "named"),
+    [
+        ("{sharpen: {amount: 2}}", "unknown operation 'sharpen'"),
+        # A weight misspelt: refused at start, not at the first page read.
+        (
+            "{ocr_ctc_decode: {characters_file: c.txt, ink_gap_weights: {bais: 1.0}}}",
+            "unexpected keyword argument 'bais'",
+        ),
+    ],
+)
+def test_bad_recipe_file_fails_start_naming_the_problem(
+    tmp_path: Path, step: str, named: str
+) -> None:
     bad = tmp_path / "recipes.yaml"
     bad.write_text(
         "recipes:\n  r:\n    inputs: [{name: i, datatype: BYTES, shape: [-1]}]\n"
         "    outputs: [{name: o, datatype: FP32, shape: [-1]}]\n"
-        "    steps: [{sharpen: {amount: 2}}]\n"
+        f"    steps: [{step}]\n"
     )
     result = run_module("preprocess", ["--config", str(bad), "--port", "0"])
     assert result.returncode == 2
-    assert "recipes.yaml" in result.stderr and "unknown operation 'sharpen'" in result.stderr
+    assert "recipes.yaml" in result.stderr and named in result.stderr
 
 
 def test_shared_memory_is_off_unless_asked_for(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
