@@ -232,9 +232,14 @@ class Channels:
         if tracing.ENABLED and (parent := tracing.traceparent()) is not None:
             metadata += ((tracing.TRACEPARENT, parent),)
         try:
-            response = await call(request, timeout=timeout, metadata=metadata)
+            # The loop's own timer too: gRPC's deadline alone answered late under load (the
+            # old path's impatient 504s: p99 550-900 ms for budgets of 3-25 ms).
+            async with asyncio.timeout(timeout):
+                response = await call(request, timeout=timeout, metadata=metadata)
         except aio.AioRpcError as exc:
             raise CallFailed(exc.code(), exc.details() or exc.code().name) from None
+        except TimeoutError:
+            raise CallFailed(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
         return messages.response_outputs(response)
 
     async def _streamed(

@@ -115,11 +115,9 @@ async def impatient(
     duration_s: float,
     budgets_ms: tuple[int, int] = (3, 25),
     seed: int = 0,
-    margin_s: float = 1.0,
 ) -> Tally:
     """Clients whose every request carries a budget of a few milliseconds (drawn in
-    `budgets_ms`), so that most end at their deadline somewhere inside the mesh; one not
-    answered within its budget and `margin_s` counts as hung."""
+    `budgets_ms`), so that most end at their deadline somewhere inside the mesh."""
     rng = np.random.default_rng(seed)
     return await run(
         url,
@@ -130,7 +128,6 @@ async def impatient(
         min_duration_s=duration_s,
         timeout_ms=budgets_ms[1],
         budget_ms=lambda: int(rng.integers(budgets_ms[0], budgets_ms[1] + 1)),
-        margin_s=margin_s,
     )
 
 
