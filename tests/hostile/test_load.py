@@ -133,5 +133,8 @@ def test_a_crowd_of_large_pages_is_shed_early(mesh: Mesh) -> None:
         f"+{watch.cost.peak_growth_mb:.0f} MiB; refused: {dict(refusals)}"
     )
     assert len(answers) == 64 and set(statuses) <= {200, 503}
-    assert len(ok) >= 4 and max(ok) < 15 and max(shed) < 1
+    # A 503 is measured from the client's side, the upload of its 3000x3000 page by one of 32
+    # httpx threads included, while two pages are read on both cores: 0.40 s alone,
+    # 1.22 s once in a CI run on a machine ~2.5x slower than usual (both 2026-11-27).
+    assert len(ok) >= 4 and max(ok) < 15 and max(shed) < 2
     assert watch.cost.peak_growth_mb < 1024
