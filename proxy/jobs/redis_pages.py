@@ -42,6 +42,7 @@ class Pages:
         self._decode = decode
         self._call = call
         self._indexed = False
+        self._marker = f"{prefix}:ended:indexed"
 
     def ended(self, status: str) -> str:
         """The key of the set of jobs ended with `status`."""
@@ -100,7 +101,7 @@ class Pages:
             wanted = [
                 raw.decode()
                 for raw, score in ids
-                if not (after_id is not None and score == top and raw.decode() >= after_id)
+                if not _on_an_earlier_page(score, raw.decode(), top, after_id)
             ]
             for job in await self._read(wanted):
                 yield job
@@ -112,12 +113,8 @@ class Pages:
         ]
         jobs = sorted(await self._read(ids), key=lambda j: (j.created, j.id), reverse=True)
         for job in jobs:
-            if top != "+inf" and (
-                job.created > float(top)
-                or (job.created == float(top) and after_id is not None and job.id >= after_id)
-            ):
-                continue
-            yield job
+            if not _on_an_earlier_page(job.created, job.id, top, after_id):
+                yield job
 
     async def _read(self, ids: list[str]) -> list[Job]:
         """The jobs of `ids` still kept (one round trip)."""
@@ -132,15 +129,14 @@ class Pages:
 
     async def new_queue(self) -> None:
         """This queue was made just now: its ended sets have nothing to fill."""
-        await self._call(self._redis.set(f"{self._prefix}:ended:indexed", "1"))
+        await self._call(self._redis.set(self._marker, "1"))
         self._indexed = True
 
     async def _index_ended(self) -> None:
         """Fill the ended sets from the index, once per queue (see the module's docstring)."""
         if self._indexed:
             return
-        marker = f"{self._prefix}:ended:indexed"
-        if not await self._call(self._redis.set(marker, "1", nx=True)):
+        if not await self._call(self._redis.set(self._marker, "1", nx=True)):
             self._indexed = True
             return
         offset = 0
@@ -161,3 +157,15 @@ class Pages:
                         pipe.zadd(self.ended(status.decode()), {raw: float(created)})
                 await self._call(pipe.execute())
         self._indexed = True
+
+
+def _on_an_earlier_page(
+    created: float, job_id: str, top: float | str, after_id: str | None
+) -> bool:
+    """Whether the job at (created, job_id) came before the cursor (top, after_id), newest
+    first and ids descending within a time ("+inf": no cursor)."""
+    if top == "+inf":
+        return False
+    return created > float(top) or (
+        created == float(top) and after_id is not None and job_id >= after_id
+    )

@@ -18,8 +18,6 @@ from tests.proxy.scripted import affine
 from tests.proxy.test_cache import cached
 from tests.proxy.test_pipelines import body, parse_model, post
 
-GENEROUS = GENEROUS_CACHE_MS
-
 
 def errors(pipeline: str) -> float:
     return metrics.CACHE_LOOKUPS.labels(pipeline, "", "error")._value.get()
@@ -38,7 +36,7 @@ async def test_replicas_share_their_answers(servers, make_client, redis_db) -> N
     env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": await servers(model)}
     pipes = cached()
     # Generous: a lookup slower than its timeout counts as a miss (the suite loads the CPU).
-    settings = {"cache_url": redis_db.url, "cache_timeout_ms": GENEROUS}
+    settings = {"cache_url": redis_db.url, "cache_timeout_ms": GENEROUS_CACHE_MS}
     store = redis.Redis.from_url(redis_db.url)
     before = store.dbsize()
     async with (
@@ -60,7 +58,7 @@ async def test_a_hit_cancels_the_run_it_raced(servers, make_client, redis_db) ->
     env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": await servers(slow)}
     store = redis.Redis.from_url(redis_db.url)
     before = store.dbsize()
-    settings = {"cache_url": redis_db.url, "cache_timeout_ms": GENEROUS}
+    settings = {"cache_url": redis_db.url, "cache_timeout_ms": GENEROUS_CACHE_MS}
     async with make_client(cached(), env, **settings) as client:
         await post(client, "p", body(21))
         await written(store, before)
@@ -104,7 +102,9 @@ async def test_the_data_cache_in_redis(servers, make_client, redis_db) -> None:
     pipes["p"]["steps"][0]["call"]["cache"] = True
     store = redis.Redis.from_url(redis_db.url)
     before = store.dbsize()
-    async with make_client(pipes, env, cache_url=redis_db.url, cache_timeout_ms=GENEROUS) as client:
+    async with make_client(
+        pipes, env, cache_url=redis_db.url, cache_timeout_ms=GENEROUS_CACHE_MS
+    ) as client:
         first = await post(client, "p", body(51))
         await written(store, before)
         second = await post(client, "p", body(51))
