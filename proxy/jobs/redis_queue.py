@@ -13,9 +13,9 @@ import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
+from proxy.engine import redis_client
 from proxy.jobs import redis_scripts as lua
 from proxy.jobs.grouping import Grouped
 from proxy.jobs.model import (
@@ -60,7 +60,7 @@ class RedisQueue(JobQueue):
     def __init__(self, url: str, keep_s: float, prefix: str = PREFIX) -> None:
         self.url = url
         self.keep_s = keep_s
-        self._redis = aioredis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
+        self._redis = redis_client.connect(url, 10, retries=3, backoff=True, connect_timeout_s=5)
         self.consumer = f"{socket.gethostname()}-{os.getpid()}-{new_id()[:8]}"
         self._k = {n: f"{prefix}:{n}" for n in ("stream", "queued", "running", "index")}
         self._k |= {n: f"{prefix}:{n}" for n in ("expiry", "delayed", "leases")}
@@ -80,7 +80,7 @@ class RedisQueue(JobQueue):
             return await work
         except (RedisError, OSError) as exc:
             self._group_made = False  # a restarted Redis without AOF lost the group
-            raise QueueError(f"redis {self.url}: {exc!r}") from None
+            raise QueueError(f"redis {self.url}: {type(exc).__name__}: {exc}") from None
 
     async def _group(self) -> None:
         if self._group_made:

@@ -111,3 +111,20 @@ async def test_the_data_cache_in_redis(servers, make_client, redis_db) -> None:
     assert first.json()["steps"][0]["cache"] == "miss"
     assert second.json()["steps"][0]["cache"] == "hit"
     assert second.json()["result"] == {"y": [52.0]}
+
+
+async def test_a_restarted_redis_still_answers_every_lookup(tmp_path: Path) -> None:
+    """The connections a restarted Redis closed are each retried on a new one: a restart
+    costs no lookup (before, each pooled connection failed once, a miss and an error)."""
+    from proxy.engine.cache.stores import RedisStore
+
+    own = redis_or_skip(tmp_path / "redis", persistent=True)  # the entry outlives the restart
+    store = RedisStore(own.url, GENEROUS_CACHE_MS / 1000)
+    try:
+        await store.put(b"k", b"answer", ttl_s=60)
+        assert await asyncio.gather(*(store.get(b"k") for _ in range(8))) == [b"answer"] * 8
+        own.restart()
+        assert await asyncio.gather(*(store.get(b"k") for _ in range(8))) == [b"answer"] * 8
+    finally:
+        await store.close()
+        own.stop()

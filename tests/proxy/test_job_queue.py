@@ -215,6 +215,24 @@ async def test_a_redis_page_of_one_status_reads_only_that_status(tmp_path: Path)
         server.stop()
 
 
+async def test_a_redis_restart_fails_no_call_on_the_connections_it_closed(tmp_path: Path) -> None:
+    """Every connection left in the pool when Redis restarts is closed by it; each one's next
+    call is sent again on a new connection, never an error (a CI run's listing got 503 so)."""
+    server = redis_or_skip(tmp_path / "redis", persistent=True)
+    queue = open_queue(server.url, keep_s=60)
+    try:
+        submitted, _ = await queue.submit(job(), max_queued=100)
+        found = await asyncio.gather(*(queue.get(submitted.id) for _ in range(16)))
+        assert {j.id for j in found if j} == {submitted.id}  # 16 connections in the pool
+        server.restart()
+        found = await asyncio.gather(*(queue.get(submitted.id) for _ in range(16)))
+        assert {j.id for j in found if j} == {submitted.id}
+        assert [j.id for j in (await queue.page(None, None, 10, None)).jobs] == [submitted.id]
+    finally:
+        await queue.close()
+        server.stop()
+
+
 async def test_sqlite_copies_the_wal_back_off_the_writers_path(tmp_path: Path) -> None:
     # The database file alone (immutable: the WAL unread) holds the jobs once the
     # checkpointer has run, and closing leaves no WAL behind.

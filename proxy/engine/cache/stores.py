@@ -103,23 +103,22 @@ class RedisStore:
     local = False
 
     def __init__(self, url: str, timeout_s: float) -> None:
-        import redis.asyncio as aioredis  # only when a Redis cache is configured
+        # Only when a Redis cache is configured.
+        from redis.exceptions import RedisError
 
-        self._errors = (aioredis.RedisError, OSError, TimeoutError)
+        from proxy.engine import redis_client
+
+        self._errors = (RedisError, OSError, TimeoutError)
         self.timeout_s = timeout_s
-        self._redis = aioredis.Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            health_check_interval=0,
-        )
+        # One retry: a connection Redis closed (a restart) costs one round trip, not a miss.
+        self._redis = redis_client.connect(url, timeout_s, retries=1, backoff=False)
 
     async def _call(self, work: Awaitable[T]) -> T:
         try:
             async with asyncio.timeout(self.timeout_s):
                 return await work
         except self._errors as exc:
-            raise StoreError(f"redis: {exc!r}") from None
+            raise StoreError(f"redis: {type(exc).__name__}: {exc}") from None
 
     async def get(self, key: bytes) -> bytes | None:
         return await self._call(self._redis.get(key))
@@ -137,7 +136,7 @@ class RedisStore:
         try:
             return await sweep()
         except self._errors as exc:
-            raise StoreError(f"redis: {exc!r}") from None
+            raise StoreError(f"redis: {type(exc).__name__}: {exc}") from None
 
     async def close(self) -> None:
         await self._redis.aclose()

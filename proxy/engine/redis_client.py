@@ -1,0 +1,32 @@
+"""One way to open a Redis client, for the inference cache and the jobs' queue.
+
+`Redis.from_url` gives its connections no retry at all (unlike `Redis(host=...)`, whose
+default retries ten times): after a Redis restart, every connection left in the pool then
+fails its next command with "Connection closed by server", one request each. A CI run lost a
+jobs listing that way, after the drain it was polling had long recovered. A retry on a fresh
+connection is what a closed one needs; a timeout is not retried, so each call stays bounded
+by its caller's timeout."""
+
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+
+def connect(
+    url: str, timeout_s: float, retries: int, backoff: bool, connect_timeout_s: float | None = None
+) -> aioredis.Redis:
+    """A client of `url` whose calls fail after `timeout_s` without an answer (a connection
+    after `connect_timeout_s`, by default the same), and are sent
+    again on a new connection up to `retries` times when theirs was closed (with a short
+    jittered back-off, 10 ms doubling to 1 s, if `backoff`: a Redis that is restarting)."""
+    wait = ExponentialWithJitterBackoff(base=0.01, cap=1.0) if backoff else NoBackoff()
+    return aioredis.Redis.from_url(
+        url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=connect_timeout_s or timeout_s,
+        health_check_interval=0,
+        retry=Retry(wait, retries, supported_errors=(RedisConnectionError,)),
+    )
