@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _serve(settings: ProxySettings) -> int:
     try:
-        app = create_app(settings)
+        app = create_app(settings, own_process=True)
     except (DefinitionError, TLSConfigError) as exc:
         logging.getLogger("proxy").error("cannot start: %s", exc)
         return 2

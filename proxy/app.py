@@ -13,6 +13,7 @@ from fastapi.routing import APIRoute
 from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from protos import heap
 from protos.version import VERSION
 from proxy import workers
 from proxy.doors import console, routes, schemas, v2plane
@@ -35,9 +36,13 @@ DOCS_ASSETS = "/docs-assets"
 
 
 def create_app(
-    settings: ProxySettings | None = None, environ: Mapping[str, str] | None = None
+    settings: ProxySettings | None = None,
+    environ: Mapping[str, str] | None = None,
+    own_process: bool = False,
 ) -> FastAPI:
-    """The app; pipelines are loaded (and checked) here, so a bad definition fails at once."""
+    """The app; pipelines are loaded (and checked) here, so a bad definition fails at once.
+    `own_process`: the app is the process's (`python -m proxy`), whose start-up objects are
+    then frozen out of the garbage collector's way (protos/heap.py); never a test's."""
     settings = settings or ProxySettings()
     state = ProxyState.build(settings, environ)
     plane = v2plane.build(state)
@@ -57,6 +62,8 @@ def create_app(
         # The door's server starts the plane's pipelines; without a door, they start here.
         await (plane.registry.start() if door is None else door.start())
         state.jobs.start()
+        if own_process:
+            heap.freeze_startup()  # a full collection then walks requests' objects only
         yield
         await state.jobs.stop()
         await (plane.registry.stop() if door is None else door.stop())

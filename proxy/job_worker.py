@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 import uvicorn
 from fastapi import FastAPI
 
-from protos import logs
+from protos import heap, logs
 from protos.tls import TLSConfigError
 from proxy.doors.health import HealthEndpoints
 from proxy.errors import DefinitionError
@@ -37,6 +37,7 @@ def create_worker_app(settings: ProxySettings) -> FastAPI:
             "job worker running",
             extra={"fields": {"queue": state.jobs.address, "workers": settings.jobs_workers}},
         )
+        heap.freeze_startup()
         yield
         await state.jobs.stop()
         if state.engine.caches is not None:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from protos import heap
 from protos.channels import SERVICE_NAME
 from protos.tls import TLSConfigError, server_credentials
 from v2server import metrics
@@ -184,6 +185,7 @@ async def serve(server: V2Server) -> None:
     except Exception:
         await server.stop(0)
         raise
+    heap.freeze_startup()  # models loaded: full collections walk only requests' objects
     await stopping.wait()
     log.info("shutting down", extra={"fields": {"grace_s": server.settings.grace_s}})
     await server.stop()
