@@ -42,7 +42,7 @@ def create_app(
 ) -> FastAPI:
     """The app; pipelines are loaded (and checked) here, so a bad definition fails at once.
     `own_process`: the app is the process's (`python -m proxy`), whose start-up objects are
-    then frozen out of the garbage collector's way (protos/heap.py); never a test's."""
+    then set aside from the garbage collector (protos/heap.py); never a test's."""
     settings = settings or ProxySettings()
     state = ProxyState.build(settings, environ)
     plane = v2plane.build(state)
@@ -63,7 +63,7 @@ def create_app(
         await (plane.registry.start() if door is None else door.start())
         state.jobs.start()
         if own_process:
-            heap.freeze_startup()  # a full collection then walks requests' objects only
+            heap.settle()  # the collector set for serving
         yield
         await state.jobs.stop()
         await (plane.registry.stop() if door is None else door.stop())

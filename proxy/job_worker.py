@@ -37,7 +37,7 @@ def create_worker_app(settings: ProxySettings) -> FastAPI:
             "job worker running",
             extra={"fields": {"queue": state.jobs.address, "workers": settings.jobs_workers}},
         )
-        heap.freeze_startup()
+        heap.settle()
         yield
         await state.jobs.stop()
         if state.engine.caches is not None:

@@ -185,7 +185,7 @@ async def serve(server: V2Server) -> None:
     except Exception:
         await server.stop(0)
         raise
-    heap.freeze_startup()  # models loaded: full collections walk only requests' objects
+    heap.settle()  # models loaded: the collector set for serving
     await stopping.wait()
     log.info("shutting down", extra={"fields": {"grace_s": server.settings.grace_s}})
     await server.stop()

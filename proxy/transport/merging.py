@@ -20,7 +20,8 @@ member, whose retries (calls.py) go through the lane again.
 A lane never waits on a stalled call (stalls.py): it keeps its members but no slot, so the
 calls queued behind it leave (to another replica, balancing.py). Its accounting is kept by
 callbacks that run however a call ends, cancelled before it started included (a hang-up in
-the turn that sent it once took a lane's only slot for good)."""
+the turn that sent it once took a lane's only slot for good); the last one breaks the call's
+cycles with its members and task (they were most of the garbage collector's passes)."""
 
 from __future__ import annotations
 
@@ -108,11 +109,9 @@ class Lane:
     ) -> Tensors:
         """Channels.infer's contract, merged with the lane's other calls when it is busy."""
 
-        def send() -> Awaitable[Tensors]:
-            return self.send(
-                target, inputs, outputs=outputs, timeout=timeout, request_id=request_id
-            )
-
+        send = functools.partial(
+            self.send, target, inputs, outputs=outputs, timeout=timeout, request_id=request_id
+        )
         if self.solo:
             return await self._direct(send())
         loop = asyncio.get_running_loop()
@@ -178,10 +177,11 @@ class Lane:
         self._flush()
 
     def _merged_done(self, merged: Merged, task: asyncio.Task[None]) -> None:
-        # The task's own `finally` settles it at once (the queue leaves in the same turn); this
-        # done callback is for a task cancelled before it started, which runs no line of it.
+        # For a task cancelled before it started: its `finally` settles every other at once.
         if merged.token in self.calls.started:
             self._settle(merged)
+        merged.members = []
+        merged.task = None
 
     def _settle(self, merged: Merged) -> None:
         answered = any(
