@@ -30,14 +30,12 @@ FROZEN = Gauge(
 )
 
 
-def settle() -> int:
+def settle() -> None:
     """Collect once, move every object left into the collector's permanent generation (still
     reclaimed by reference counting, never scanned for cycles), and space the young
-    collections out. Call when start-up is done, before the first request; returns how many
-    objects were set aside."""
+    collections out. Call when start-up is done, before the first request."""
     gc.collect()
     gc.freeze()
     _, middle, old = gc.get_threshold()
     gc.set_threshold(YOUNG, middle, old)
     FROZEN.set(gc.get_freeze_count())
-    return gc.get_freeze_count()

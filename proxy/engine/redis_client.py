@@ -19,9 +19,9 @@ def connect(
     url: str, timeout_s: float, retries: int, backoff: bool, connect_timeout_s: float | None = None
 ) -> aioredis.Redis:
     """A client of `url` whose calls fail after `timeout_s` without an answer (a connection
-    after `connect_timeout_s`, by default the same), and are sent
-    again on a new connection up to `retries` times when theirs was closed (with a short
-    jittered back-off, 10 ms doubling to 1 s, if `backoff`: a Redis that is restarting)."""
+    after `connect_timeout_s`, by default the same), and are sent again on a new connection
+    up to `retries` times when theirs was closed (with a short jittered back-off, 10 ms
+    doubling to 1 s, if `backoff`: a Redis that is restarting)."""
     wait = ExponentialWithJitterBackoff(base=0.01, cap=1.0) if backoff else NoBackoff()
     return aioredis.Redis.from_url(
         url,
@@ -30,3 +30,9 @@ def connect(
         health_check_interval=0,
         retry=Retry(wait, retries, supported_errors=(RedisConnectionError,)),
     )
+
+
+def described(exc: BaseException) -> str:
+    """An error of the client for a message: its class and text (redis-py's repr of its
+    errors names only their category and class, e.g. `network:ConnectionError`)."""
+    return f"{type(exc).__name__}: {exc}"

@@ -80,7 +80,7 @@ class RedisQueue(JobQueue):
             return await work
         except (RedisError, OSError) as exc:
             self._group_made = False  # a restarted Redis without AOF lost the group
-            raise QueueError(f"redis {self.url}: {type(exc).__name__}: {exc}") from None
+            raise QueueError(f"redis {self.url}: {redis_client.described(exc)}") from None
 
     async def _group(self) -> None:
         if self._group_made:

@@ -46,11 +46,9 @@ def test_the_proxys_garbage_collector_is_set_for_serving(mesh: Mesh) -> None:
     """protos/heap.py: start-up's objects frozen out of the full passes (~65 ms each over
     them), and young collections a tenth as often as CPython's default (one every ~4
     `digits` requests at 700, ~7% of the proxy's CPU)."""
-    from sklearn.datasets import load_digits
+    from bench.cache import digit, uploads
 
-    from samples.images import encode, render_digit
-
-    digit = encode(render_digit(load_digits().images[0], scale=4))  # + 4 bytes: never cached
+    photos = uploads(digit(), 0, 300)  # each with bytes of its own: never a cache hit
 
     def young() -> float:
         return metric_of(mesh.url, "python_gc_collections_total", generation="0")
@@ -58,11 +56,9 @@ def test_the_proxys_garbage_collector_is_set_for_serving(mesh: Mesh) -> None:
     assert metric_of(mesh.url, "python_gc_frozen_objects") > 10_000
     before = young()
     with mesh.client() as client:
-        for i in range(300):
+        for photo in photos:
             answer = client.post(
-                "/v1/pipelines/digits/infer",
-                content=digit + i.to_bytes(4, "little"),
-                headers={"Content-Type": "image/png"},
+                "/v1/pipelines/digits/infer", content=photo, headers={"Content-Type": "image/png"}
             )
             assert answer.status_code == 200, answer.text
     # Sequential requests: one young collection every ~15 at CPython's default (13 in 200),

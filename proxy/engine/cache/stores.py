@@ -118,7 +118,7 @@ class RedisStore:
             async with asyncio.timeout(self.timeout_s):
                 return await work
         except self._errors as exc:
-            raise StoreError(f"redis: {type(exc).__name__}: {exc}") from None
+            raise _failed(exc) from None
 
     async def get(self, key: bytes) -> bytes | None:
         return await self._call(self._redis.get(key))
@@ -136,7 +136,13 @@ class RedisStore:
         try:
             return await sweep()
         except self._errors as exc:
-            raise StoreError(f"redis: {type(exc).__name__}: {exc}") from None
+            raise _failed(exc) from None
 
     async def close(self) -> None:
         await self._redis.aclose()
+
+
+def _failed(exc: BaseException) -> StoreError:
+    from proxy.engine.redis_client import described  # loaded already: the store's client
+
+    return StoreError(f"redis: {described(exc)}")
