@@ -1,12 +1,16 @@
 """Fit the OCR recipe's `ink_gap_weights` (preprocess/ocr_gaps.py GapWeights) on the generated
 text suite, and show what they read, counting spaces, per category:
 
-    .venv/bin/python -m models.word_gaps [--train 1,3,4,5] [--check 0,2] [--c 30]
+    .venv/bin/python -m models.word_gaps [--train SPEC] [--check SPEC] [--c 30]
 
-The suites are read in process with the shipped recipes and models (bench/inprocess.py), up to
-the decoding step; then every gap between two characters of a line read right (spaces aside)
-is a row: its features as the decoding step computes them, and whether the truth has a space
-there. The fit never sees the seeds it is checked on (the e2e test reads seed 0)."""
+A SPEC lists suites as seed:images a category[:category]. By default the fit reads seeds 1, 3,
+4 and 5 (8 a category) and 40 more small lines (line_small, 10-16 px) of each of seeds 8-11:
+small text is where a word gap is hardest to tell from a letter gap, and a seed holds only 8
+small lines. The suites are read in process with the shipped recipes and models
+(bench/inprocess.py), up to the decoding step; then every gap between two characters of a line
+read right (spaces aside) is a row: its features as the decoding step computes them, and
+whether the truth has a space there. The fit never sees the seeds it is checked on (the e2e
+test reads seed 0; 6 and 7 hold more small lines)."""
 
 from __future__ import annotations
 
@@ -32,15 +36,18 @@ MIN_SCORE = 0.5
 """The recipe's `min_score`: lines read with less are dropped."""
 
 
-def decoding_inputs(seed: int, per_category: int) -> list[Decoded]:
-    """Every image of a suite read in process up to the decoding step."""
+def decoding_inputs(
+    seed: int, per_category: int, categories: list[str] | None = None
+) -> list[Decoded]:
+    """Every image of a suite (or of its named categories) read in process up to the decoding
+    step."""
     local = InProcess()
 
     def read(sample) -> Decoded:
         return sample.category, sample.lines, local.ocr_decoding_inputs(sample.image)
 
     with ThreadPoolExecutor(2) as pool:
-        return list(pool.map(read, suite(per_category, seed=seed)))
+        return list(pool.map(read, suite(per_category, seed=seed, categories=categories)))
 
 
 class _Recorder(GapWeights):
@@ -113,23 +120,32 @@ def fit(features: np.ndarray, labels: np.ndarray, c: float) -> GapWeights:
     )
 
 
+TRAIN = "1:8,3:8,4:8,5:8" + "".join(f",{seed}:40:line_small" for seed in range(8, 12))
+CHECK = "0:8,2:20,6:40:line_small,7:40:line_small"
+
+
+def _suite(spec: str) -> list[Decoded]:
+    """A SPEC's one suite, read: seed:images a category[:category]."""
+    seed, per, *category = spec.split(":")
+    return decoding_inputs(int(seed), int(per), category or None)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--train", default="1,3,4,5", help="seeds to fit on (8 a category)")
-    parser.add_argument("--check", default="0:8,2:20", help="seed:images a category to check")
+    parser.add_argument("--train", default=TRAIN, help="suites to fit on (SPEC)")
+    parser.add_argument("--check", default=CHECK, help="suites to check on (SPEC)")
     parser.add_argument("--c", type=float, default=30.0, help="inverse regularisation")
     args = parser.parse_args()
-    training = [i for s in args.train.split(",") for i in decoding_inputs(int(s), 8)]
+    training = [item for spec in args.train.split(",") for item in _suite(spec)]
     features, labels = gaps(training)
     weights = fit(features, labels, args.c)
     print(f"{len(labels)} gaps, {int(labels.sum())} word gaps: {weights}")
     for spec in args.check.split(","):
-        seed, per = (int(x) for x in spec.split(":"))
-        items = decoding_inputs(seed, per)
+        items = _suite(spec)
         x, y = gaps(items)
         said = (x @ np.array(weights.vector) + weights.bias) > 0
         print(
-            f"\nseed {seed}, {per} a category: {int((said & (y == 0)).sum())} spaces too many, "
+            f"\n{spec}: {int((said & (y == 0)).sum())} spaces too many, "
             f"{int((~said & (y == 1)).sum())} missed of {int(y.sum())} word gaps ({len(y)} gaps)"
         )
         print("| category | CER counting spaces | without |\n| --- | --- | --- |")
