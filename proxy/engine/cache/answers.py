@@ -22,20 +22,22 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from proxy import metrics
-from proxy.engine.cache.entries import Stored, pack, unpack
+from proxy.engine.cache.entries import Stored, keep, kept, pack, unpack
 from proxy.engine.cache.stores import Store, StoreError
 from proxy.errors import Problem, StepError
 
 log = logging.getLogger("proxy")
 
 T = TypeVar("T")
+S = TypeVar("S")
 
 
 @dataclass
 class Flight(Generic[T]):
     """A value being computed for a key, by the request that looked it up first."""
 
-    answer: asyncio.Future[T]
+    answer: asyncio.Future[T] | None = None
+    """Made by the first identical request to wait for it (most flights have none)."""
     waiters: int = 0
     """Identical requests waiting for it."""
 
@@ -75,11 +77,10 @@ class Answers(Generic[T]):
         if flight is not None:
             return await self._follow(flight, compute, deadline)
         if self.store.local:  # in process: no await, no task on a hit
-            found = self._found(self.store.get_now(key))  # type: ignore[attr-defined]
+            found = self._found(self.store.get_now(key), kept)  # type: ignore[attr-defined]
             if found is not None:
                 return found, "hit"
-        flight = self._flights[key] = Flight(asyncio.get_running_loop().create_future())
-        flight.answer.add_done_callback(_retrieved)
+        flight = self._flights[key] = Flight()
         try:
             if self.store.local:
                 value = await compute()
@@ -88,13 +89,15 @@ class Answers(Generic[T]):
             else:
                 value, how = await self._race(key, compute)
         except BaseException as exc:
-            if flight.waiters and not isinstance(exc, asyncio.CancelledError):
-                flight.answer.set_exception(exc)
-            else:
-                flight.answer.cancel()  # the waiters each run on their own
+            if flight.answer is not None:
+                if flight.waiters and not isinstance(exc, asyncio.CancelledError):
+                    flight.answer.set_exception(exc)
+                else:
+                    flight.answer.cancel()  # the waiters each run on their own
             raise
         else:
-            flight.answer.set_result(value)
+            if flight.answer is not None:
+                flight.answer.set_result(value)
             return value, how
         finally:
             del self._flights[key]
@@ -103,15 +106,19 @@ class Answers(Generic[T]):
         self, flight: Flight[T], compute: Callable[[], Awaitable[T]], deadline: float
     ) -> tuple[T, str]:
         """Wait, within this caller's own budget, for an identical request's value."""
+        if flight.answer is None:
+            flight.answer = asyncio.get_running_loop().create_future()
+            flight.answer.add_done_callback(_retrieved)
+        answer = flight.answer
         flight.waiters += 1
         try:
             remaining = deadline - asyncio.get_running_loop().time()
             async with asyncio.timeout(max(remaining, 0)):
-                return await asyncio.shield(flight.answer), "hit"
+                return await asyncio.shield(answer), "hit"
         except TimeoutError:
             raise Problem(504, "the request's budget ran out waiting for its answer") from None
         except asyncio.CancelledError:
-            if not flight.answer.cancelled():
+            if not answer.cancelled():
                 raise  # this caller was cancelled, not the value
         except (StepError, Problem) as exc:
             if _status(exc) < 500:
@@ -150,14 +157,15 @@ class Answers(Generic[T]):
             self._count("error")
             log.warning("cache lookup failed", extra={"fields": {"error": str(exc)}})
             return None
-        return self._found(blob)
+        return self._found(blob, unpack)
 
-    def _found(self, blob: bytes | None) -> T | None:
-        if blob is None:
+    def _found(self, stored: S | None, read: Callable[[S], Stored]) -> T | None:
+        """The value of what the store answered (None: nothing); `read` makes it an entry."""
+        if stored is None:
             self._count("miss")
             return None
         try:
-            value = self.from_entry(unpack(blob))
+            value = self.from_entry(read(stored))
         except ValueError:
             self._count("error")  # a damaged or foreign value: as good as none
             return None
@@ -169,15 +177,18 @@ class Answers(Generic[T]):
             entry = self.to_entry(value)
             if entry is None:
                 return
-            # Kept as bytes in process too: thousands of entries as Python objects made the
-            # garbage collector's full passes stall the loop (p99 198 ms, 0.58x at c=32).
-            blob = pack(entry)
-            await self.store.put(key, blob, self.ttl_s)
+            if self.store.local:
+                tuples, size = keep(entry)
+                self.store.put_now(key, tuples, size, self.ttl_s)  # type: ignore[attr-defined]
+            else:
+                blob = pack(entry)
+                size = len(blob)
+                await self.store.put(key, blob, self.ttl_s)
         except Exception as exc:  # a cache that cannot keep an answer never fails it
             self._count("error")
             log.warning("cache write failed", extra={"fields": {"error": repr(exc)}})
             return
-        self._stored.inc(len(blob))
+        self._stored.inc(size)
 
 
 def _retrieved(future: asyncio.Future) -> None:

@@ -1,5 +1,6 @@
 """Where cache entries live: in process (an LRU bounded in bytes, the default) or in Redis
-(shared by proxy replicas). Keys are bytes; values are packed entries (entries.py).
+(shared by proxy replicas). Keys are bytes; values are entries as each store keeps them
+(entries.py: tuples in process, packed bytes in Redis).
 
 A store that fails raises StoreError; the caller counts it and goes on without the cache,
 so a dead or slow Redis is never an error for a request.
@@ -37,8 +38,9 @@ class Store(Protocol):
 
 class MemoryStore:
     """An LRU bounded in bytes, each entry with its own expiry. Every operation is O(1):
-    a flood of unique entries only evicts the least recently used ones. Values are bytes
-    (packed entries): untracked by the garbage collector, however many there are."""
+    a flood of unique entries only evicts the least recently used ones. Values are whatever
+    the caller keeps, counted as the size it gives (`put_now`), or bytes (`put`); they
+    should be untracked by the garbage collector (entries.keep), however many there are."""
 
     local = True
 
@@ -46,14 +48,14 @@ class MemoryStore:
         self.max_bytes = max_bytes
         self.name = name
         self.bytes = 0
-        self._entries: OrderedDict[bytes, tuple[bytes, int, float]] = OrderedDict()
+        self._entries: OrderedDict[bytes, tuple[object, int, float]] = OrderedDict()
         self._gauge = metrics.CACHE_BYTES.labels(name)
         self._evictions = metrics.CACHE_EVICTIONS.labels(name)
 
     async def get(self, key: bytes) -> bytes | None:
-        return self.get_now(key)
+        return self.get_now(key)  # type: ignore[return-value]  # bytes when put as bytes
 
-    def get_now(self, key: bytes) -> bytes | None:
+    def get_now(self, key: bytes) -> object | None:
         found = self._entries.get(key)
         if found is None:
             return None
@@ -68,7 +70,7 @@ class MemoryStore:
     async def put(self, key: bytes, value: bytes, ttl_s: float) -> None:
         self.put_now(key, value, len(value), ttl_s)
 
-    def put_now(self, key: bytes, value: bytes, size: int, ttl_s: float) -> None:
+    def put_now(self, key: bytes, value: object, size: int, ttl_s: float) -> None:
         if size > self.max_bytes:
             return  # larger than the whole cache: never kept
         if key in self._entries:
