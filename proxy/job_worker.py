@@ -16,6 +16,7 @@ from fastapi import FastAPI
 
 from protos import heap, logs
 from protos.tls import TLSConfigError
+from proxy.app import NO_FASTAPI_TELEMETRY
 from proxy.doors.health import HealthEndpoints
 from proxy.errors import DefinitionError
 from proxy.settings import ProxySettings
@@ -44,7 +45,12 @@ def create_worker_app(settings: ProxySettings) -> FastAPI:
             await state.engine.caches.close()
         await state.channels.close()
 
-    app = FastAPI(title="inference-mesh job worker", lifespan=lifespan, openapi_url=None)
+    app = FastAPI(
+        title="inference-mesh job worker",
+        lifespan=lifespan,
+        openapi_url=None,
+        telemetry=NO_FASTAPI_TELEMETRY,
+    )
     app.add_api_route("/healthz", health.live, methods=["GET"])
     app.add_api_route("/readyz", health.ready, methods=["GET"])
     app.add_api_route("/metrics", health.metrics, methods=["GET"])

@@ -33,7 +33,6 @@ from proxy.engine.definitions import (
     SwitchStep,
 )
 from proxy.engine.plan import Plan
-from proxy.engine.results import render
 from proxy.engine.step_spans import step_span
 from proxy.errors import StepError
 from proxy.transport.calls import Call, Calls
@@ -130,7 +129,7 @@ class Executor:
         return run
 
     def result(self, run: Run) -> object:
-        return render(run.plan.pipeline.result, run.tensors, run.branches)
+        return run.plan.render(run.tensors, run.branches)
 
     async def _steps(self, entries: list[Entry], run: Run) -> None:
         for entry in entries:

@@ -3,6 +3,7 @@ checked, and what each step leaves for later steps worked out once."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from proxy.engine.definitions import (
     parse,
 )
 from proxy.engine.endpoints import Endpoint
+from proxy.engine.results import Renderer, compiled
 from proxy.errors import DefinitionError
 from proxy.transport.target import Target
 
@@ -77,6 +79,11 @@ class Plan:
             _producers(o.tensor).pop() for o in (pipeline.outputs or {}).values()
         }
         self._liveness(pipeline.steps, frozenset(read_later))
+
+    @functools.cached_property
+    def render(self) -> Renderer:
+        """The result template, parsed once: (tensors, branches) -> the answer's `result`."""
+        return compiled(self.pipeline.result)
 
     def call_steps(self, entries: list[Entry] | None = None) -> list[CallStep]:
         """Every call step, those inside a switch's paths too."""

@@ -12,6 +12,7 @@ Missing tensors (a step a switch skipped) give null, or [] in a zip.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -32,67 +33,115 @@ def to_json(value: Any) -> Any:
     return value
 
 
-def _lookup(ref: str, tensors: dict[str, np.ndarray]) -> np.ndarray | None:
+Tensors = dict[str, np.ndarray]
+Branches = dict[str, dict[str, Tensors]]
+Renderer = Callable[[Tensors, Branches], Any]
+Getter = Callable[[Mapping[str, np.ndarray]], "np.ndarray | None"]
+
+
+def render(template: Any, tensors: Tensors, branches: Branches) -> Any:
+    """The answer `template` gives over these tensors (compile it once to render it often)."""
+    return compiled(template)(tensors, branches)
+
+
+def compiled(template: Any) -> Renderer:
+    """The template parsed once, as a function of the tensors: every reference matched and
+    split, every kind of part decided, before the first request (parsing it on every answer
+    was a tenth of a cache hit's cost)."""
+    if isinstance(template, str):
+        get = _getter(template)
+
+        def leaf(tensors: Tensors, branches: Branches) -> Any:
+            value = get(tensors)
+            return None if value is None else to_json(value)
+
+        return leaf
+    if isinstance(template, list):
+        parts = [compiled(t) for t in template]
+        return lambda tensors, branches: [part(tensors, branches) for part in parts]
+    if not isinstance(template, dict):
+        return lambda tensors, branches: template
+    if set(template) == {"zip"}:
+        return _zip(template["zip"])
+    if set(template) == {"per_branch", "fields"}:
+        return _per_branch(template["per_branch"], template["fields"])
+    items = [(k, compiled(v)) for k, v in template.items()]
+    return lambda tensors, branches: {k: part(tensors, branches) for k, part in items}
+
+
+def _getter(ref: str, scoped: bool = False) -> Getter:
+    """What `ref` ("step.tensor" or "step.tensor[i]") reads: the tensor or its i-th row, None
+    when missing. `scoped`: read from one branch's outputs, keyed by the tensor alone."""
     match = _REF.match(ref)
     if not match:
-        return None
-    value = tensors.get(f"{match['step']}.{match['tensor']}")
-    if value is None:
-        return None
-    if match["index"] is not None:
-        i = int(match["index"])
-        if value.ndim == 0 or not -len(value) <= i < len(value):
+        return lambda tensors: None
+    key = match["tensor"] if scoped else f"{match['step']}.{match['tensor']}"
+    if match["index"] is None:
+
+        def whole(tensors: Mapping[str, np.ndarray]) -> np.ndarray | None:
+            value = tensors.get(key)
+            return None if value is None else np.asarray(value)
+
+        return whole
+    i = int(match["index"])
+
+    def row(tensors: Mapping[str, np.ndarray]) -> np.ndarray | None:
+        value = tensors.get(key)
+        if value is None or value.ndim == 0 or not -len(value) <= i < len(value):
             return None
-        value = value[i]
-    return np.asarray(value)
+        return np.asarray(value[i])
+
+    return row
 
 
-def render(
-    template: Any,
-    tensors: dict[str, np.ndarray],
-    branches: dict[str, dict[str, dict[str, np.ndarray]]],
-) -> Any:
-    if isinstance(template, str):
-        value = _lookup(template, tensors)
-        return None if value is None else to_json(value)
-    if isinstance(template, list):
-        return [render(t, tensors, branches) for t in template]
-    if not isinstance(template, dict):
-        return template
-    if set(template) == {"zip"}:
-        fields = template["zip"]
-        columns = {k: _lookup(ref, tensors) for k, ref in fields.items() if isinstance(ref, str)}
+def _zip(fields: dict[str, Any]) -> Renderer:
+    getters = {k: _getter(ref) for k, ref in fields.items() if isinstance(ref, str)}
+    groups = {k: _group(g) for k, g in fields.items() if isinstance(g, dict)}
+
+    def zipped(tensors: Tensors, branches: Branches) -> list[dict[str, Any]]:
+        columns = {k: get(tensors) for k, get in getters.items()}
         if not columns or any(c is None for c in columns.values()):
             return []
         rows = min(len(c) for c in columns.values() if c is not None)
         records = [
             {k: to_json(c[i]) for k, c in columns.items() if c is not None} for i in range(rows)
         ]
-        for k, grouped in fields.items():
-            if isinstance(grouped, dict):
-                for record, members in zip(records, _grouped(grouped, tensors, rows), strict=True):
-                    record[k] = members
+        for k, grouped in groups.items():
+            for record, members in zip(records, grouped(tensors, rows), strict=True):
+                record[k] = members
         return records
-    if set(template) == {"per_branch", "fields"}:
+
+    return zipped
+
+
+def _per_branch(step: str, fields: dict[str, str]) -> Renderer:
+    getters = {k: _getter(f"b.{ref}", scoped=True) for k, ref in fields.items()}
+
+    def per_branch(tensors: Tensors, branches: Branches) -> dict[str, Any]:
         out = {}
-        for branch, outputs in branches.get(template["per_branch"], {}).items():
-            scoped = {f"b.{name}": value for name, value in outputs.items()}
-            out[branch] = {
-                k: render(f"b.{ref}", scoped, {}) for k, ref in template["fields"].items()
-            }
+        for branch, outputs in branches.get(step, {}).items():
+            values = {k: get(outputs) for k, get in getters.items()}
+            out[branch] = {k: None if v is None else to_json(v) for k, v in values.items()}
         return out
-    return {k: render(v, tensors, branches) for k, v in template.items()}
+
+    return per_branch
 
 
-def _grouped(template: dict, tensors: dict[str, np.ndarray], rows: int) -> list[list[dict]]:
+def _group(template: dict) -> Callable[[Tensors, int], list[list[dict]]]:
     """{group: {field: ref}, by: ref}: the group's records dealt out to `rows` lists by the
     row index `by` gives each (one out of range belongs to none)."""
-    out: list[list[dict]] = [[] for _ in range(rows)]
-    by = _lookup(str(template.get("by")), tensors)
-    members = render({"zip": template.get("group", {})}, tensors, {})
-    if by is None:
+    by = _getter(str(template.get("by")))
+    members = _zip(template.get("group", {}))
+
+    def grouped(tensors: Tensors, rows: int) -> list[list[dict]]:
+        out: list[list[dict]] = [[] for _ in range(rows)]
+        index = by(tensors)
+        records = members(tensors, {})
+        if index is None:
+            return out
+        for row, member in zip(index.reshape(-1).tolist(), records, strict=False):
+            if 0 <= row < rows:
+                out[row].append(member)
         return out
-    for row, member in zip(by.reshape(-1).tolist(), members, strict=False):
-        if 0 <= row < rows:
-            out[row].append(member)
-    return out
+
+    return grouped

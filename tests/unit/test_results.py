@@ -44,3 +44,20 @@ def test_a_row_index_outside_the_records_belongs_to_none() -> None:
     stray = {**LINES, "d.word_lines": np.array([0, 5, -1], np.int32)}
     lines = render(GROUPED, stray, {})["lines"]
     assert [[w["w"] for w in line["words"]] for line in lines] == [["ab"], []]
+
+
+def test_a_record_per_branch_and_rows_by_index() -> None:
+    template = {
+        "label": "e.label[0]",
+        "last": "e.label[-1]",
+        "beyond": "e.label[3]",
+        "members": {"per_branch": "e", "fields": {"label": "label[0]", "p": "p[0]"}},
+    }
+    tensors = {"e.label": np.array([7, 8], np.int64)}
+    branches = {"e": {"a": {"label": np.array([7]), "p": np.array([[0.5, 0.25]])}, "b": {}}}
+    assert render(template, tensors, branches) == {
+        "label": 7,
+        "last": 8,
+        "beyond": None,  # a row that is not there: null, never an error
+        "members": {"a": {"label": 7, "p": [0.5, 0.25]}, "b": {"label": None, "p": None}},
+    }
