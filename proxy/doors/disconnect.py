@@ -23,8 +23,16 @@ async def _disconnected(request: Request) -> None:
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     """`work`'s result, or ClientGone (with `work` cancelled and finished) when the client
     disconnects first. Call it once the body has been read: the next message the server
-    has for the request is then the disconnect."""
+    has for the request is then the disconnect. Work done within one turn of the loop (an
+    in-process cache hit) is answered before any watch begins."""
     task = asyncio.ensure_future(work)
+    try:
+        await asyncio.sleep(0)  # one turn: work that never waits (a cache hit) is done now
+    except BaseException:
+        task.cancel()  # we ourselves were cancelled
+        raise
+    if task.done():  # no watcher, no wait: a third of a cache hit's door
+        return task.result()
     gone = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)

@@ -1,0 +1,85 @@
+"""A request's work against its client hanging up (proxy/doors/disconnect.py): work that
+needs no wait (a cache hit) is answered without watching the connection at all; work that
+waits is cancelled, its own cleanup run, when the client leaves first."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from proxy.doors.disconnect import until_disconnect
+from proxy.errors import ClientGone
+
+
+class Client:
+    """What the server has for a request whose body was read: the disconnect, when the
+    client hangs up (`leave`)."""
+
+    def __init__(self) -> None:
+        self.gone = asyncio.Event()
+        self.receives = 0
+
+    async def receive(self) -> dict:
+        self.receives += 1
+        await self.gone.wait()
+        return {"type": "http.disconnect"}
+
+
+async def test_work_that_never_waits_is_answered_without_watching_the_client() -> None:
+    client = Client()
+
+    async def hit() -> str:
+        return "answer"
+
+    assert await until_disconnect(client, hit()) == "answer"  # type: ignore[arg-type]
+    assert client.receives == 0  # no watcher task was made for it
+
+
+async def test_work_that_waits_is_cancelled_when_the_client_leaves() -> None:
+    client = Client()
+    cleaned = asyncio.Event()
+
+    async def slow() -> str:
+        try:
+            await asyncio.sleep(30)
+        finally:
+            cleaned.set()
+        return "late"
+
+    asyncio.get_running_loop().call_later(0.05, client.gone.set)
+    with pytest.raises(ClientGone):
+        await until_disconnect(client, slow())  # type: ignore[arg-type]
+    assert cleaned.is_set() and client.receives == 1
+
+
+async def test_work_that_waits_answers_when_the_client_stays() -> None:
+    client = Client()
+
+    async def run() -> int:
+        await asyncio.sleep(0.01)
+        return 7
+
+    assert await until_disconnect(client, run()) == 7  # type: ignore[arg-type]
+    assert client.receives == 1  # it was watched while it waited
+
+
+async def test_a_caller_cancelled_cancels_its_work() -> None:
+    client = Client()
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def slow() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    caller = asyncio.ensure_future(until_disconnect(client, slow()))  # type: ignore[arg-type]
+    await started.wait()
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    await asyncio.sleep(0)
+    assert cancelled.is_set()
