@@ -32,11 +32,11 @@ from proxy.state import ProxyState
 TITLE = "inference-mesh proxy"
 DESCRIPTION = "Runs REST requests through pipelines of v2 gRPC services."
 DOCS_ASSETS = "/docs-assets"
+"""Where /docs and /redoc load Swagger UI and ReDoc from."""
 NO_FASTAPI_TELEMETRY: dict = {"tracing": False, "metrics": False, "logs": False}
 """FastAPI's own OpenTelemetry off: the mesh traces and measures itself (protos/tracing.py,
 proxy/metrics.py), and FastAPI asked OpenTelemetry for its three providers on every request
 to find out (~3% of a cache hit's cost)."""
-"""Where /docs and /redoc load Swagger UI and ReDoc from."""
 
 
 def create_app(

@@ -49,13 +49,8 @@ def compiled(template: Any) -> Renderer:
     split, every kind of part decided, before the first request (parsing it on every answer
     was a tenth of a cache hit's cost)."""
     if isinstance(template, str):
-        get = _getter(template)
-
-        def leaf(tensors: Tensors, branches: Branches) -> Any:
-            value = get(tensors)
-            return None if value is None else to_json(value)
-
-        return leaf
+        value = _value(template)
+        return lambda tensors, branches: value(tensors)
     if isinstance(template, list):
         parts = [compiled(t) for t in template]
         return lambda tensors, branches: [part(tensors, branches) for part in parts]
@@ -94,6 +89,17 @@ def _getter(ref: str, scoped: bool = False) -> Getter:
     return row
 
 
+def _value(ref: str, scoped: bool = False) -> Callable[[Mapping[str, np.ndarray]], Any]:
+    """What `ref` reads (`_getter`), as JSON; None when missing."""
+    get = _getter(ref, scoped)
+
+    def value(tensors: Mapping[str, np.ndarray]) -> Any:
+        found = get(tensors)
+        return None if found is None else to_json(found)
+
+    return value
+
+
 def _zip(fields: dict[str, Any]) -> Renderer:
     getters = {k: _getter(ref) for k, ref in fields.items() if isinstance(ref, str)}
     groups = {k: _group(g) for k, g in fields.items() if isinstance(g, dict)}
@@ -115,14 +121,13 @@ def _zip(fields: dict[str, Any]) -> Renderer:
 
 
 def _per_branch(step: str, fields: dict[str, str]) -> Renderer:
-    getters = {k: _getter(f"b.{ref}", scoped=True) for k, ref in fields.items()}
+    values = {k: _value(f"b.{ref}", scoped=True) for k, ref in fields.items()}
 
     def per_branch(tensors: Tensors, branches: Branches) -> dict[str, Any]:
-        out = {}
-        for branch, outputs in branches.get(step, {}).items():
-            values = {k: get(outputs) for k, get in getters.items()}
-            out[branch] = {k: None if v is None else to_json(v) for k, v in values.items()}
-        return out
+        return {
+            branch: {k: value(outputs) for k, value in values.items()}
+            for branch, outputs in branches.get(step, {}).items()
+        }
 
     return per_branch
 

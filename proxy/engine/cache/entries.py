@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,22 +35,32 @@ class Stored:
     branches: dict[str, dict[str, Tensors]] = field(default_factory=dict)
     """Parallel step -> branch -> its outputs (what `per_branch` results read)."""
 
+    def places(self) -> Iterator[tuple[str, str, str, np.ndarray]]:
+        """Every tensor as (step, branch, name, array): step and branch '' for the answer's
+        own tensors, then each parallel step's branches' outputs."""
+        for name, array in self.tensors.items():
+            yield "", "", name, array
+        for step, branches in self.branches.items():
+            for branch, outputs in branches.items():
+                for name, array in outputs.items():
+                    yield step, branch, name, array
+
+    def place(self, step: str, branch: str, name: str, array: np.ndarray) -> None:
+        """`places`' inverse, one tensor at a time."""
+        if step:
+            self.branches.setdefault(step, {}).setdefault(branch, {})[name] = array
+        else:
+            self.tensors[name] = array
+
 
 def pack(entry: Stored) -> bytes:
     described: list[list] = []
     parts: list[bytes | memoryview] = []
-
-    def add(where: list[str], name: str, array: np.ndarray) -> None:
+    for step, branch, name, array in entry.places():
         datatype, raw = codec.to_raw_view(array)
+        where = [step, branch] if step else []
         described.append([where, name, datatype, list(array.shape), len(raw)])
         parts.append(raw)
-
-    for name, array in entry.tensors.items():
-        add([], name, array)
-    for step, branches in entry.branches.items():
-        for branch, outputs in branches.items():
-            for name, array in outputs.items():
-                add([step, branch], name, array)
     header = orjson.dumps(described)
     return b"".join([_LENGTH.pack(len(header)), header, *parts])
 
@@ -68,19 +79,11 @@ def keep(entry: Stored) -> tuple[Kept, int]:
     and read-only (an entry answers many requests at once)."""
     places: list[tuple[str, str, str]] = []
     arrays: list[np.ndarray] = []
-
-    def add(step: str, branch: str, name: str, array: np.ndarray) -> None:
+    for step, branch, name, array in entry.places():
         copy = array.copy()  # C order
         copy.setflags(write=False)  # a third of `copy.flags.writeable = False`'s cost
         places.append((step, branch, name))
         arrays.append(copy)
-
-    for name, array in entry.tensors.items():
-        add("", "", name, array)
-    for step, branches in entry.branches.items():
-        for branch, outputs in branches.items():
-            for name, array in outputs.items():
-                add(step, branch, name, array)
     size = sum(a.nbytes for a in arrays) + KEPT_OVERHEAD * len(arrays)
     return (tuple(places), tuple(arrays)), size
 
@@ -89,10 +92,7 @@ def kept(entry: Kept) -> Stored:
     """A kept entry as a Stored one (new mappings over the shared, read-only arrays)."""
     out = Stored({})
     for (step, branch, name), array in zip(*entry, strict=True):
-        if step:
-            out.branches.setdefault(step, {}).setdefault(branch, {})[name] = array
-        else:
-            out.tensors[name] = array
+        out.place(step, branch, name, array)
     return out
 
 
@@ -106,11 +106,8 @@ def unpack(blob: bytes) -> Stored:
         for where, name, datatype, shape, size in described:
             array = codec.from_raw(blob[offset : offset + size], datatype, shape, name)
             offset += size
-            if where:
-                step, branch = where
-                entry.branches.setdefault(step, {}).setdefault(branch, {})[name] = array
-            else:
-                entry.tensors[name] = array
+            step, branch = where or ("", "")
+            entry.place(step, branch, name, array)
     except (struct.error, orjson.JSONDecodeError, ValueError, TypeError, InvalidInput) as exc:
         raise ValueError(f"not a cache entry: {exc}") from None
     if offset != len(blob):
