@@ -78,12 +78,13 @@ def test_entries_round_trip_every_datatype(way: str) -> None:
 def test_a_kept_entry_owns_read_only_copies() -> None:
     answer = np.arange(40, dtype=np.float32).reshape(4, 10)  # a merged call's answer
     row = answer[1:2]  # one member's view of it
-    (places, arrays), size = keep(Stored({"p": row}))
-    assert places == (("", "", "p"),)
-    assert arrays[0].base is None  # the merged answer is not pinned by the entry
-    assert not arrays[0].flags.writeable  # an entry answers many requests at once
+    entry, size = keep(Stored({"p": row}))
+    layout, array = entry
+    assert layout == (("", "", "p"),)
+    assert array.base is None  # the merged answer is not pinned by the entry
+    assert not array.flags.writeable  # an entry answers many requests at once
     answer[1] = -1  # the run's own arrays change: the entry does not
-    np.testing.assert_array_equal(kept((places, arrays)).tensors["p"], np.arange(10, 20)[None])
+    np.testing.assert_array_equal(kept(entry).tensors["p"], np.arange(10, 20)[None])
     assert size >= row.nbytes
 
 
@@ -109,6 +110,30 @@ async def test_entries_kept_in_process_are_left_alone_by_the_garbage_collector()
     found, how = await answers.answer(b"gc\0%d" % 2999, compute, 1e18)
     assert how == "hit" and found is not entry
     np.testing.assert_array_equal(found.tensors["i"], entry.tensors["i"])
+
+
+async def test_a_miss_leaves_two_objects_for_the_garbage_collector_to_count() -> None:
+    """Each object the collector tracks counts toward its next young pass until a pass stops
+    tracking it; a miss keeps an entry, so the objects one keeps set the passes' pace (one
+    tuple per tensor made a `digits` miss leave 13)."""
+    answers: Answers[Stored] = Answers(
+        "gc", "", MemoryStore(2**30, "gc"), 60, lambda v: v, lambda e: e
+    )
+    entry = _every_datatype()  # six tensors
+
+    async def compute() -> Stored:
+        return entry
+
+    await answers.answer(b"gc\0warm", compute, 1e18)
+    gc.disable()
+    try:
+        before = gc.get_count()[0]
+        for i in range(1000):
+            await answers.answer(b"gc\0%d" % i, compute, 1e18)
+        left = gc.get_count()[0] - before
+    finally:
+        gc.enable()
+    assert left <= 2 * 1000  # the entry's tuple and the store's record of it
 
 
 @pytest.mark.parametrize("blob", [b"", b"\x05\0\0\0[1,2", b"\x02\0\0\0[]extra", b"pickle!"])

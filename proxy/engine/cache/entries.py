@@ -4,10 +4,10 @@
   data, never code. Layout: a 4-byte little-endian header length, the JSON header (each
   tensor's name, datatype, shape and byte count, in order), then each tensor's raw v2
   contents.
-- In process, as flat tuples of names and read-only copies of the arrays (`keep`, `kept`):
-  no serialising on a miss and no parsing on a hit, and nothing the garbage collector keeps
-  walking (a pass stops tracking each tuple that holds only strings, arrays and untracked
-  tuples, so an entry drops out within a few passes; numpy arrays are never tracked).
+- In process, as one tuple of a shared layout (the tensors' names) and read-only copies of
+  the arrays (`keep`, `kept`): no serialising on a miss and no parsing on a hit, and nothing
+  the garbage collector keeps walking (a pass stops tracking a tuple that holds only
+  strings, arrays and untracked tuples; numpy arrays are never tracked).
   Thousands of entries as dicts and dataclasses stalled its full passes (p99 198 ms at
   c=32); packing every entry into bytes instead cost ~30 us a miss and more a hit.
 """
@@ -65,12 +65,21 @@ def pack(entry: Stored) -> bytes:
     return b"".join([_LENGTH.pack(len(header)), header, *parts])
 
 
-Kept = tuple[tuple[tuple[str, str, str], ...], tuple[np.ndarray, ...]]
-"""An entry kept in process: each tensor's (step, branch, name), '' for the answer's own
-tensors, and the arrays in the same order."""
+Kept = tuple
+"""An entry kept in process: one tuple, its layout first (each tensor's (step, branch, name),
+'' for the answer's own tensors), then the arrays in the same order. One tuple, not one per
+tensor: every tuple made is counted toward the garbage collector's next young pass until a
+pass stops tracking it, and an entry is made on every miss (a `digits` answer kept as nested
+tuples made 13; its young passes cost 2-5x the cache off's, measured over one mesh)."""
 
 KEPT_OVERHEAD = 128
 """Bytes counted for each kept array beyond its contents (its header and its names)."""
+
+_layouts: dict[tuple[tuple[str, str, str], ...], tuple[tuple[str, str, str], ...]] = {}
+"""Every layout seen, kept once: the entries of a pipeline or a step share one."""
+_MAX_LAYOUTS = 4096
+"""Beyond this many (a pipeline whose tensors' names vary without end), layouts are not
+shared, only kept by their entries."""
 
 
 def keep(entry: Stored) -> tuple[Kept, int]:
@@ -79,20 +88,27 @@ def keep(entry: Stored) -> tuple[Kept, int]:
     and read-only (an entry answers many requests at once)."""
     places: list[tuple[str, str, str]] = []
     arrays: list[np.ndarray] = []
+    size = 0
     for step, branch, name, array in entry.places():
         copy = array.copy()  # C order
         copy.setflags(write=False)  # a third of `copy.flags.writeable = False`'s cost
         places.append((step, branch, name))
         arrays.append(copy)
-    size = sum(a.nbytes for a in arrays) + KEPT_OVERHEAD * len(arrays)
-    return (tuple(places), tuple(arrays)), size
+        size += copy.nbytes + KEPT_OVERHEAD
+    layout = tuple(places)
+    shared = _layouts.get(layout)
+    if shared is None:
+        shared = layout
+        if len(_layouts) < _MAX_LAYOUTS:
+            _layouts[layout] = layout
+    return (shared, *arrays), size
 
 
 def kept(entry: Kept) -> Stored:
     """A kept entry as a Stored one (new mappings over the shared, read-only arrays)."""
     out = Stored({})
-    for (step, branch, name), array in zip(*entry, strict=True):
-        out.place(step, branch, name, array)
+    for i, (step, branch, name) in enumerate(entry[0], 1):
+        out.place(step, branch, name, entry[i])
     return out
 
 
