@@ -151,6 +151,13 @@ class ProxySettings(BaseSettings):
     jobs_share: float = Field(default=0.5, gt=0, le=1)
     """Share of the proxy's and each pipeline's admission limits that jobs may hold; the
     rest is kept for requests whose clients wait."""
+    jobs_busy_workers: int = Field(default=1, ge=1, le=256)
+    """Jobs this process runs at once while requests whose clients wait are being served here
+    (or were, within `jobs_quiet_ms`): the services' cores are shared, and a backlog run at full
+    width doubles those clients' p99. Jobs already running finish; a process with no such
+    clients (a worker-only one) runs up to `jobs_workers`."""
+    jobs_quiet_ms: float = Field(default=1000.0, ge=0)
+    """How long after the last request whose client waited the jobs widen again."""
     jobs_max_queued: int = Field(default=10_000, ge=1)
     """Unfinished jobs the queue holds; more get 429 with Retry-After."""
     jobs_attempts: int = Field(default=3, ge=1, le=20)

@@ -53,6 +53,8 @@ class ProxyState:
             int(settings.max_inflight_mb * 2**20),
             int(settings.max_request_mb * 2**20),
             {name: _limits(plan.pipeline) for name, plan in plans.items()},
+            busy_background=settings.jobs_busy_workers,
+            quiet_s=settings.jobs_quiet_ms / 1000,
         )
         services = Services(channels)
         caches = _caches(plans, services, settings)

@@ -201,7 +201,8 @@ class Ticket:
         return shared
 
     async def _execute(self, inputs: dict[str, np.ndarray], pixels: int, request_id: str) -> Run:
-        async with self.engine.admission.admit(self.plan.name, pixels):
+        background = self.background is not None
+        async with self.engine.admission.admit(self.plan.name, pixels, background):
             run = Run(self.plan, request_id, self.deadline, self.ledger, steps=self.steps)
             run.origin = self.opened
             return await self.engine.executor.run(run, inputs)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from proxy.engine.admission import Admission, PipelineLimits
@@ -50,3 +52,30 @@ def test_bytes_in_flight_shed_new_requests_and_cap_one() -> None:
     first.close()
     admission.check_room()
     assert admission.bytes_in_flight == 50
+
+
+async def test_jobs_run_one_at_a_time_while_clients_wait_and_widen_once_quiet() -> None:
+    """The services' cores are shared: while requests whose clients wait are served (and for
+    `quiet_s` after), jobs take turns; a process with no such clients runs them side by side."""
+    admission = Admission(100, 1 << 30, 1 << 28, busy_background=1, quiet_s=0.2)
+    # No client waiting: jobs side by side.
+    await asyncio.wait_for(admission.wait_background("ocr", 0, 0.5), 1)
+    await asyncio.wait_for(admission.wait_background("ocr", 0, 0.5), 1)
+    admission.background_done("ocr", 0)
+    admission.background_done("ocr", 0)
+
+    loop = asyncio.get_running_loop()
+    async with admission.admit("digits", 0):  # a client waiting
+        await admission.wait_background("ocr", 0, 0.5)  # the first job still runs
+        waiting = asyncio.ensure_future(admission.wait_background("ocr", 0, 0.5))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()  # a second one waits its turn
+        admission.background_done("ocr", 0)
+        await asyncio.wait_for(waiting, 1)  # its turn: the first ended
+        third = asyncio.ensure_future(admission.wait_background("ocr", 0, 0.5))
+        await asyncio.sleep(0.3)
+        assert not third.done()
+    quiet = loop.time()
+    await asyncio.wait_for(third, 2)  # the client gone for quiet_s: side by side again
+    assert loop.time() - quiet >= 0.15
+    assert admission._background["ocr"][0] == 2
