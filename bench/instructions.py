@@ -5,9 +5,13 @@ throughput from one run to the next; instruction counts differ by ~3%).
 
 Over one running mesh of the shipped topology (its services), a proxy process at a time
 runs under callgrind, instrumentation switched on only once it has answered its warm-up
-requests: this tree with traces off (the default), this tree with traces on (every request,
-exported to a receiver), and the proxy of an earlier commit (`--before`). Each answers
-`--requests` sequential `digits` requests; each is run `--runs` times, in turn.
+requests. Each answers `--requests` sequential `digits` requests; each is run `--runs` times,
+in turn. `--what`:
+- `traces` (the default): this tree with traces off, this tree with traces on (every request,
+  exported to a receiver), and the proxy of an earlier commit (`--before`);
+- `cache`: every image unique (no request a repeat), this tree with the caches off, this tree
+  with them on, and the earlier commit with them on: what the caches cost a request they
+  cannot answer (issue 26).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.cache import digit
+from bench.cache import digit, uploads
 from bench.mesh import ROOT, free_port, shipped_mesh
 from bench.traces import BEFORE, earlier_tree, receiver_process
 
@@ -43,8 +47,11 @@ def _ready(url: str, proc: subprocess.Popen) -> None:
     raise RuntimeError("the proxy under callgrind did not become ready")
 
 
-def counted(tree: Path, env: dict[str, str], requests: int, out: Path) -> float:
-    """Instructions per request of a proxy run from `tree` with `env`."""
+def counted(
+    tree: Path, env: dict[str, str], requests: int, out: Path, unique: bool = False
+) -> float:
+    """Instructions per request of a proxy run from `tree` with `env` (`unique`: no image
+    sent twice)."""
     port = free_port()
     callgrind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
     proc = subprocess.Popen(
@@ -55,14 +62,17 @@ def counted(tree: Path, env: dict[str, str], requests: int, out: Path) -> float:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    url, image = f"http://127.0.0.1:{port}", digit()
+    url = f"http://127.0.0.1:{port}"
+    images = iter(uploads(digit(), 0, WARM + requests)) if unique else None
+    image = digit()
     control = ["callgrind_control"]
     try:
         _ready(url, proc)
         with httpx.Client(base_url=url, timeout=120) as client:
 
             def ask() -> None:
-                answer = client.post(PATH, content=image, headers={"Content-Type": "image/png"})
+                body = image if images is None else next(images)
+                answer = client.post(PATH, content=body, headers={"Content-Type": "image/png"})
                 assert answer.status_code == 200, answer.text
 
             for _ in range(WARM):
@@ -87,6 +97,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--before", default=BEFORE, help="the earlier commit to compare with")
+    parser.add_argument("--what", choices=["traces", "cache"], default="traces")
     args = parser.parse_args(argv)
     with contextlib.ExitStack() as stack:
         mesh = stack.enter_context(shipped_mesh("bench-instructions"))
@@ -99,19 +110,33 @@ def main(argv: list[str]) -> int:
         traced |= {"OTEL_BSP_SCHEDULE_DELAY": "200"}
         earlier = stack.enter_context(earlier_tree(args.before))
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="callgrind-")))
-        systems = {
-            "traces off": (ROOT, env),
-            "traces on, every request": (ROOT, {**env, **traced}),
-            f"before ({args.before})": (earlier, env),
-        }
+        unique = args.what == "cache"
+        if unique:
+            # The models' fingerprints are asked again once a second (PROXY_CACHE_CHECK_MS):
+            # under callgrind a request takes ~100x as long, so those asks would be counted
+            # ~100x over in each request's share. Once an hour here: the requests' own cost.
+            cached = {**env, "PROXY_CACHE": "true", "PROXY_CACHE_CHECK_MS": "3600000"}
+            systems = {
+                "caches off": (ROOT, env),
+                "caches on, no repeats": (ROOT, cached),
+                f"caches on, before ({args.before})": (earlier, cached),
+            }
+        else:
+            systems = {
+                "traces off": (ROOT, env),
+                "traces on, every request": (ROOT, {**env, **traced}),
+                f"before ({args.before})": (earlier, env),
+            }
         counts: dict[str, list[float]] = {label: [] for label in systems}
         for run in range(args.runs):
             for k, (label, (tree, settings)) in enumerate(systems.items()):
-                per = counted(tree, settings, args.requests, folder / f"{run}-{k}.out")
+                out = folder / f"{run}-{k}.out"
+                per = counted(tree, settings, args.requests, out, unique)
                 counts[label].append(per)
                 print(f"run {run + 1}, {label}: {per:,.0f} instructions a request", flush=True)
-    base = sum(counts["traces off"]) / args.runs
-    print("\n| proxy | instructions a request (mean) | runs | vs traces off |")
+    first = next(iter(counts))
+    base = sum(counts[first]) / args.runs
+    print(f"\n| proxy | instructions a request (mean) | runs | vs {first} |")
     print("| --- | --- | --- | --- |")
     for label, values in counts.items():
         mean = sum(values) / len(values)
