@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from typing import Any
 
 import numpy as np
 import orjson
@@ -75,11 +76,40 @@ def _tensors(digest: hashlib._Hash, tensors: Mapping[str, np.ndarray]) -> None:
         digest.update(raw)
 
 
+def _digest(
+    bases: MutableMapping[Any, tuple[Any, hashlib._Hash]],
+    which: object,
+    fingerprints: object,
+    inputs: Mapping[str, np.ndarray],
+    start: Callable[..., hashlib._Hash],
+    *args: object,
+) -> bytes:
+    """The digest of everything but the request (`start(*args)`, kept in `bases` under
+    `which` until its models' fingerprints change), then of the request's `inputs`."""
+    base = bases.get(which)
+    if base is None or base[0] != fingerprints:
+        base = bases[which] = (fingerprints, start(*args))
+    digest = base[1].copy()
+    _tensors(digest, inputs)
+    return digest.digest()
+
+
 _bases: weakref.WeakKeyDictionary[Plan, tuple[tuple[bytes, ...], hashlib._Hash]] = (
     weakref.WeakKeyDictionary()
 )
-"""Plan -> (its models' fingerprints, the digest of everything but the request): worked out
-again only when a fingerprint changes."""
+"""Plan -> (its models' fingerprints, the digest of everything but the request)."""
+
+
+def _pipeline_base(
+    plan: Plan, targets: Sequence[Target], fingerprints: tuple[bytes, ...]
+) -> hashlib._Hash:
+    digest = hashlib.sha256(SCHEME)
+    definition = plan.pipeline.model_dump(mode="json", exclude={"description", "cache"})
+    digest.update(orjson.dumps([plan.name, definition], option=orjson.OPT_SORT_KEYS))
+    for label, target, fingerprint in zip(sorted(plan.targets), targets, fingerprints, strict=True):
+        digest.update(orjson.dumps([label, target.address, target.model, target.version]))
+        digest.update(fingerprint)
+    return digest
 
 
 async def pipeline_key(
@@ -89,25 +119,21 @@ async def pipeline_key(
     fingerprints = await prints.of_all(targets)
     if fingerprints is None:
         return None
-    base = _bases.get(plan)
-    if base is None or base[0] != fingerprints:
-        digest = hashlib.sha256(SCHEME)
-        definition = plan.pipeline.model_dump(mode="json", exclude={"description", "cache"})
-        digest.update(orjson.dumps([plan.name, definition], option=orjson.OPT_SORT_KEYS))
-        for label, target, fingerprint in zip(
-            sorted(plan.targets), targets, fingerprints, strict=True
-        ):
-            digest.update(orjson.dumps([label, target.address, target.model, target.version]))
-            digest.update(fingerprint)
-        base = _bases[plan] = (fingerprints, digest)
-    digest = base[1].copy()
-    _tensors(digest, inputs)
-    return plan.name.encode() + b"\0" + digest.digest()
+    digest = _digest(
+        _bases, plan, fingerprints, inputs, _pipeline_base, plan, targets, fingerprints
+    )
+    return plan.name.encode() + b"\0" + digest
 
 
 _step_bases: dict[tuple[Target, tuple[str, ...]], tuple[bytes, hashlib._Hash]] = {}
-"""(target, outputs) -> (its model's fingerprint, the digest of everything but the inputs):
-worked out again only when the fingerprint changes."""
+"""(target, outputs) -> (its model's fingerprint, the digest of everything but the inputs)."""
+
+
+def _step_base(target: Target, outputs: tuple[str, ...], fingerprint: bytes) -> hashlib._Hash:
+    digest = hashlib.sha256(SCHEME + b"step")
+    digest.update(orjson.dumps([target.address, target.model, target.version, outputs]))
+    digest.update(fingerprint)
+    return digest
 
 
 async def step_key(
@@ -120,12 +146,6 @@ async def step_key(
     if fingerprint is None:
         return None
     which = (target, tuple(outputs))
-    base = _step_bases.get(which)
-    if base is None or base[0] != fingerprint:
-        digest = hashlib.sha256(SCHEME + b"step")
-        digest.update(orjson.dumps([target.address, target.model, target.version, which[1]]))
-        digest.update(fingerprint)
-        base = _step_bases[which] = (fingerprint, digest)
-    digest = base[1].copy()
-    _tensors(digest, inputs)
-    return STEPS + digest.digest()
+    return STEPS + _digest(
+        _step_bases, which, fingerprint, inputs, _step_base, target, which[1], fingerprint
+    )
