@@ -63,8 +63,8 @@ def counted(
         stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
-    images = iter(uploads(digit(), 0, WARM + requests)) if unique else None
     image = digit()
+    images = iter(uploads(image, 0, WARM + requests)) if unique else None
     control = ["callgrind_control"]
     try:
         _ready(url, proc)

@@ -54,8 +54,9 @@ class Admission:
         self._background: dict[str, tuple[int, int]] = {}
         """Per pipeline, the background requests running and their pixels."""
         self._freed = asyncio.Event()
-        self.busy_background = busy_background
-        """Background requests at once while clients wait (None: no fewer than otherwise)."""
+        self.busy_background = busy_background or max_requests
+        """Background requests at once while clients wait (by default no fewer than
+        otherwise: the share of `max_requests` bounds them first)."""
         self.quiet_s = quiet_s
         self._clients = 0
         """Requests whose clients wait, running now."""
@@ -64,8 +65,6 @@ class Admission:
 
     def _busy_for(self) -> float:
         """How long the proxy stays busy with clients that wait, if none comes (0: quiet)."""
-        if self.busy_background is None:
-            return 0.0
         if self._clients:
             return self.quiet_s
         return max(0.0, self._last_client + self.quiet_s - time.monotonic())
@@ -93,7 +92,7 @@ class Admission:
                 and (not running[1] or _fits(running[1], pixels, limits.max_pixels, share))
             )
             busy_for = self._busy_for()
-            if fits and (not busy_for or requests < self.busy_background):  # type: ignore[operator]
+            if fits and (not busy_for or requests < self.busy_background):
                 break
             self._freed.clear()
             if not fits:
@@ -136,12 +135,12 @@ class Admission:
         self._in_flight[pipeline] = running + 1
         self._pixels[pipeline] = held + pixels
         metrics.IN_FLIGHT.inc()
-        client = not background
-        self._clients += client
+        if not background:
+            self._clients += 1
         try:
             yield
         finally:
-            if client:
+            if not background:
                 self._clients -= 1
                 self._last_client = time.monotonic()
             metrics.IN_FLIGHT.dec()
