@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextvars
+import itertools
 import json
 import logging
+import os
 import re
 import sys
 import time
-import uuid
 
 from protos import tracing
 
@@ -21,7 +22,27 @@ def plain_id(given: str | bytes) -> str:
     """The caller's request id if it is short and plain, else a new one: ids travel in gRPC
     metadata and every log line (a 20 MiB id once grew a log by 120 MiB)."""
     text = given.decode(errors="replace") if isinstance(given, bytes) else given
-    return text if _PLAIN_ID.fullmatch(text) else uuid.uuid4().hex
+    return text if _PLAIN_ID.fullmatch(text) else new_id()
+
+
+def new_id() -> str:
+    """A request id unique across processes and restarts (32 hex digits, as uuid4's): a
+    random prefix drawn per process, then a counter. A uuid4 per request cost ~3.8 us (a
+    getrandom call each), this ~0.4 us; request ids must be unique, not secret (job ids,
+    which are handles to results, stay uuid4)."""
+    return f"{_id_prefix}{next(_id_count):016x}"
+
+
+def _draw_prefix() -> None:
+    global _id_prefix, _id_count
+    _id_prefix = os.urandom(8).hex()
+    _id_count = itertools.count()
+
+
+_id_prefix = ""
+_id_count = itertools.count()
+_draw_prefix()
+os.register_at_fork(after_in_child=_draw_prefix)  # a forked worker must not repeat its parent
 
 
 class JsonFormatter(logging.Formatter):

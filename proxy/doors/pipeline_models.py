@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 
 import numpy as np
 import orjson
 
 from protos.codec import datatype_of, dtype_of
 from protos.errors import InvalidInput, MeshError
-from protos.logs import REQUEST_ID
+from protos.logs import REQUEST_ID, new_id
 from proxy.engine.executor import Run
 from proxy.engine.plan import Plan
 from proxy.engine.runner import Engine
@@ -102,7 +101,7 @@ class PipelineModel:
         if deadline is None:
             deadline = now + self.plan.pipeline.timeout_ms / 1000
         deadline = min(deadline, cap)
-        request_id = REQUEST_ID.get() or uuid.uuid4().hex
+        request_id = REQUEST_ID.get() or new_id()
         started = time.perf_counter_ns()
         try:
             async with self.engine.ticket(self.plan, deadline) as ticket:

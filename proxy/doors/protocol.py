@@ -12,11 +12,12 @@ application's: `proxy.doors.uploads`.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from typing import Any
 
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from protos.logs import new_id
 
 STATUS_TEXT = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 
@@ -136,7 +137,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._cancel_head_timer()
         if self.transport.is_closing():
             return
-        body = orjson.dumps({"error": message, "id": uuid.uuid4().hex})
+        body = orjson.dumps({"error": message, "id": new_id()})
         self.transport.write(
             b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
             b"connection: close\r\n\r\n" % (status, STATUS_TEXT[status], len(body)) + body

@@ -17,7 +17,7 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 
 from proxy.engine.admission import Ledger
-from proxy.errors import Problem
+from proxy.errors import ClientGone, Problem
 
 
 @dataclass(frozen=True)
@@ -42,36 +42,41 @@ async def read_body(
         )
     loop = asyncio.get_running_loop()
     started = loop.time()
+    receive = request.receive
     chunks: list[bytes] = []
     size = 0
-    stream = request.stream().__aiter__()
-    while True:
-        # Wait for the next chunk until the budget ends or the rate falls below the floor.
-        rate_floor = started + limits.grace_s + size / limits.min_rate_bps
-        wait = min(deadline, rate_floor) - loop.time()
-        try:
-            async with asyncio.timeout(max(wait, 0)):
-                chunk = await stream.__anext__()
-        except StopAsyncIteration:
-            break
-        except TimeoutError:
-            if loop.time() >= deadline - 0.001:
-                raise Problem(
-                    408,
-                    "the request's time budget ran out while its body was arriving",
-                    close=True,
-                ) from None
+    # One timer for the whole read, moved on as bytes arrive: a timer per chunk (an
+    # asyncio.timeout around each wait, and one more for the end of the stream) cost a
+    # small body ~25 us of its ~30 us read. The bound is the same: the next chunk is due
+    # by the budget's end or by the rate floor for the bytes received so far.
+    try:
+        async with asyncio.timeout_at(min(deadline, started + limits.grace_s)) as timer:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise ClientGone
+                chunk = message.get("body", b"")
+                if chunk:
+                    size += len(chunk)
+                    if size > limits.max_bytes:
+                        raise Problem(
+                            413, f"body exceeds the limit of {limits.max_bytes} bytes", close=True
+                        )
+                    if ledger is not None:
+                        ledger.hold(len(chunk))
+                    chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
+                rate_floor = started + limits.grace_s + size / limits.min_rate_bps
+                timer.reschedule(min(deadline, rate_floor))
+    except TimeoutError:
+        if loop.time() >= deadline - 0.001:
             raise Problem(
-                408,
-                f"body arriving slower than {limits.min_rate_bps / 1024:g} KiB/s",
-                close=True,
+                408, "the request's time budget ran out while its body was arriving", close=True
             ) from None
-        size += len(chunk)
-        if size > limits.max_bytes:
-            raise Problem(413, f"body exceeds the limit of {limits.max_bytes} bytes", close=True)
-        if ledger is not None:
-            ledger.hold(len(chunk))
-        chunks.append(chunk)
+        raise Problem(
+            408, f"body arriving slower than {limits.min_rate_bps / 1024:g} KiB/s", close=True
+        ) from None
     return b"".join(chunks)
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TypeVar
 
@@ -24,7 +23,7 @@ from grpc import aio
 from protos import pb
 from protos.codec import TensorLimits
 from protos.errors import Downstream, NotFound
-from protos.logs import REQUEST_ID
+from protos.logs import REQUEST_ID, new_id
 from protos.version import VERSION
 from proxy.doors.pipeline_models import PipelineModel
 from proxy.state import ProxyState
@@ -225,7 +224,7 @@ class ProxyPlane(DataPlane):
                 timeout=max(timeout, 0.001),
                 # The v2 `id` is echoed as given; downstream (message id, gRPC metadata,
                 # logs) the door's sanitised request id travels: metadata is plain ASCII.
-                request_id=REQUEST_ID.get() or uuid.uuid4().hex,
+                request_id=REQUEST_ID.get() or new_id(),
             )
         except CallFailed as exc:
             raise Downstream(exc.code(), exc.details() or exc.code().name) from None

@@ -4,11 +4,13 @@ rule already, the gRPC services and door now share it."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from grpc import aio
 
 from protos import messages, pb_grpc
-from protos.logs import REQUEST_ID, plain_id
+from protos.logs import REQUEST_ID, new_id, plain_id
 from tests.proxy.scripted import ScriptedModel, serve
 
 
@@ -18,6 +20,24 @@ def test_plain_ids_are_kept_and_others_replaced() -> None:
     for bad in ("x" * 129, "a b", "", "é", "a\nb"):
         replaced = plain_id(bad)
         assert replaced != bad and len(replaced) == 32 and int(replaced, 16) >= 0
+
+
+def test_new_ids_differ_within_a_process_and_across_a_fork() -> None:
+    """A counter after a per-process prefix: a forked worker draws its own prefix, or it
+    would hand out its parent's next ids."""
+    here = [new_id() for _ in range(1000)]
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child only reports its ids
+        os.write(write_end, "".join(new_id() for _ in range(1000)).encode())
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        text = pipe.read().decode()
+    os.waitpid(child, 0)
+    there = [text[i : i + 32] for i in range(0, len(text), 32)]
+    assert len(there) == 1000 and all(len(i) == 32 and int(i, 16) >= 0 for i in here + there)
+    assert len(set(here + there + [new_id() for _ in range(1000)])) == 3000
 
 
 async def test_a_service_logs_a_huge_request_id_as_a_new_short_one() -> None:

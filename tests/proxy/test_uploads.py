@@ -1,0 +1,83 @@
+"""Bodies read with one timer moved on as bytes arrive: a steady upload outlives the
+grace period, a trickle is cut off, and a client that hangs up mid-upload is gone, not
+a bug answered with a 500."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+from starlette.requests import Request
+
+from proxy.doors.middleware import RequestContext
+from proxy.doors.uploads import UploadLimits, read_body
+from proxy.errors import Problem
+
+SCOPE = {"type": "http", "method": "POST", "path": "/upload", "headers": []}
+
+
+def paced(chunks: list[bytes], pause_s: float, then_hang_up: bool = False) -> Any:
+    """An ASGI receive handing out `chunks` `pause_s` apart, then the end of the body or
+    a disconnect."""
+    messages = iter(chunks)
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.sleep(pause_s)
+        chunk = next(messages, None)
+        if chunk is None:
+            if then_hang_up:
+                return {"type": "http.disconnect"}
+            return {"type": "http.request", "body": b"", "more_body": False}
+        return {"type": "http.request", "body": chunk, "more_body": True}
+
+    return receive
+
+
+async def _read(receive: Any, limits: UploadLimits, budget_s: float = 5.0) -> bytes:
+    deadline = asyncio.get_running_loop().time() + budget_s
+    return await read_body(Request(SCOPE, receive), limits, deadline)
+
+
+async def test_a_steady_upload_outlives_the_grace_period() -> None:
+    """8 KB over ~0.45 s at ~18 KB/s, a 0.1 s grace and a 1 KB/s floor: the timer must
+    move on with every chunk, or it fires at the end of the grace."""
+    limits = UploadLimits(max_bytes=1 << 20, min_rate_bps=1024, grace_s=0.1)
+    body = await _read(paced([bytes([i]) * 1000 for i in range(8)], 0.05), limits)
+    assert body == b"".join(bytes([i]) * 1000 for i in range(8))
+
+
+async def test_a_trickle_is_cut_off_once_under_the_floor() -> None:
+    limits = UploadLimits(max_bytes=1 << 20, min_rate_bps=1024, grace_s=0.1)
+    with pytest.raises(Problem) as refused:
+        await _read(paced([b"x"] * 100, 0.05), limits)
+    assert refused.value.status == 408 and "slower than 1 KiB/s" in refused.value.message
+
+
+async def test_the_budget_bounds_the_upload() -> None:
+    limits = UploadLimits(max_bytes=1 << 20, min_rate_bps=1, grace_s=10)
+    with pytest.raises(Problem) as refused:
+        await _read(paced([b"x"] * 100, 0.05), limits, budget_s=0.2)
+    assert refused.value.status == 408 and "time budget ran out" in refused.value.message
+
+
+async def test_a_client_gone_mid_upload_is_answered_nothing_and_logged_as_no_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    limits = UploadLimits(max_bytes=1 << 20)
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await _read(receive, limits)
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    with caplog.at_level(logging.ERROR):
+        await RequestContext(app, None, set())(
+            dict(SCOPE), paced([b"x" * 100], 0.01, then_hang_up=True), send
+        )
+    assert sent == []
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
