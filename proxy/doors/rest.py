@@ -47,7 +47,7 @@ class PipelineEndpoints:
                 run = await until_disconnect(request, running)
                 # From when the ticket opened, as the console's record of it: the figure the
                 # client reads is the one the console shows, never more.
-                answer = engine.answer(name, request_id, run, ticket.opened)
+                answer = engine.answer(name, request_id, run, ticket.opened, as_json=True)
         except StepError as exc:
             raise exc.problem(name) from None
         if plan.pipeline.later is not None:  # sync-async: the rest of the answer comes later

@@ -66,6 +66,8 @@ class Run:
     cache: str | None = None
     """A pipeline with the inference cache: `hit` (stored, or shared with an identical
     request in flight) or `miss`."""
+    key: bytes | None = None
+    """A hit's inference cache key (its rendered result is kept under it)."""
     origin: float = field(default_factory=time.perf_counter)
     """When the proxy took the request (perf_counter): the steps' `start_ms` count from it."""
 

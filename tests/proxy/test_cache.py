@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from protos.errors import InvalidInput
+from proxy.engine.executor import Executor
 from tests.proxy.conftest import GENEROUS_CACHE_MS
 from tests.proxy.scripted import ScriptedModel, affine, serve
 from tests.proxy.test_pipelines import body, call, parse_model, partial_fan_out, pipeline, post
@@ -52,6 +53,30 @@ async def test_a_repeat_is_answered_from_the_cache(chain, make_client) -> None:
     assert second.json()["result"] == first.json()["result"] == {"y": [2.0, 3.0]}
     assert other.json()["result"] == {"y": [4.0]}
     assert model.calls == 2  # the repeat never reached the service
+
+
+async def test_a_hit_is_rendered_once_and_answers_as_the_miss_did(
+    chain, make_client, monkeypatch
+) -> None:
+    """A hit's result is rendered on its first hit and kept as JSON; a cleared cache drops
+    it with the entries."""
+    renders: list[int] = []
+    render = Executor.result
+    monkeypatch.setattr(
+        Executor, "result", lambda self, run: renders.append(1) or render(self, run)
+    )
+    model, env = chain
+    async with make_client(cached(), env) as client:
+        answers = [await post(client, "p", body(5, 6)) for _ in range(4)]
+        rendered = len(renders)
+        await client.delete("/v1/pipelines/p/cache")
+        after = [await post(client, "p", body(5, 6)) for _ in range(3)]
+    cache = [r.headers["X-Cache"] for r in answers + after]
+    assert cache == ["miss", "hit", "hit", "hit", "miss", "hit", "hit"]
+    assert all(r.json()["result"] == {"y": [6.0, 7.0]} for r in answers + after)
+    assert rendered == 2  # the miss, then the first hit; later hits from the kept JSON
+    assert len(renders) == 4  # after the clear: the miss, and the first hit again
+    assert model.calls == 2
 
 
 async def test_entries_expire(chain, make_client) -> None:

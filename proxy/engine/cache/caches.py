@@ -11,6 +11,7 @@ from typing import TypeVar
 from proxy.engine.cache.answers import Answers
 from proxy.engine.cache.entries import Stored, Tensors
 from proxy.engine.cache.keys import STEPS, Fingerprints
+from proxy.engine.cache.rendered import Rendered
 from proxy.engine.cache.stores import MemoryStore, RedisStore, Store
 from proxy.engine.plan import Plan
 from proxy.transport.services import Services
@@ -51,6 +52,13 @@ class Caches:
             config = plan.pipeline.cache
             if config is not None and config.enabled:
                 self._stores[name] = self._shared or MemoryStore(int(config.max_mb * 2**20), name)
+        # Hits' rendered results: a quarter of what the answers themselves may hold.
+        answers_bytes = sum(
+            int(p.pipeline.cache.max_mb * 2**20)
+            for p in plans.values()
+            if p.pipeline.cache is not None and p.pipeline.cache.enabled
+        )
+        self.rendered = Rendered(answers_bytes // 4)
         self._with_steps = {
             name for name, plan in plans.items() if any(s.cache for s in plan.call_steps())
         }
@@ -95,6 +103,7 @@ class Caches:
         store = self._stores.get(pipeline)
         if store is not None:
             cleared += await store.clear(pipeline.encode() + b"\0")
+            self.rendered.clear(pipeline.encode() + b"\0")
         if pipeline in self._with_steps:
             cleared += await self._steps_store.clear(STEPS)
         return cleared
