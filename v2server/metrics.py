@@ -5,6 +5,8 @@ from __future__ import annotations
 import grpc
 from prometheus_client import Counter, Histogram, start_http_server
 
+from protos.labelled import child
+
 REQUESTS = Counter(
     "v2_requests_total",
     "v2 gRPC requests by method, model and status code",
@@ -41,5 +43,5 @@ def record(
     # unique name let 300 requests grow /metrics to 1.5 GB). The rest share "".
     if model not in SERVED:
         model = ""
-    REQUESTS.labels(method, model, code.name).inc()
-    LATENCY.labels(method, model).observe(seconds, exemplar)
+    child(REQUESTS, method, model, code.name).inc()
+    child(LATENCY, method, model).observe(seconds, exemplar)

@@ -18,6 +18,7 @@ import grpc
 import numpy as np
 
 from protos import tracing
+from protos.labelled import child
 from proxy import metrics
 from proxy.engine.admission import Ledger
 from proxy.engine.cache.caches import Caches
@@ -184,7 +185,7 @@ class Executor:
                     span.set_attribute("mesh.status", status)
                     if how is not None:
                         span.set_attribute("mesh.cache", how)
-                metrics.STEP_LATENCY.labels(run.plan.name, step.name, status).observe(
+                child(metrics.STEP_LATENCY, run.plan.name, step.name, status).observe(
                     latency / 1000
                 )
 

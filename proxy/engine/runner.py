@@ -26,6 +26,7 @@ import orjson
 
 from protos import media, tracing
 from protos.errors import InvalidInput
+from protos.labelled import child
 from protos.logs import REQUEST_ID
 from proxy import metrics
 from proxy.engine.admission import Admission, Ledger
@@ -281,6 +282,6 @@ def recorded(pipeline: str, deadline: float, outcome: Outcome) -> Iterator[None]
         raise
     finally:
         outcome.status = status
-        metrics.REQUESTS.labels(pipeline, status).inc()
+        child(metrics.REQUESTS, pipeline, status).inc()
         exemplar = tracing.exemplar() if tracing.ENABLED else None
-        metrics.LATENCY.labels(pipeline).observe(time.perf_counter() - started, exemplar)
+        child(metrics.LATENCY, pipeline).observe(time.perf_counter() - started, exemplar)

@@ -18,10 +18,9 @@ again by halves (members.py), so a bad member fails alone. Any other failure rea
 member, whose retries (calls.py) go through the lane again.
 
 A lane never waits on a stalled call (stalls.py): it keeps its members but no slot, so the
-calls queued behind it leave (to another replica, balancing.py). Its accounting is kept by
-callbacks that run however a call ends, cancelled before it started included (a hang-up in
-the turn that sent it once took a lane's only slot for good); the last one breaks the call's
-cycles with its members and task (they were most of the garbage collector's passes)."""
+calls queued behind it leave (to another replica, balancing.py). Callbacks that run however a
+call ends (cancelled before it started too: a hang-up once took a lane's only slot for good)
+keep its accounting; the last breaks the call's cycles (most of the collector's passes)."""
 
 from __future__ import annotations
 
@@ -35,6 +34,7 @@ import grpc
 import numpy as np
 
 from protos import tracing
+from protos.labelled import child
 from proxy import metrics
 from proxy.transport.channels import Infer
 from proxy.transport.chunks import HEADROOM
@@ -152,7 +152,7 @@ class Lane:
         however it ends)."""
         token = next(tokens)
         self.calls.begin(token)
-        metrics.MERGED_MEMBERS.labels(self.label).observe(1)
+        child(metrics.MERGED_MEMBERS, self.label).observe(1)
         answered = False
         try:
             answer = await call
@@ -259,7 +259,7 @@ class Lane:
                 for name in members[0].inputs
             }
         extra = f"+{len(members) - 1}" if len(members) > 1 else ""
-        metrics.MERGED_MEMBERS.labels(self.label).observe(len(members))
+        child(metrics.MERGED_MEMBERS, self.label).observe(len(members))
         return await self.send(
             self.target,
             inputs,
