@@ -81,6 +81,11 @@ class Plan:
         self._liveness(pipeline.steps, frozenset(read_later))
 
     @functools.cached_property
+    def sorted_targets(self) -> tuple[Target, ...]:
+        """Every target, in the order of their labels (a cache key's order)."""
+        return tuple(self.targets[label] for label in sorted(self.targets))
+
+    @functools.cached_property
     def render(self) -> Renderer:
         """The result template, parsed once: (tensors, branches) -> the answer's `result`."""
         return compiled(self.pipeline.result)

@@ -115,7 +115,7 @@ def _pipeline_base(
 async def pipeline_key(
     plan: Plan, prints: Fingerprints, inputs: Mapping[str, np.ndarray]
 ) -> bytes | None:
-    targets = [plan.targets[label] for label in sorted(plan.targets)]
+    targets = plan.sorted_targets
     fingerprints = await prints.of_all(targets)
     if fingerprints is None:
         return None
