@@ -23,9 +23,15 @@ SPLIT_CONTENTS_ABOVE = 64 * 1024
 """Requests whose non-raw part is larger have their inputs' typed contents split off."""
 RAW_OUTPUT_FIELD = 6  # ModelInferResponse.raw_output_contents
 _LENGTH_DELIMITED = 2
+PARSE_WHOLE_UP_TO = 8 * 1024
+"""Messages this small are parsed whole by protobuf, their tensors copied out (a few us at
+most): splitting a 200-byte `digits` answer in Python took 12.6 us, protobuf's parse 2.4 us,
+and every call on every hop has a message like it."""
 
 
 def _varint(view: memoryview, pos: int) -> tuple[int, int]:
+    if pos < len(view) and view[pos] < 0x80:  # one byte: every tag and most lengths here
+        return view[pos], pos + 1
     result = shift = 0
     while True:
         if pos >= len(view) or shift > 63:
@@ -103,7 +109,7 @@ class ParsedInferRequest:
     def __init__(
         self,
         message: pb.ModelInferRequest,
-        raw: list[memoryview],
+        raw: list[memoryview | bytes],
         error: str = "",
         size: int = 0,
         contents: Sequence[memoryview | bytes | None] = (),
@@ -132,7 +138,13 @@ class ParsedInferRequest:
 def parse_infer_request(data: bytes) -> ParsedInferRequest:
     """gRPC request deserializer for ModelInfer; never raises (gRPC would answer UNKNOWN)."""
     try:
-        head, raw = split_field(data, RAW_INPUT_FIELD)
+        if len(data) <= PARSE_WHOLE_UP_TO:
+            message = pb.ModelInferRequest.FromString(data)
+            raw: list[memoryview | bytes] = list(message.raw_input_contents)
+            message.ClearField("raw_input_contents")
+            return ParsedInferRequest(message, raw, size=len(data))
+        head, views = split_field(data, RAW_INPUT_FIELD)
+        raw = list(views)
         # A small remainder cannot hold costly typed contents: parsed as it is (the split
         # costs ~3 us a request).
         contents = _split_contents(head) if len(head) > SPLIT_CONTENTS_ABOVE else None
@@ -188,11 +200,20 @@ class ParsedInferResponse:
 
     __slots__ = ("message", "raw")
 
-    def __init__(self, message: pb.ModelInferResponse, raw: list[memoryview]) -> None:
+    def __init__(self, message: pb.ModelInferResponse, raw: list[memoryview | bytes]) -> None:
         self.message = message
         self.raw = raw
 
 
-def parse_infer_response(data: bytes) -> ParsedInferResponse:
+def parse_infer_response(data: bytes | memoryview) -> ParsedInferResponse:
+    if len(data) <= PARSE_WHOLE_UP_TO:
+        return whole_infer_response(pb.ModelInferResponse.FromString(data))
     head, raw = split_field(data, RAW_OUTPUT_FIELD)
-    return ParsedInferResponse(pb.ModelInferResponse.FromString(head), raw)
+    return ParsedInferResponse(pb.ModelInferResponse.FromString(head), list(raw))
+
+
+def whole_infer_response(message: pb.ModelInferResponse) -> ParsedInferResponse:
+    """A response parsed whole, its raw contents taken out as they would have been split."""
+    raw: list[memoryview | bytes] = list(message.raw_output_contents)
+    message.ClearField("raw_output_contents")
+    return ParsedInferResponse(message, raw)

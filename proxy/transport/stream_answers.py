@@ -29,9 +29,14 @@ def parse_stream_response(data: bytes) -> StreamAnswer:
     """gRPC deserializer for ModelStreamInferResponse; the answer's tensors stay in the
     received buffer. Never raises (a bad message fails its request, not the stream)."""
     try:
-        head, inner = wire.split_field(data, wire.STREAM_RESPONSE_FIELD)
-        error = pb.ModelStreamInferResponse.FromString(head).error_message
-        parsed = wire.parse_infer_response(inner[0] if inner else b"")
+        if len(data) <= wire.PARSE_WHOLE_UP_TO:
+            whole = pb.ModelStreamInferResponse.FromString(data)
+            error = whole.error_message
+            parsed = wire.whole_infer_response(whole.infer_response)
+        else:
+            head, inner = wire.split_field(data, wire.STREAM_RESPONSE_FIELD)
+            error = pb.ModelStreamInferResponse.FromString(head).error_message
+            parsed = wire.parse_infer_response(inner[0] if inner else b"")
     except (InvalidInput, DecodeError) as exc:
         failure = CallFailed(grpc.StatusCode.INTERNAL, f"malformed stream answer: {exc}")
         return StreamAnswer("", None, failure)

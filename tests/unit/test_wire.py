@@ -1,11 +1,22 @@
 from __future__ import annotations
 
+import grpc
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from protos import codec, messages, pb, wire
+from protos.channels import STREAM_STATUS_PARAMETER
+
+
+@pytest.fixture(params=["whole", "split"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways a message is read: parsed whole (the small ones) or its tensors split off
+    in place (the large ones; forced here by a bound below every size)."""
+    if request.param == "split":
+        monkeypatch.setattr(wire, "PARSE_WHOLE_UP_TO", -1)
+    return request.param
 
 
 def sample_request() -> pb.ModelInferRequest:
@@ -18,7 +29,7 @@ def sample_request() -> pb.ModelInferRequest:
     )
 
 
-def test_parsed_request_equals_protobuf_parse() -> None:
+def test_parsed_request_equals_protobuf_parse(path: str) -> None:
     request = sample_request()
     parsed = wire.parse_infer_request(request.SerializeToString())
     assert not parsed.error
@@ -32,13 +43,13 @@ def test_parsed_request_equals_protobuf_parse() -> None:
     assert list(b) == [b"x", b"yz"]
 
 
-def test_reserialized_request_is_equivalent() -> None:
+def test_reserialized_request_is_equivalent(path: str) -> None:
     request = sample_request()
     again = wire.serialize_infer_request(wire.parse_infer_request(request.SerializeToString()))
     assert pb.ModelInferRequest.FromString(again) == request
 
 
-def test_response_bytes_parse_like_protobufs_own_message() -> None:
+def test_response_bytes_parse_like_protobufs_own_message(path: str) -> None:
     outputs = {
         "p": np.random.default_rng(0).random((2, 5), dtype=np.float32),
         "label": np.array([3, 1], dtype=np.int64),
@@ -57,12 +68,18 @@ def test_response_bytes_parse_like_protobufs_own_message() -> None:
 
 @given(st.binary(max_size=200))
 def test_garbage_never_raises_from_the_deserializer(data: bytes) -> None:
-    parsed = wire.parse_infer_request(data)
-    if parsed.error:
-        assert parsed.raw == []
+    whole = wire.PARSE_WHOLE_UP_TO
+    for bound in (whole, -1):  # parsed whole, then split
+        wire.PARSE_WHOLE_UP_TO = bound
+        try:
+            parsed = wire.parse_infer_request(data)
+        finally:
+            wire.PARSE_WHOLE_UP_TO = whole
+        if parsed.error:
+            assert parsed.raw == []
 
 
-def test_truncated_request_reports_an_error() -> None:
+def test_truncated_request_reports_an_error(path: str) -> None:
     data = sample_request().SerializeToString()
     parsed = wire.parse_infer_request(data[:-7])
     assert parsed.error
@@ -74,7 +91,9 @@ def test_typed_contents_stay_serialized_until_the_shape_is_accepted(monkeypatch)
     from protos import messages
     from protos.errors import InvalidInput
 
-    monkeypatch.setattr(wire, "SPLIT_CONTENTS_ABOVE", 0)  # small requests are parsed whole
+    # Small requests are parsed whole: split this one as a large one would be.
+    monkeypatch.setattr(wire, "PARSE_WHOLE_UP_TO", -1)
+    monkeypatch.setattr(wire, "SPLIT_CONTENTS_ABOVE", 0)
 
     request = pb.ModelInferRequest(model_name="m", id="r")
     x = request.inputs.add(name="x", datatype="FP32", shape=[2])
@@ -96,3 +115,24 @@ def test_typed_contents_stay_serialized_until_the_shape_is_accepted(monkeypatch)
     assert not parsed.error
     with pytest.raises(InvalidInput, match="contents do not parse"):
         messages.request_inputs(parsed)
+
+
+def test_stream_answers_read_alike_either_way(path: str) -> None:
+    """A stream's answer, and a failed one with its status, read the same whichever way."""
+    from proxy.transport.stream_answers import parse_stream_response
+
+    label = {"label": np.array([7], dtype=np.int64)}
+    data = wire.stream_response(messages.build_response_bytes("m", "1", label, "id-1"))
+    answer = parse_stream_response(data)
+    assert answer.id == "id-1" and answer.failure is None and answer.response is not None
+    assert not answer.response.message.raw_output_contents  # kept apart, as split
+    assert messages.response_outputs(answer.response)["label"].tolist() == [7]
+    failed = pb.ModelStreamInferResponse(error_message="model 'm' is not ready")
+    failed.infer_response.id = "id-2"
+    failed.infer_response.parameters[STREAM_STATUS_PARAMETER].int64_param = 14
+    answer = parse_stream_response(failed.SerializeToString())
+    assert answer.id == "id-2" and answer.response is None and answer.failure is not None
+    assert answer.failure.code() == grpc.StatusCode.UNAVAILABLE
+    assert "not ready" in str(answer.failure)
+    broken = parse_stream_response(data[:-3])
+    assert broken.failure is not None and "malformed" in str(broken.failure)
