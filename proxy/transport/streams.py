@@ -31,6 +31,15 @@ def _as_is(data: bytes) -> bytes:
     return data
 
 
+class _Expired(Exception):
+    """A request's own time ran out before its answer came."""
+
+
+def _expire(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_exception(_Expired())
+
+
 @dataclass(eq=False)
 class _Outgoing:
     data: bytes
@@ -74,22 +83,24 @@ class MuxStream:
             raise self._failure or CallFailed(
                 grpc.StatusCode.UNAVAILABLE, "stream closed", stream=True
             )
-        future: asyncio.Future[wire.ParsedInferResponse] = (
-            asyncio.get_running_loop().create_future()
-        )
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[wire.ParsedInferResponse] = loop.create_future()
         self._pending[key] = future
         outgoing = _Outgoing(request)
         self._outbox.put_nowait(outgoing)
+        # A timer that fails the future, not asyncio.timeout (which cancels the task): the
+        # same bound for half the cost (~4 us against ~9 here), on every call.
+        expiry = loop.call_later(timeout, _expire, future)
         try:
-            async with asyncio.timeout(timeout):
-                return await future
-        except TimeoutError:
+            return await future
+        except _Expired:
             self._leave(key, outgoing)
             raise CallFailed(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
         except asyncio.CancelledError:
             self._leave(key, outgoing)
             raise
         finally:
+            expiry.cancel()
             self._pending.pop(key, None)
             if future.done() and not future.cancelled():
                 future.exception()  # seen: a broken stream may fail it after its caller left
