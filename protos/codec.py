@@ -105,21 +105,23 @@ def checked_shape(
     shape: Sequence[int], tensor: str, limits: TensorLimits = DEFAULT_LIMITS
 ) -> tuple[tuple[int, ...], int]:
     """Validate a declared shape; return it as a tuple plus its element count."""
-    dims = tuple(int(d) for d in shape)
+    # Built-ins over the whole tuple, no generators: every tensor of every call comes here.
+    dims = tuple(map(int, shape))
     if len(dims) > limits.max_rank:
         raise InvalidInput(f"input '{tensor}': rank {len(dims)} exceeds {limits.max_rank}")
-    if any(d < 0 for d in dims):
+    if dims and min(dims) < 0:
         raise InvalidInput(f"input '{tensor}': negative dimension in shape {list(dims)}")
-    # Even with a zero elsewhere (no elements), the other dimensions together may not be
-    # larger than a tensor may be: numpy refuses such shapes (a [0, 2e4, 1e7, 1e7] one was
-    # an INTERNAL error), and nothing real has them.
-    spanned = math.prod(d for d in dims if d)
-    if 0 in dims and spanned > limits.max_elements:
-        raise InvalidInput(
-            f"input '{tensor}': shape {list(dims)} spans {spanned} elements without its zero "
-            f"dimensions, over the limit of {limits.max_elements}"
-        )
     count = math.prod(dims)
+    if count == 0 and dims:
+        # Even with a zero elsewhere (no elements), the other dimensions together may not be
+        # larger than a tensor may be: numpy refuses such shapes (a [0, 2e4, 1e7, 1e7] one
+        # was an INTERNAL error), and nothing real has them.
+        spanned = math.prod(d for d in dims if d)
+        if spanned > limits.max_elements:
+            raise InvalidInput(
+                f"input '{tensor}': shape {list(dims)} spans {spanned} elements without its "
+                f"zero dimensions, over the limit of {limits.max_elements}"
+            )
     if count > limits.max_elements:
         raise InvalidInput(
             f"input '{tensor}': shape {list(dims)} has {count} elements, "

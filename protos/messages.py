@@ -125,8 +125,16 @@ def response_outputs(
         raw_contents = response.raw_output_contents
     # Outputs written to shared memory carry no bytes here (the caller reads its region);
     # their raw entry is empty, or absent when a server lists them last without one.
-    carried = [(i, t) for i, t in enumerate(response.outputs) if SHM_REGION not in t.parameters]
+    outputs = response.outputs
     n_raw = len(raw_contents)
+    if n_raw == len(outputs):  # only an empty entry can be one in shared memory
+        carried = [
+            (i, t)
+            for i, t in enumerate(outputs)
+            if len(raw_contents[i]) or SHM_REGION not in t.parameters
+        ]
+    else:
+        carried = [(i, t) for i, t in enumerate(outputs) if SHM_REGION not in t.parameters]
     aligned = n_raw == len(response.outputs) or [i for i, _ in carried] == list(range(n_raw))
     if n_raw and not aligned:
         raise InvalidInput(
