@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import copy
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import dataclass, field
@@ -82,14 +83,14 @@ class Engine:
 
     def result_to_serialise(self, run: Run) -> object:
         """The result for a door that answers with orjson: a cache hit's as JSON rendered
-        once and kept (cache/rendered.py), any other's rendered now."""
+        once and kept (Caches.rendered), any other's rendered now."""
         key, caches = run.key, self.caches
         if key is None or caches is None:
             return self.result(run)
-        found = caches.rendered.get(key)
+        found = caches.rendered.get_now(key)
         if found is None:
             found = orjson.dumps(self.result(run), option=orjson.OPT_SERIALIZE_NUMPY)
-            caches.rendered.put(key, found)
+            caches.rendered.put_now(key, found, len(key) + len(found), math.inf)
         return orjson.Fragment(found)
 
     def answer(

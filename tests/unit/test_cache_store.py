@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import math
 
 import numpy as np
 import pytest
@@ -13,23 +14,27 @@ import pytest
 from proxy import metrics
 from proxy.engine.cache.answers import Answers
 from proxy.engine.cache.entries import Stored, keep, kept, pack, unpack
-from proxy.engine.cache.rendered import Rendered
 from proxy.engine.cache.stores import MemoryStore
 
 
-def test_rendered_results_stay_within_their_bound_and_clear_by_pipeline() -> None:
-    rendered = Rendered(8 * 1024)
+async def test_rendered_results_stay_within_their_bound_and_clear_by_pipeline() -> None:
+    """Hits' results as JSON (Caches.rendered), counted with their keys, never expiring."""
+    rendered = MemoryStore(8 * 1024, "rendered-test")
+
+    def put(key: bytes, text: bytes) -> None:
+        rendered.put_now(key, text, len(key) + len(text), math.inf)
+
     rng = np.random.default_rng(1)
     for i in range(500):
-        rendered.put(b"p\0%d" % i, rng.bytes(int(rng.integers(10, 600))))
-        rendered.get(b"p\0%d" % 0)  # used on every round: stays
+        put(b"p\0%d" % i, rng.bytes(int(rng.integers(10, 600))))
+        rendered.get_now(b"p\0%d" % 0)  # used on every round: stays
         assert rendered.bytes <= rendered.max_bytes
-    assert rendered.get(b"p\0%d" % 0) is not None and rendered.get(b"p\0%d" % 1) is None
-    rendered.put(b"q\0a", b"[1]")
-    rendered.put(b"too big", b"x" * 9000)  # larger than the whole bound: never kept
-    assert rendered.get(b"too big") is None
-    rendered.clear(b"p\0")
-    assert rendered.get(b"p\0%d" % 0) is None and rendered.get(b"q\0a") == b"[1]"
+    assert rendered.get_now(b"p\0%d" % 0) is not None and rendered.get_now(b"p\0%d" % 1) is None
+    put(b"q\0a", b"[1]")
+    put(b"too big", b"x" * 9000)  # larger than the whole bound: never kept
+    assert rendered.get_now(b"too big") is None
+    await rendered.clear(b"p\0")
+    assert rendered.get_now(b"p\0%d" % 0) is None and rendered.get_now(b"q\0a") == b"[1]"
     assert rendered.bytes == len(b"q\0a") + len(b"[1]")
 
 
