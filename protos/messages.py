@@ -127,15 +127,13 @@ def response_outputs(
     # their raw entry is empty, or absent when a server lists them last without one.
     outputs = response.outputs
     n_raw = len(raw_contents)
-    if n_raw == len(outputs):  # only an empty entry can be one in shared memory
-        carried = [
-            (i, t)
-            for i, t in enumerate(outputs)
-            if len(raw_contents[i]) or SHM_REGION not in t.parameters
-        ]
-    else:
-        carried = [(i, t) for i, t in enumerate(outputs) if SHM_REGION not in t.parameters]
-    aligned = n_raw == len(response.outputs) or [i for i, _ in carried] == list(range(n_raw))
+    paired = n_raw == len(outputs)  # then only an output with an empty entry can be shared
+    carried = [
+        (i, t)
+        for i, t in enumerate(outputs)
+        if (paired and len(raw_contents[i])) or SHM_REGION not in t.parameters
+    ]
+    aligned = paired or [i for i, _ in carried] == list(range(n_raw))
     if n_raw and not aligned:
         raise InvalidInput(
             f"response has {len(response.outputs)} outputs but {n_raw} raw_output_contents"

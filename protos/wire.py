@@ -109,7 +109,7 @@ class ParsedInferRequest:
     def __init__(
         self,
         message: pb.ModelInferRequest,
-        raw: list[memoryview | bytes],
+        raw: Sequence[memoryview | bytes],
         error: str = "",
         size: int = 0,
         contents: Sequence[memoryview | bytes | None] = (),
@@ -140,11 +140,10 @@ def parse_infer_request(data: bytes) -> ParsedInferRequest:
     try:
         if len(data) <= PARSE_WHOLE_UP_TO:
             message = pb.ModelInferRequest.FromString(data)
-            raw: list[memoryview | bytes] = list(message.raw_input_contents)
+            whole = list(message.raw_input_contents)
             message.ClearField("raw_input_contents")
-            return ParsedInferRequest(message, raw, size=len(data))
-        head, views = split_field(data, RAW_INPUT_FIELD)
-        raw = list(views)
+            return ParsedInferRequest(message, whole, size=len(data))
+        head, raw = split_field(data, RAW_INPUT_FIELD)
         # A small remainder cannot hold costly typed contents: parsed as it is (the split
         # costs ~3 us a request).
         contents = _split_contents(head) if len(head) > SPLIT_CONTENTS_ABOVE else None
@@ -200,7 +199,7 @@ class ParsedInferResponse:
 
     __slots__ = ("message", "raw")
 
-    def __init__(self, message: pb.ModelInferResponse, raw: list[memoryview | bytes]) -> None:
+    def __init__(self, message: pb.ModelInferResponse, raw: Sequence[memoryview | bytes]) -> None:
         self.message = message
         self.raw = raw
 
@@ -209,11 +208,11 @@ def parse_infer_response(data: bytes | memoryview) -> ParsedInferResponse:
     if len(data) <= PARSE_WHOLE_UP_TO:
         return whole_infer_response(pb.ModelInferResponse.FromString(data))
     head, raw = split_field(data, RAW_OUTPUT_FIELD)
-    return ParsedInferResponse(pb.ModelInferResponse.FromString(head), list(raw))
+    return ParsedInferResponse(pb.ModelInferResponse.FromString(head), raw)
 
 
 def whole_infer_response(message: pb.ModelInferResponse) -> ParsedInferResponse:
     """A response parsed whole, its raw contents taken out as they would have been split."""
-    raw: list[memoryview | bytes] = list(message.raw_output_contents)
+    raw = list(message.raw_output_contents)
     message.ClearField("raw_output_contents")
     return ParsedInferResponse(message, raw)
