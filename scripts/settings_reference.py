@@ -60,6 +60,11 @@ def render() -> str:
         "environment variable; `--help` prints the same. Endpoints of the services a pipeline",
         "calls are variables of their own, named by the pipeline file (`PREPROCESS_URL`,",
         "`PREDICTOR_DIGITS_MLP_URL`, ...: [pipelines.md](pipelines.md)).",
+        "",
+        "One variable is grpc's own: every process of the mesh runs with",
+        "`GRPC_EXPERIMENTS=-event_engine_client,-event_engine_listener` unless the environment",
+        "sets it (protos/__init__.py): grpc's older polling makes half the context switches a",
+        "message (bench/README.md, 2026-11-27). Set it (even empty) to choose otherwise.",
     ]
     for title, command, cls in SERVICES:
         prefix = str(cls.model_config.get("env_prefix", ""))

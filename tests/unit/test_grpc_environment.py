@@ -1,0 +1,58 @@
+"""grpc reads GRPC_EXPERIMENTS once, when it is first imported: every process of the mesh
+must have protos' setting in its environment by then (protos/__init__.py), or it runs on
+grpc's EventEngine after all (twice the context switches a stream message)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Prints the variable as grpc's first import begins, then imports the entry point.
+WATCH = """
+import os, sys
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "grpc":
+            print("at grpc:", os.environ.get("GRPC_EXPERIMENTS"), flush=True)
+            sys.meta_path.remove(self)
+        return None
+sys.meta_path.insert(0, Watch())
+import {module}
+"""
+
+
+@pytest.mark.parametrize(
+    "module", ["proxy.__main__", "proxy.job_worker", "predictors.__main__", "preprocess.__main__"]
+)
+def test_every_entry_point_sets_grpcs_environment_before_grpc_loads(module: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"}
+    done = subprocess.run(
+        [sys.executable, "-c", WATCH.format(module=module)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "at grpc: -event_engine_client,-event_engine_listener" in done.stdout, done.stdout
+
+
+def test_a_deployments_own_setting_wins() -> None:
+    env = {**os.environ, "GRPC_EXPERIMENTS": "-event_engine_client"}
+    done = subprocess.run(
+        [sys.executable, "-c", WATCH.format(module="proxy.__main__")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "at grpc: -event_engine_client\n" in done.stdout, done.stdout
