@@ -14,7 +14,7 @@ import os
 # older polling (bench/README.md, 2026-11-27); over the mesh, `digits` at c=32 ran +8.6%
 # (median of 8 interleaved rounds) and its c=1 p50 fell 6%. grpc reads this once, when it
 # is first imported, so this package is imported before grpc by every process of the mesh
-# (proxy/__init__.py, v2server/__init__.py). A deployment's own GRPC_EXPERIMENTS wins.
+# (proxy/, v2server/ and batch/__init__.py). A deployment's own GRPC_EXPERIMENTS wins.
 os.environ.setdefault("GRPC_EXPERIMENTS", "-event_engine_client,-event_engine_listener")
 
 from protos import grpc_predict_v2_pb2 as pb

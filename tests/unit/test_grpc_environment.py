@@ -28,7 +28,14 @@ import {module}
 
 
 @pytest.mark.parametrize(
-    "module", ["proxy.__main__", "proxy.job_worker", "predictors.__main__", "preprocess.__main__"]
+    "module",
+    [
+        "proxy.__main__",
+        "proxy.job_worker",
+        "predictors.__main__",
+        "preprocess.__main__",
+        "batch.grpc_door",
+    ],
 )
 def test_every_entry_point_sets_grpcs_environment_before_grpc_loads(module: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"}
