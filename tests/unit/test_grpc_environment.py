@@ -27,6 +27,20 @@ import {module}
 """
 
 
+def _grpc_sees(module: str, env: dict[str, str]) -> str:
+    """GRPC_EXPERIMENTS as grpc's first import begins in a fresh process importing `module`."""
+    done = subprocess.run(
+        [sys.executable, "-c", WATCH.format(module=module)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 @pytest.mark.parametrize(
     "module",
     [
@@ -39,27 +53,10 @@ import {module}
 )
 def test_every_entry_point_sets_grpcs_environment_before_grpc_loads(module: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"}
-    done = subprocess.run(
-        [sys.executable, "-c", WATCH.format(module=module)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    assert "at grpc: -event_engine_client,-event_engine_listener" in done.stdout, done.stdout
+    seen = _grpc_sees(module, env)
+    assert "at grpc: -event_engine_client,-event_engine_listener\n" in seen, seen
 
 
 def test_a_deployments_own_setting_wins() -> None:
-    env = {**os.environ, "GRPC_EXPERIMENTS": "-event_engine_client"}
-    done = subprocess.run(
-        [sys.executable, "-c", WATCH.format(module="proxy.__main__")],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    assert "at grpc: -event_engine_client\n" in done.stdout, done.stdout
+    seen = _grpc_sees("proxy.__main__", {**os.environ, "GRPC_EXPERIMENTS": "-event_engine_client"})
+    assert "at grpc: -event_engine_client\n" in seen, seen
