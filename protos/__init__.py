@@ -15,9 +15,10 @@ import os
 # (median of 8 interleaved rounds) and its c=1 p50 fell 6%. grpc reads this once, when it
 # is first imported, so this package is imported before grpc by every process of the mesh
 # (proxy/, v2server/ and batch/__init__.py). A deployment's own GRPC_EXPERIMENTS wins.
-os.environ.setdefault("GRPC_EXPERIMENTS", "-event_engine_client,-event_engine_listener")
+GRPC_EXPERIMENTS = "-event_engine_client,-event_engine_listener"
+os.environ.setdefault("GRPC_EXPERIMENTS", GRPC_EXPERIMENTS)
 
-from protos import grpc_predict_v2_pb2 as pb
-from protos import grpc_predict_v2_pb2_grpc as pb_grpc
+from protos import grpc_predict_v2_pb2 as pb  # noqa: E402 (after the setting, as grpc must be)
+from protos import grpc_predict_v2_pb2_grpc as pb_grpc  # noqa: E402
 
 __all__ = ["pb", "pb_grpc"]

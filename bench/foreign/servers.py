@@ -9,11 +9,13 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
+import protos
 from compose.processes import ROOT, socket_inodes, stop_process, tcp_sockets
 from protos import pb, pb_grpc
 
@@ -77,11 +79,22 @@ def _grpc_port(proc: subprocess.Popen[bytes], log_path: Path, timeout: float) ->
         time.sleep(0.2)
 
 
+def foreign_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` for a foreign server: without the grpc setting the mesh's own processes
+    start with (protos.GRPC_EXPERIMENTS), so that it runs as its users run it; a value the
+    user chose stays."""
+    return {
+        k: v
+        for k, v in environ.items()
+        if not (k == "GRPC_EXPERIMENTS" and v == protos.GRPC_EXPERIMENTS)
+    }
+
+
 def start(kind: str, workdir: Path, model: str, onnx: Path, timeout: float = 120) -> Foreign:
     """Serve `onnx` as `model` on a foreign server of `kind` (mlserver, kserve)."""
     workdir.mkdir(parents=True, exist_ok=True)
     python = VENVS[kind] / "bin" / "python"
-    env = {**os.environ, "PYTHONPATH": str(HERE)}
+    env = {**foreign_environment(os.environ), "PYTHONPATH": str(HERE)}
     if kind == "mlserver":
         folder = workdir / "mlserver"
         (folder / model).mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+import protos
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # Prints the variable as grpc's first import begins, then imports the entry point.
@@ -60,3 +62,14 @@ def test_every_entry_point_sets_grpcs_environment_before_grpc_loads(module: str)
 def test_a_deployments_own_setting_wins() -> None:
     seen = _grpc_sees("proxy.__main__", {**os.environ, "GRPC_EXPERIMENTS": "-event_engine_client"})
     assert "at grpc: -event_engine_client\n" in seen, seen
+
+
+def test_foreign_servers_start_without_the_meshs_setting() -> None:
+    """MLServer and KServe's server run in tests as their users run them: not with the grpc
+    setting the test process itself picked up from protos; a value the user chose stays."""
+    from bench.foreign.servers import foreign_environment
+
+    ours = {"PATH": "/bin", "GRPC_EXPERIMENTS": protos.GRPC_EXPERIMENTS}
+    assert foreign_environment(ours) == {"PATH": "/bin"}
+    chosen = {"PATH": "/bin", "GRPC_EXPERIMENTS": "-event_engine_client"}
+    assert foreign_environment(chosen) == chosen
