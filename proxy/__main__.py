@@ -23,11 +23,14 @@ from proxy.settings import ProxySettings
 def main(argv: list[str] | None = None) -> int:
     settings = ProxySettings(_cli_parse_args=sys.argv[1:] if argv is None else argv)
     logs.configure(settings.log_level)
-    tracing.setup("proxy")
     # The front (nginx on the door's port) is started once: by a supervisor for its workers.
+    # Before tracing's exporter opens its gRPC channel: nginx is forked with a preexec_fn, and
+    # a fork while grpc's threads run can abort the child before it execs (CI, traces on:
+    # "epoll_wait error: Bad file descriptor", nginx exited with -6).
     front = nginx.running if workers.SUPERVISED not in os.environ else nullcontext
     try:
         with front(settings) as settings:
+            tracing.setup("proxy")
             if settings.workers > 1:
                 return workers.supervise(settings)
             return _serve(settings)
