@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import protos  # noqa: E402
 from predictors.settings import PredictorSettings  # noqa: E402
 from preprocess.settings import PreprocessSettings  # noqa: E402
 from proxy.settings import ProxySettings  # noqa: E402
@@ -62,7 +63,7 @@ def render() -> str:
         "`PREDICTOR_DIGITS_MLP_URL`, ...: [pipelines.md](pipelines.md)).",
         "",
         "One variable is grpc's own: every process of the mesh runs with",
-        "`GRPC_EXPERIMENTS=-event_engine_client,-event_engine_listener` unless the environment",
+        f"`GRPC_EXPERIMENTS={protos.GRPC_EXPERIMENTS}` unless the environment",
         "sets it (protos/__init__.py): grpc's older polling makes half the context switches a",
         "message (bench/README.md, 2026-11-27). Set it (even empty) to choose otherwise.",
     ]

@@ -7,13 +7,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 import protos
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.procs import ROOT
 
 # Prints the variable as grpc's first import begins, then imports the entry point.
 WATCH = """
