@@ -118,7 +118,7 @@ class Batcher:
         if self._max_rows == 0:
             return await self._run_alone(inputs, rows, deadline)
         loop = asyncio.get_running_loop()
-        self._policy.arrived(loop.time())
+        self._policy.arrived(time.perf_counter())
         idle = not (self._queue or self._executing or self._waiting or self._slots.locked())
         if idle and not self._policy.batching_pays():
             return await self._run_alone(inputs, rows, deadline)

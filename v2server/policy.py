@@ -52,6 +52,8 @@ class AdaptivePolicy:
         return self._mean_s < self._inline_below and payload_bytes(inputs) <= self._inline_max_bytes
 
     def arrived(self, now: float) -> None:
+        """A request came at `now` (time.perf_counter(): uvloop's clock counts whole
+        milliseconds, the size of the gaps measured here)."""
         if self._last_arrival is not None:
             gap = min(now - self._last_arrival, self._gap_cap)
             self._gap = 0.7 * self._gap + 0.3 * gap

@@ -10,6 +10,7 @@ import signal
 import time
 from collections.abc import Sequence
 
+import uvloop
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
@@ -201,7 +202,11 @@ def run_service(
     """The body of every service's `main`: serve until SIGTERM; 2 on a configuration error."""
     server = V2Server(registry, settings, server_name=server_name, server_version=server_version)
     try:
-        asyncio.run(serve(server))
+        # uvloop, as the proxy runs (uvicorn's loop="uvloop"): grpc.aio takes any asyncio loop,
+        # and on uvloop a service spent ~10% less CPU per call, c=1 p50 -5% (bench/README,
+        # 2026-11-27, evening).
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(serve(server))
     except (TLSConfigError, LoadError) as exc:
         log.error("cannot start: %s", exc)
         return 2
