@@ -108,7 +108,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         try:
             return await self.plane.infer(request, context.time_remaining())
         finally:
-            await self._held.give(request.size)
+            self._held.give(request.size)
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[wire.ParsedInferRequest], context: Context
@@ -209,15 +209,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 if answer is not None:
                     yield answer
                 window.release()
-                await stream_bytes.give(size)
-                await self._held.give(size)
+                stream_bytes.give(size)
+                self._held.give(size)
             await reader  # the caller's half-close or a broken stream surfaces here
         finally:
             self._streams.discard(answers)
             reader.cancel()
             for task in list(running):
                 task.cancel()
-            await self._held.give(stream_bytes.used)  # what unsent answers still held
+            self._held.give(stream_bytes.used)  # what unsent answers still held
 
 
 _DRAIN = (None, -1)
