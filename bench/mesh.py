@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import itertools
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,7 @@ from bench import services
 from bench.httpload import Connection, post_bytes
 from bench.loadgen import Stats, run_async, run_threads
 from protos import messages
+from proxy.doors.grpc_front_nginx import free_port as free_port  # one helper for both
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -70,12 +70,6 @@ def shipped_mesh(
 def proxy_url(mesh) -> str:
     """The REST door of a shipped_mesh."""
     return f"http://127.0.0.1:{mesh.services['proxy'].env['PROXY_PORT']}"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_http(url: str, proc: subprocess.Popen) -> None:
