@@ -131,14 +131,17 @@ class Batcher:
     ) -> dict[str, np.ndarray]:
         loop = asyncio.get_running_loop()
         timing = spans.queued()
-        self._waiting += 1
-        self._queue.show_depth(self._waiting)
         arrived = time.perf_counter_ns()
-        try:
-            await self._slots.acquire()
-        finally:
-            self._waiting -= 1
+        if self._slots.locked():
+            self._waiting += 1
             self._queue.show_depth(self._waiting)
+            try:
+                await self._slots.acquire()
+            finally:
+                self._waiting -= 1
+                self._queue.show_depth(self._waiting)
+        else:  # a slot is free: taken at once, nothing waited (no queue depth to show)
+            await self._slots.acquire()
         started = time.perf_counter_ns()
         started_wall = spans.now_ns() if timing is not None else 0
         self.statistics.queue.add(started - arrived)
