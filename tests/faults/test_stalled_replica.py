@@ -66,19 +66,24 @@ def _rows(address: str) -> int:
     return sum(s.inference_count for s in stats.model_stats)
 
 
-def _windows(tally: Tally, fault_s: float) -> tuple[float, list[int], int, int]:
-    """(healthy answers per window, answers per window of the fault, requests sent during
-    the fault and just after, of which failed)."""
+def _windows(tally: Tally, fault_s: float) -> tuple[float, float, list[int], int, int]:
+    """(healthy answers per window before the fault, and after it healed; answers per window
+    of the fault; requests sent during the fault and just after, of which failed)."""
     done = [
         (start + latency, status)
         for (start, status), latency in zip(tally.timeline, tally.latencies, strict=True)
     ]
-    healthy = sum(1 for t, s in done if 1.0 <= t < HEALTHY_S and s == 200)
-    per_window = healthy / (HEALTHY_S - 1.0) * WINDOW_S
+
+    def rate(start: float, end: float) -> float:
+        answered = sum(1 for t, s in done if start <= t < end and s == 200)
+        return answered / (end - start) * WINDOW_S
+
+    healed = HEALTHY_S + fault_s
+    before, after = rate(1.0, HEALTHY_S), rate(healed + 1.0, healed + AFTER_S)
     edges = np.arange(HEALTHY_S, HEALTHY_S + fault_s, WINDOW_S)
     windows = [sum(1 for t, s in done if e <= t < e + WINDOW_S and s == 200) for e in edges]
     during = [s for start, s in tally.timeline if start >= HEALTHY_S]
-    return per_window, windows, len(during), sum(1 for s in during if s != 200)
+    return before, after, windows, len(during), sum(1 for s in during if s != 200)
 
 
 FAULTS: dict[str, tuple[Callable[[netns.Netns, Service], None], Callable]] = {
@@ -145,15 +150,21 @@ def test_one_replica_stops_answering(
                 timer.join()
             heal(ns, isolated)
         rows["after"] = _rows(isolated_address)
-    per_window, windows, during, failed = _windows(tally, fault_s)
+    before, after, windows, during, failed = _windows(tally, fault_s)
     name = f"{fault}{' (unary)' if env else ''}"
     report(
         f"one of two replicas {name} for {fault_s:.0f} s under 8 clients: healthy "
-        f"{per_window / WINDOW_S:.0f} req/s, during the fault per {WINDOW_S:.0f} s "
-        f"{[round(w / WINDOW_S) for w in windows]} req/s, {failed} of {during} failed"
+        f"{before / WINDOW_S:.0f} req/s (after it healed {after / WINDOW_S:.0f}), during the "
+        f"fault per {WINDOW_S:.0f} s {[round(w / WINDOW_S) for w in windows]} req/s, "
+        f"{failed} of {during} failed"
     )
     assert tally.lost == 0 and tally.hung == 0
     assert rows["before"] > 0, "the isolated replica had its share before the fault"
-    assert min(windows) >= 0.5 * per_window, (per_window, windows)
+    # Healthy is both replicas answering, before the fault and after it healed: the lower of
+    # the two, because this machine's own speed drifts by a fifth within half a minute (a CI
+    # run read 380 req/s healthy, then windows falling steadily from 377 to 182 while the
+    # same test alone held 300-350 in every window, three runs of three).
+    healthy = min(before, after)
+    assert min(windows) >= 0.5 * healthy, (before, after, windows)
     assert failed <= 0.01 * during, tally.by_status
     assert rows["after"] > rows["healed"], "the replica was not used again after it healed"
