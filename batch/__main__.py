@@ -153,8 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # uvloop: ~10% less of this process's CPU per input, which on a shared machine is CPU
         # the mesh answering it gets (bench batch).
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            return runner.run(batch())
+        return uvloop.run(batch())
     except KeyboardInterrupt:
         print("mesh batch: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130

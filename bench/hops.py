@@ -163,8 +163,7 @@ def main(argv: list[str]) -> int:
         import uvloop
 
         # The services' loop (v2server.server.run_service), as the relay has the proxy's.
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(_echo(int(argv[1])))
+        uvloop.run(_echo(int(argv[1])))
         return 0
     if argv[:1] == ["relay"]:
         import uvicorn

@@ -62,11 +62,13 @@ class ByteWindow:
 
     def _grant(self) -> None:
         """Hold the bytes of every waiter that fits now, in arrival order, and wake it."""
-        for entry in list(self._waiters):
-            nbytes, granted = entry
-            if granted.done():
-                self._waiters.remove(entry)
-            elif self.fits(nbytes):
-                self._waiters.remove(entry)
+        waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
+        for nbytes, granted in self._waiters:
+            if granted.done():  # cancelled, its task not yet resumed
+                continue
+            if self.fits(nbytes):
                 self.used += nbytes
                 granted.set_result(None)
+            else:
+                waiting.append((nbytes, granted))
+        self._waiters = waiting

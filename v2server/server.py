@@ -205,8 +205,7 @@ def run_service(
         # uvloop, as the proxy runs (uvicorn's loop="uvloop"): grpc.aio takes any asyncio loop,
         # and on uvloop a service spent ~10% less CPU per call, c=1 p50 -5% (bench/README,
         # 2026-11-27, evening).
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(serve(server))
+        uvloop.run(serve(server))
     except (TLSConfigError, LoadError) as exc:
         log.error("cannot start: %s", exc)
         return 2
