@@ -38,7 +38,7 @@ from protos.labelled import child
 from proxy import metrics
 from proxy.transport.channels import Infer
 from proxy.transport.chunks import HEADROOM
-from proxy.transport.failures import CallFailed
+from proxy.transport.failures import CallFailed, Expired, expire
 from proxy.transport.members import (
     Member,
     Merged,
@@ -58,10 +58,8 @@ SLOTS = 1
 """Calls one lane keeps in flight. On `digits` (bench pipelines), two sent 1.1-1.5 requests
 per call at c=8-32 and one 1.5-3.3 (before the gathering turn), for 1.0-1.4x throughput."""
 
-
 MAX_LANES = 1024
 """Lanes kept before the idle ones are dropped."""
-
 MAX_STALLED = 8
 """Stalled calls a lane leaves out before it waits for one of them to end."""
 
@@ -107,8 +105,8 @@ class Lane:
         timeout: float,
         request_id: str,
     ) -> Tensors:
-        """Channels.infer's contract, merged with the lane's other calls when it is busy."""
-
+        """Channels.infer's contract, merged with the lane's other calls when it is busy (a
+        caller cancelled cancels its own answer only: the merged call goes on for the rest)."""
         send = functools.partial(
             self.send, target, inputs, outputs=outputs, timeout=timeout, request_id=request_id
         )
@@ -137,19 +135,19 @@ class Lane:
                 self.queue.clear()  # nobody joined: sent from this task, no merged-call task
                 return await self._direct(send())
         self._flush()
+        expiry = loop.call_later(timeout, expire, member.answer)
         try:
-            async with asyncio.timeout(timeout):
-                return await asyncio.shield(member.answer)
-        except TimeoutError:
+            return await member.answer
+        except Expired:
             raise CallFailed(
                 grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded (in a merged call)"
             ) from None
         finally:
+            expiry.cancel()
             self._leave(member)
 
     async def _direct(self, call: Awaitable[Tensors]) -> Tensors:
-        """A call sent alone, from its caller's task (already running: its `finally` runs
-        however it ends)."""
+        """A call sent alone, from its caller's (running) task: its `finally` always runs."""
         token = next(tokens)
         self.calls.begin(token)
         child(metrics.MERGED_MEMBERS, self.label).observe(1)
@@ -162,8 +160,10 @@ class Lane:
             self._ended(token, answered)
 
     def _leave(self, member: Member) -> None:
-        if not member.answer.done():
-            member.answer.cancel()
+        answer = member.answer
+        if answer.done() and not answer.cancelled() and answer.exception() is None:
+            return  # answered by its merged call, which is ending: nothing to undo
+        answer.cancel()  # a no-op once done
         if member.call is None:
             if member in self.queue:
                 self.queue.remove(member)

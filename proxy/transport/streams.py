@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections import deque
 from dataclasses import dataclass
 
 import grpc
@@ -20,7 +21,7 @@ from grpc import aio
 
 from protos import pb, wire
 from protos.channels import METHOD_PREFIX, STREAM_CANCEL_PARAMETER, STREAM_DRAINED_METADATA
-from proxy.transport.failures import CallFailed
+from proxy.transport.failures import CallFailed, Expired, expire
 from proxy.transport.stream_answers import parse_stream_response
 
 UNPROVEN_LIMIT = 3
@@ -29,15 +30,6 @@ UNPROVEN_LIMIT = 3
 
 def _as_is(data: bytes) -> bytes:
     return data
-
-
-class _Expired(Exception):
-    """A request's own time ran out before its answer came."""
-
-
-def _expire(future: asyncio.Future) -> None:
-    if not future.done():
-        future.set_exception(_Expired())
 
 
 @dataclass(eq=False)
@@ -66,7 +58,10 @@ class MuxStream:
         self._call = method(metadata=pool.metadata)
         self._pool = pool
         self._pending: dict[str, asyncio.Future[wire.ParsedInferResponse]] = {}
-        self._outbox: asyncio.Queue[_Outgoing] = asyncio.Queue()
+        self._outbox: deque[_Outgoing] = deque()
+        self._more: asyncio.Future[None] | None = None
+        """What the writer waits on while the outbox is empty (an asyncio.Queue costs ~10
+        Python calls a message more)."""
         self.closed = False
         self._failure: CallFailed | None = None
         self._reader = asyncio.create_task(self._read())
@@ -87,13 +82,11 @@ class MuxStream:
         future: asyncio.Future[wire.ParsedInferResponse] = loop.create_future()
         self._pending[key] = future
         outgoing = _Outgoing(request)
-        self._outbox.put_nowait(outgoing)
-        # A timer that fails the future, not asyncio.timeout (which cancels the task): the
-        # same bound for half the cost (~4 us against ~9 here), on every call.
-        expiry = loop.call_later(timeout, _expire, future)
+        self._post(outgoing)
+        expiry = loop.call_later(timeout, expire, future)
         try:
             return await future
-        except _Expired:
+        except Expired:
             self._leave(key, outgoing)
             raise CallFailed(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
         except asyncio.CancelledError:
@@ -123,13 +116,24 @@ class MuxStream:
         if self._pool.cancels and not self.closed:
             message = pb.ModelInferRequest(id=key)
             message.parameters[STREAM_CANCEL_PARAMETER].bool_param = True
-            self._outbox.put_nowait(_Outgoing(message.SerializeToString()))
+            self._post(_Outgoing(message.SerializeToString()))
+
+    def _post(self, outgoing: _Outgoing) -> None:
+        self._outbox.append(outgoing)
+        more, self._more = self._more, None
+        if more is not None and not more.done():
+            more.set_result(None)
 
     async def _write(self) -> None:
         """The stream's only writer: its own task, which no caller's cancellation reaches."""
+        outbox, loop = self._outbox, asyncio.get_running_loop()
         try:
             while True:
-                outgoing = await self._outbox.get()
+                if not outbox:
+                    self._more = loop.create_future()
+                    await self._more
+                    continue
+                outgoing = outbox.popleft()
                 if outgoing.dropped:
                     continue
                 outgoing.sent = True
@@ -277,12 +281,17 @@ class StreamPool:
         return f"{request_id}.{next(self._ids)}"
 
     def pick(self) -> MuxStream:
-        self._streams = [s for s in self._streams if not s.closed]
-        if len(self._streams) < self._size:
+        streams = self._streams
+        if any(s.closed for s in streams):
+            streams = self._streams = [s for s in streams if not s.closed]
+        if len(streams) < self._size:
             stream = MuxStream(self._channel, self)
-            self._streams.append(stream)
+            streams.append(stream)
             return stream
-        return min(self._streams, key=lambda s: s.load)
+        if len(streams) == 2:  # the default: no key function, no lambda
+            first, second = streams
+            return first if first.load <= second.load else second
+        return min(streams, key=lambda s: s.load)
 
     async def close(self) -> None:
         await asyncio.gather(*(s.close() for s in self._streams))
