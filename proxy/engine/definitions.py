@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
@@ -92,6 +93,24 @@ class Condition(Strict):
     """True: the tensor has no rows."""
     equals: Any = None
     one_of: list[Any] | None = None
+
+    def holds(self, value: np.ndarray) -> bool:
+        """Whether `value` (a switch step's input tensor) meets every test given."""
+        if self.empty is not None and (value.shape[0] == 0 if value.ndim else False) != self.empty:
+            return False
+        if self.equals is not None or self.one_of is not None:
+            if value.size == 0:
+                return False
+            first = value.reshape(-1)[0]
+            if isinstance(first, bytes):
+                first = first.decode()
+            elif isinstance(first, np.generic):
+                first = first.item()
+            if self.equals is not None and first != self.equals:
+                return False
+            if self.one_of is not None and first not in self.one_of:
+                return False
+        return True
 
 
 class Case(Strict):

@@ -1,10 +1,9 @@
 """Runs one request through a pipeline plan: serial, parallel and switch steps.
 
-One absolute deadline per request (loop time); every call gets what is left
-of it (or less, its own timeout_ms). A failing all_or_nothing branch cancels
-its siblings; a finished or failed request leaves no call running. A request keeps a
-tensor only while a later step or its result still reads it, and every byte it keeps
-is on its ledger (admission.py).
+One absolute deadline per request (loop time); every call gets what is left of it (or less,
+its own timeout_ms). A failing all_or_nothing branch cancels its siblings; a finished or
+failed request leaves no call running. A request keeps a tensor only while a later step or its
+result still reads it, and every byte it keeps is on its ledger (admission.py).
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ from proxy.engine.combine import combine
 from proxy.engine.definitions import (
     CallingStep,
     CallStep,
-    Condition,
     Entry,
     ParallelStep,
     SwitchStep,
@@ -122,6 +120,7 @@ class Executor:
         """The transport's seam: how each call travels is decided behind it."""
         self.caches = caches
         """The data cache of steps marked `cache: true` (None: off)."""
+        self._specs: dict[tuple[int, str, Target], tuple[CallingStep, Call]] = {}
 
     async def run(self, run: Run, inputs: dict[str, np.ndarray]) -> Run:
         """The request's tensors through its plan; the inputs are already on its ledger. The
@@ -154,15 +153,14 @@ class Executor:
         """One call of a step (`label`: the step, or `<parallel step>/<branch>`), timed and
         recorded under the status it ends with."""
         feeds = {name: run.resolve(ref, label) for name, ref in step.inputs.items()}
-        per_call_s = None if step.timeout_ms is None else step.timeout_ms / 1000
-        spec = Call(label, target, step.outputs, per_call_s, step.retries)
+        spec = self._spec(step, label, target)
         with step_span(label, target) if tracing.ENABLED else tracing.NO_SPAN as span:
             start = time.perf_counter()
             status, error, how = "ok", None, None
             try:
-                call = functools.partial(self.calls.call, spec, feeds, run.deadline, run.request_id)
                 if not (isinstance(step, CallStep) and step.cache and self.caches is not None):
-                    return await call()
+                    return await self.calls.call(spec, feeds, run.deadline, run.request_id)
+                call = functools.partial(self.calls.call, spec, feeds, run.deadline, run.request_id)
                 caches = self.caches
                 key = await step_key(target, step.outputs, caches.prints, feeds)
                 if key is None:
@@ -188,6 +186,18 @@ class Executor:
                 child(metrics.STEP_LATENCY, run.plan.name, step.name, status).observe(
                     latency / 1000
                 )
+
+    def _spec(self, step: CallingStep, label: str, target: Target) -> Call:
+        """The call a step makes to `target`, made once (kept with the step: its id stays its)."""
+        key = (id(step), label, target)
+        known = self._specs.get(key)
+        if known is None:
+            if len(self._specs) >= 4096:  # plans made anew without end: start over
+                self._specs.clear()
+            per_call_s = None if step.timeout_ms is None else step.timeout_ms / 1000
+            spec = Call(label, target, step.outputs, per_call_s, step.retries)
+            known = self._specs[key] = (step, spec)
+        return known[1]
 
     async def _call(self, step: CallStep, run: Run) -> None:
         out = await self._invoke(run, step, step.name, run.plan.targets[step.name])
@@ -216,10 +226,15 @@ class Executor:
             else:
                 await asyncio.wait(tasks.values())
         finally:
+            left = []
             for task in tasks.values():
-                task.cancel()
-            # Cancelled siblings must finish (and record their status) before we go on.
-            await asyncio.gather(*tasks.values(), return_exceptions=True)
+                if not task.done():
+                    task.cancel()
+                    left.append(task)
+                elif not task.cancelled():
+                    task.exception()  # read, so that a failure nobody raises is not logged
+            if left:  # cancelled siblings must finish (and record their status) first
+                await asyncio.gather(*left, return_exceptions=True)
         succeeded = {
             n: t.result() for n, t in tasks.items() if not t.cancelled() and t.exception() is None
         }
@@ -247,7 +262,7 @@ class Executor:
     async def _switch(self, step: SwitchStep, run: Run) -> None:
         value = run.resolve(step.input, step.name)
         for case in step.cases:
-            if _matches(case.when, value):
+            if case.when.holds(value):
                 chosen = case.steps
                 break
         else:
@@ -262,24 +277,3 @@ def held_bytes(value: np.ndarray) -> int:
     if value.dtype == object:
         return sum(len(v) if isinstance(v, bytes | str) else 8 for v in value.reshape(-1))
     return value.nbytes
-
-
-def _matches(cond: Condition, value: np.ndarray) -> bool:
-    if cond.empty is not None and (value.shape[0] == 0 if value.ndim else False) != cond.empty:
-        return False
-    if cond.equals is not None or cond.one_of is not None:
-        if value.size == 0:
-            return False
-        first = value.reshape(-1)[0]
-        first = (
-            first.decode()
-            if isinstance(first, bytes)
-            else first.item()
-            if isinstance(first, np.generic)
-            else first
-        )
-        if cond.equals is not None and first != cond.equals:
-            return False
-        if cond.one_of is not None and first not in cond.one_of:
-            return False
-    return True
