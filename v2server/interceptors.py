@@ -79,8 +79,9 @@ class InFlight:
         self._idle.set()
 
     def enter(self) -> None:
+        if not self.count:
+            self._idle.clear()
         self.count += 1
-        self._idle.clear()
 
     def leave(self) -> None:
         self.count -= 1

@@ -4,6 +4,7 @@ service's byte window are the only logic here, as they are transport."""
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncIterator
 
 import grpc
@@ -41,7 +42,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> None:
         self.plane = plane
         self._max_message = max_message_bytes
-        self._streams: set[asyncio.Queue] = set()
+        self._streams: set[_Answers] = set()
         """The answer queues of open streams (told when the server drains)."""
         self._in_flight = in_flight or InFlight()
         self._stream_window_bytes = stream_window_bytes
@@ -121,7 +122,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, "server is shutting down")
         stream_id = request_id_of(context)
         # (answer, bytes held); no answer for a request its sender cancelled.
-        answers: asyncio.Queue[tuple[bytes | None, int] | None] = asyncio.Queue()
+        answers = _Answers()
         running: set[asyncio.Task[None]] = set()
         by_id: dict[str, asyncio.Task[None]] = {}
         """The latest running request of each id (for cancellation)."""
@@ -134,7 +135,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             if self.plane.draining:
                 answers.put_nowait(_DRAIN)  # wakes the writer to see whether it may end
 
-        window = asyncio.Semaphore(STREAM_WINDOW)
+        window = ByteWindow(STREAM_WINDOW)  # of messages: one "byte" each
         stream_bytes = ByteWindow(self._stream_window_bytes)
 
         async def one(request: wire.ParsedInferRequest) -> None:
@@ -176,7 +177,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     # that does not read its answers is held back by flow control.
                     waiting += 1
                     try:
-                        await window.acquire()
+                        await window.wait_take(1)
                         await stream_bytes.wait_take(request.size)
                         await self._held.wait_take(request.size)
                     finally:
@@ -195,7 +196,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         draining = False  # a stream opened while the server drains was refused above
         try:
             while True:
-                if draining and not running and not waiting and answers.empty():
+                if draining and not running and not waiting and not answers:
                     # Ends the call: the caller opens a new stream elsewhere.
                     context.set_trailing_metadata(((STREAM_DRAINED_METADATA, "1"),))
                     return
@@ -208,7 +209,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 answer, size = item
                 if answer is not None:
                     yield answer
-                window.release()
+                window.give(1)
                 stream_bytes.give(size)
                 self._held.give(size)
             await reader  # the caller's half-close or a broken stream surfaces here
@@ -218,6 +219,30 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             for task in list(running):
                 task.cancel()
             self._held.give(stream_bytes.used)  # what unsent answers still held
+
+
+class _Answers:
+    """A stream's answers for its writer: put from callbacks and tasks, taken by the one
+    writer (an asyncio.Queue costs ~10 Python calls a message more)."""
+
+    def __init__(self) -> None:
+        self._items: deque[tuple[bytes | None, int] | None] = deque()
+        self._more: asyncio.Future[None] | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+    def put_nowait(self, item: tuple[bytes | None, int] | None) -> None:
+        self._items.append(item)
+        more, self._more = self._more, None
+        if more is not None and not more.done():
+            more.set_result(None)
+
+    async def get(self) -> tuple[bytes | None, int] | None:
+        while not self._items:
+            self._more = asyncio.get_running_loop().create_future()
+            await self._more
+        return self._items.popleft()
 
 
 _DRAIN = (None, -1)

@@ -59,7 +59,10 @@ class ModelStatistics:
         self, rows: int, requests: int, input_ns: int, infer_ns: int, output_ns: int
     ) -> None:
         self.compute.add(input_ns, infer_ns, output_ns, requests)
-        self.batches.setdefault(rows, Compute()).add(input_ns, infer_ns, output_ns)
+        batch = self.batches.get(rows)
+        if batch is None:  # not setdefault: that would build a Compute on every execution
+            batch = self.batches[rows] = Compute()
+        batch.add(input_ns, infer_ns, output_ns)
         self.inference_count += rows
         self.execution_count += 1
         self.last_inference_ms = time.time_ns() // 1_000_000
