@@ -28,7 +28,7 @@ from protos.channels import HTTP_STATUS_METADATA, METHOD_PREFIX
 from proxy.doors.disconnect import until_disconnect
 from proxy.doors.middleware import key_matches
 from proxy.errors import ClientGone
-from v2server.interceptors import CallScope, error_status, request_id_of
+from v2server.interceptors import REQUEST_ID_KEY, CallScope, error_status
 from v2server.server import V2Server
 
 PATH = METHOD_PREFIX + "ModelInfer"
@@ -36,6 +36,7 @@ PATH = METHOD_PREFIX + "ModelInfer"
 FRONT_HEADER = b"x-mesh-grpc-front"
 """Set by the front's nginx on what it hands here: without it, a POST to PATH is plain HTTP,
 answered by the REST door (404)."""
+REQUEST_ID_HEADER = REQUEST_ID_KEY.encode()
 _UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 _SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
 """grpc-message is percent-encoded: everything but printable ASCII and '%' (gRPC's spec)."""
@@ -52,7 +53,7 @@ class _Call:
     """What the servicer and the call's scope read of a grpc.aio context: the deadline and
     the metadata (x-request-id, traceparent)."""
 
-    def __init__(self, headers: list[tuple[str, str]], timeout: float | None) -> None:
+    def __init__(self, headers: list[tuple[bytes, bytes]], timeout: float | None) -> None:
         self._headers = headers
         self._deadline = None if timeout is None else time.monotonic() + timeout
 
@@ -60,7 +61,8 @@ class _Call:
         return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
 
     def invocation_metadata(self) -> list[tuple[str, str]]:
-        return self._headers
+        """Decoded when asked (a span's `traceparent`): the request id is read before."""
+        return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self._headers]
 
 
 class GrpcFront:
@@ -84,9 +86,9 @@ class GrpcFront:
         if FRONT_HEADER not in raw or scope["method"] != "POST":
             await self.app(scope, receive, send)  # not the front's: REST's 404 or 405
             return
-        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
-        request = Request(scope, receive)
-        call = _Call(headers, grpc_timeout(raw.get(b"grpc-timeout", b"").decode("latin-1")))
+        call = _Call(
+            scope["headers"], grpc_timeout(raw.get(b"grpc-timeout", b"").decode("latin-1"))
+        )
         if self.api_key and not key_matches(
             self.api_key, raw.get(b"x-api-key", b""), raw.get(b"authorization", b"")
         ):
@@ -96,16 +98,20 @@ class GrpcFront:
             # A message trickled in is bounded as REST's uploads are: by the call's budget.
             remaining = call.time_remaining()
             async with asyncio.timeout(self.max_wait_s if remaining is None else remaining):
-                body = await request.body()
+                body = await _body(receive)
         except TimeoutError:
             await _answer(send, grpc.StatusCode.DEADLINE_EXCEEDED, "the message came too slowly")
             return
+        except ClientGone:
+            return
         parsed = _message(body)
+        request = Request(scope, receive)
+        request_id = raw.get(REQUEST_ID_HEADER, b"").decode("latin-1")
         with CallScope(
             self.door.in_flight,
             "ModelInfer",
             parsed,
-            request_id_of(call),
+            request_id,
             call,  # type: ignore[arg-type]
         ) as scope_:
             try:
@@ -135,6 +141,19 @@ class GrpcFront:
 class _Refused(Exception):
     def __init__(self, code: grpc.StatusCode, text: str) -> None:
         self.code, self.text = code, text
+
+
+async def _body(receive: Receive) -> bytes:
+    """The call's whole message, as it arrives (not Starlette's Request.body: its stream's
+    generator costs more than the read); ClientGone when the caller left first."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _message(body: bytes) -> wire.ParsedInferRequest | str:

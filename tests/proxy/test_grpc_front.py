@@ -14,6 +14,7 @@ import pytest
 from starlette.responses import PlainTextResponse
 
 from protos import messages, pb
+from protos.logs import REQUEST_ID
 from proxy.doors.grpc_front import FRONT_HEADER, PATH, GrpcFront, grpc_timeout
 from tests.proxy.scripted import affine
 from v2server.registry import Registry
@@ -64,6 +65,31 @@ async def test_a_call_is_answered_with_its_message_and_status_ok() -> None:
     response = pb.ModelInferResponse.FromString(body[5:])
     assert messages.response_outputs(response)["y"].tolist() == [[3.0, 3.0]]
     assert door.in_flight.count == 0
+
+
+async def test_the_call_runs_under_its_request_id() -> None:
+    """The call's `x-request-id` (gRPC metadata, a header here) is the id its work runs
+    and logs under, as on the door itself; without one, none is made up here."""
+    seen: list[str] = []
+    model = affine("plus1", 1, 1)
+    inner = model.fn
+
+    async def noting(inputs, deadline):
+        seen.append(REQUEST_ID.get())
+        return await inner(inputs, deadline)
+
+    model.fn = noting
+    door = V2Server(
+        Registry.of(model), ServerSettings(port=0), server_name="door", server_version="0"
+    )
+    front = GrpcFront(_fallback, door=door)
+    transport = httpx.ASGITransport(app=front)
+    async with httpx.AsyncClient(transport=transport, base_url="http://front") as client:
+        answer = await _call(client, _framed(_request()), **{"x-request-id": "front-1"})
+        assert _status(answer) == (0, "")
+        answer = await _call(client, _framed(_request()))
+        assert _status(answer) == (0, "")
+    assert seen == ["front-1", ""]
 
 
 async def test_the_call_keeps_its_grpc_timeout_and_is_cut_at_it() -> None:
