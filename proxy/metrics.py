@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from prometheus_client import (
     CollectorRegistry,
@@ -37,6 +38,16 @@ BYTES_IN_FLIGHT = Gauge(
     "Bytes held by uploads and the tensors of requests in flight",
     multiprocess_mode="livesum",
 )
+
+
+def read_when_scraped(gauge: Gauge, read: Callable[[], float]) -> bool:
+    """`gauge` made to read `read()` at each scrape, instead of being set on every change
+    (~10 gauge writes a `digits` request); False with several workers, whose gauges are
+    files written as they change (prometheus-client has no set_function there)."""
+    if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+        return False
+    gauge.set_function(read)
+    return True
 
 
 def exposition(accept: str | None = None) -> tuple[bytes, str]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import weakref
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
@@ -62,6 +63,14 @@ class Admission:
         """Requests whose clients wait, running now."""
         self._last_client = float("-inf")
         """When the last of them ended (monotonic)."""
+        alive = weakref.ref(self)
+        self.sets_gauges = not (
+            metrics.read_when_scraped(metrics.IN_FLIGHT, lambda: _read(alive, "_requests"))
+            and metrics.read_when_scraped(
+                metrics.BYTES_IN_FLIGHT, lambda: _read(alive, "bytes_in_flight")
+            )
+        )
+        """Whether the in-flight gauges are written on every change (several workers)."""
 
     def _busy_for(self) -> float:
         """How long the proxy stays busy with clients that wait, if none comes (0: quiet)."""
@@ -134,7 +143,8 @@ class Admission:
         self._requests += 1
         self._in_flight[pipeline] = running + 1
         self._pixels[pipeline] = held + pixels
-        metrics.IN_FLIGHT.inc()
+        if self.sets_gauges:
+            metrics.IN_FLIGHT.inc()
         if not background:
             self._clients += 1
         try:
@@ -143,13 +153,20 @@ class Admission:
             if not background:
                 self._clients -= 1
                 self._last_client = time.monotonic()
-            metrics.IN_FLIGHT.dec()
+            if self.sets_gauges:
+                metrics.IN_FLIGHT.dec()
             self._requests -= 1
             self._in_flight[pipeline] -= 1
             self._pixels[pipeline] -= pixels
 
     def ledger(self) -> Ledger:
         return Ledger(self)
+
+
+def _read(alive: weakref.ref[Admission], name: str) -> float:
+    """A gauge's value read off the admission it follows (0 once that is gone)."""
+    admission = alive()
+    return 0 if admission is None else getattr(admission, name)
 
 
 def _fits(held: int, more: int, limit: int | None, share: float) -> bool:
@@ -172,13 +189,15 @@ class Ledger:
             )
         self.held += nbytes
         self.admission.bytes_in_flight += nbytes
-        metrics.BYTES_IN_FLIGHT.set(self.admission.bytes_in_flight)
+        if self.admission.sets_gauges:
+            metrics.BYTES_IN_FLIGHT.set(self.admission.bytes_in_flight)
 
     def release(self, nbytes: int) -> None:
         nbytes = min(nbytes, self.held)
         self.held -= nbytes
         self.admission.bytes_in_flight -= nbytes
-        metrics.BYTES_IN_FLIGHT.set(self.admission.bytes_in_flight)
+        if self.admission.sets_gauges:
+            metrics.BYTES_IN_FLIGHT.set(self.admission.bytes_in_flight)
 
     def close(self) -> None:
         self.release(self.held)
