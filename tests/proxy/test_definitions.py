@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 from proxy.engine import endpoints, plan
+from proxy.engine.definitions import Condition
 from proxy.errors import DefinitionError
 
 ENV = {"A_URL": "127.0.0.1:1", "B_URL": "127.0.0.1:2/model_b/3"}
@@ -141,3 +143,22 @@ def test_declared_inputs_are_checked(tmp_path: Path, change: dict, complaint: st
     with pytest.raises(DefinitionError) as refused:
         plan.load(path, {"E_URL": "127.0.0.1:1"})
     assert complaint in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("when", "value", "holds"),
+    [
+        ({"empty": True}, np.zeros((0, 4), np.float32), True),
+        ({"empty": True}, np.zeros((2, 4), np.float32), False),
+        ({"empty": False}, np.zeros((2, 4), np.float32), True),
+        ({"equals": 1}, np.array([1], np.int64), True),
+        ({"equals": 1}, np.array([0], np.int64), False),
+        ({"equals": "cat"}, np.array([b"cat"], dtype=object), True),
+        ({"one_of": ["a", "b"]}, np.array([[b"b"]], dtype=object), True),
+        ({"one_of": [2, 3]}, np.array([4.0], np.float32), False),
+        ({"equals": 1}, np.zeros((0,), np.int64), False),  # nothing to compare
+        ({"empty": False, "equals": 7}, np.array([7], np.int32), True),
+    ],
+)
+def test_a_switch_condition_looks_at_the_first_element(when: dict, value, holds: bool) -> None:
+    assert Condition(**when).holds(value) is holds
