@@ -4,7 +4,6 @@ service's byte window are the only logic here, as they are transport."""
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import AsyncIterator
 
 import grpc
@@ -18,6 +17,7 @@ from protos.channels import (
     STREAM_STATUS_PARAMETER,
 )
 from protos.errors import Overloaded
+from protos.mailbox import Mailbox
 from v2server.bytewindow import ByteWindow
 from v2server.dataplane import DataPlane
 from v2server.interceptors import CallScope, InFlight, error_status, request_id_of
@@ -42,7 +42,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> None:
         self.plane = plane
         self._max_message = max_message_bytes
-        self._streams: set[_Answers] = set()
+        self._streams: set[Mailbox[_Answer]] = set()
         """The answer queues of open streams (told when the server drains)."""
         self._in_flight = in_flight or InFlight()
         self._stream_window_bytes = stream_window_bytes
@@ -122,7 +122,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, "server is shutting down")
         stream_id = request_id_of(context)
         # (answer, bytes held); no answer for a request its sender cancelled.
-        answers = _Answers()
+        answers: Mailbox[_Answer] = Mailbox()
         running: set[asyncio.Task[None]] = set()
         by_id: dict[str, asyncio.Task[None]] = {}
         """The latest running request of each id (for cancellation)."""
@@ -221,29 +221,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             self._held.give(stream_bytes.used)  # what unsent answers still held
 
 
-class _Answers:
-    """A stream's answers for its writer: put from callbacks and tasks, taken by the one
-    writer (an asyncio.Queue costs ~10 Python calls a message more)."""
-
-    def __init__(self) -> None:
-        self._items: deque[tuple[bytes | None, int] | None] = deque()
-        self._more: asyncio.Future[None] | None = None
-
-    def __bool__(self) -> bool:
-        return bool(self._items)
-
-    def put_nowait(self, item: tuple[bytes | None, int] | None) -> None:
-        self._items.append(item)
-        more, self._more = self._more, None
-        if more is not None and not more.done():
-            more.set_result(None)
-
-    async def get(self) -> tuple[bytes | None, int] | None:
-        while not self._items:
-            self._more = asyncio.get_running_loop().create_future()
-            await self._more
-        return self._items.popleft()
-
+_Answer = tuple[bytes | None, int] | None
+"""(answer, bytes held), or None once the stream's reader is done."""
 
 _DRAIN = (None, -1)
 """Put in every open stream's answer queue when the server drains: each stream ends once
