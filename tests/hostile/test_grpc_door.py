@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import grpc
 import httpx
@@ -97,6 +98,16 @@ def test_an_image_over_the_body_limit_is_refused_at_the_door(mesh: Mesh) -> None
     assert isinstance(answer, pb.ModelInferResponse), answer
 
 
+def _held(holders: list[subprocess.Popen], ask: bool = True) -> list[tuple[int, ...]]:
+    """Each holder's (opened, still open) as it counts them now: it prints a line once it
+    has opened them all, then one for each line it is sent."""
+    if ask:
+        for holder in holders:
+            holder.stdin.write("\n")  # type: ignore[union-attr]
+            holder.stdin.flush()  # type: ignore[union-attr]
+    return [tuple(map(int, h.stdout.readline().split())) for h in holders]  # type: ignore[union-attr]
+
+
 def test_idle_connections_to_the_door_leave_rest_answering(mesh: Mesh) -> None:
     """21,000 idle HTTP/2 connections once used up the proxy's 20,000 descriptors: every
     REST request for the next 80 s was reset. The door holds at most
@@ -113,22 +124,31 @@ def test_idle_connections_to_the_door_leave_rest_answering(mesh: Mesh) -> None:
         for _ in range(3)
     ]
     try:
-        counts = [tuple(map(int, h.stdout.readline().split())) for h in holders]  # type: ignore[union-attr]
+        counts = _held(holders, ask=False)
         statuses = digits_ok(mesh.url, 8)
         with httpx.Client(base_url=mesh.url, timeout=10) as client:
             health = client.get("/healthz").status_code
+        # Connections still in the listen backlog, or whose close the holder has not read
+        # yet, look held for a while on a loaded machine (2,169 once after 1 s, against
+        # ~1,775 usually): what is bounded is what is held once the door has caught up.
+        held = [sum(c[1] for c in counts)]
+        for _ in range(20):
+            if held[-1] <= 2048 + 64:
+                break
+            time.sleep(0.5)
+            held.append(sum(c[1] for c in _held(holders)))
     finally:
         for holder in holders:
             holder.stdin.close()  # type: ignore[union-attr]
             holder.wait(60)
             holder.stdout.close()  # type: ignore[union-attr]
-    opened, still = sum(c[0] for c in counts), sum(c[1] for c in counts)
+    opened = sum(c[0] for c in counts)
     report(
-        f"\nhostile: {opened} idle HTTP/2 connections to the gRPC door: {still} held after 1 s; "
-        f"REST meanwhile {statuses}"
+        f"\nhostile: {opened} idle HTTP/2 connections to the gRPC door: held after 1 s and "
+        f"then each 0.5 s {held}; REST meanwhile {statuses}"
     )
     assert opened >= 20_000
-    assert still <= 2048 + 64
+    assert held[-1] <= 2048 + 64
     assert statuses == [200] * 8 and health == 200
     ok = pb.ModelInferRequest(model_name="digits")
     ok.inputs.add(name="image", datatype="BYTES", shape=[1])
