@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import gc
 
-from prometheus_client import Gauge
+from protos.metric_types import Gauge
 
 YOUNG = 7_000
 """Allocations (beyond frees) between two young collections; CPython's default is 700."""

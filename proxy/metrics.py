@@ -5,15 +5,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    multiprocess,
-)
+from prometheus_client import CollectorRegistry, multiprocess
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import REGISTRY
+
+from protos.metric_types import Counter, Gauge, Histogram
 
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 

@@ -3,7 +3,7 @@ server that never batches (the proxy's gRPC door) does not list them."""
 
 from __future__ import annotations
 
-from prometheus_client import Gauge, Histogram
+from protos.metric_types import Gauge, Histogram
 
 BATCH_ROWS = Histogram(
     "v2_batch_rows",

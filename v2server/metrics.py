@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import grpc
-from prometheus_client import Counter, Histogram, start_http_server
+from prometheus_client import start_http_server
 
 from protos.labelled import child
+from protos.metric_types import Counter, Histogram
 
 REQUESTS = Counter(
     "v2_requests_total",
