@@ -91,12 +91,16 @@ class Span:
         links: Sequence[SpanContext],
         start_ns: int | None,
     ) -> None:
+        sampler = _sampler  # its decision inlined: two calls a span fewer
         if parent is None:
             trace_id, self.parent_id = random.getrandbits(128) or 1, 0
-            sampled = _sampler.root(trace_id)
+            sampled = sampler.every or sampler.root(trace_id)
         else:
             trace_id, self.parent_id = parent.trace_id, parent.span_id
-            sampled = _sampler.child(parent)
+            if sampler.parent_based:
+                sampled = parent.sampled
+            else:
+                sampled = sampler.every or sampler.root(trace_id)
         self.context = SpanContext(trace_id, random.getrandbits(64) or 1, sampled)
         self.name, self.kind = name, kind
         self.attributes = dict(attributes) if attributes else {}
@@ -133,13 +137,12 @@ class _Sampler:
             ratio = 1.0
         self.ratio = min(max(ratio, 0.0), 1.0) if base == "traceidratio" else 1.0
         self.bound = int(self.ratio * (1 << 64))
+        self.every = self.on and self.ratio >= 1.0
+        """Every root sampled (always_on): no decision to make."""
 
     def root(self, trace_id: int) -> bool:
         # traceidratio: the trace id's lower 64 bits below ratio x 2^64, as the SDK decides.
         return self.on and (self.ratio >= 1.0 or (trace_id & 0xFFFFFFFFFFFFFFFF) < self.bound)
-
-    def child(self, parent: SpanContext) -> bool:
-        return parent.sampled if self.parent_based else self.root(parent.trace_id)
 
 
 _sampler = _Sampler()
@@ -202,8 +205,10 @@ def extract(value: str | None) -> SpanContext | None:
 
 def traceparent() -> str | None:
     """The current span's `traceparent`, to send on."""
-    current = _CURRENT.get()
-    return None if current is None else current.traceparent
+    c = _CURRENT.get()
+    if c is None:
+        return None
+    return f"00-{c.trace_id:032x}-{c.span_id:016x}-{'01' if c.sampled else '00'}"
 
 
 def current() -> SpanContext | None:

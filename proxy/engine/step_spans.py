@@ -12,13 +12,19 @@ from proxy.transport.target import Target
 
 
 def step_span(label: str, target: Target | None) -> AbstractContextManager:
-    return tracing.span(f"step {label}", attributes=_attributes(label, target))
+    # Keyed by strings, not by the Target: a dataclass's hash is a Python call.
+    if target is None:
+        name, attributes = _named(label, None, None)
+    else:
+        name, attributes = _named(label, target.model, target.version)
+    return tracing.span(name, attributes=attributes)
 
 
 @functools.lru_cache(maxsize=1024)
-def _attributes(label: str, target: Target | None) -> dict[str, str]:
+def _named(label: str, model: str | None, version: str | None) -> tuple[str, dict[str, str]]:
+    """The span's name and attributes, made once per step."""
     attributes = {"mesh.step": label}
-    if target is not None:
-        attributes["mesh.model"] = target.model
-        attributes["mesh.model_version"] = target.version
-    return attributes
+    if model is not None and version is not None:
+        attributes["mesh.model"] = model
+        attributes["mesh.model_version"] = version
+    return f"step {label}", attributes

@@ -135,24 +135,29 @@ async def infer_with_retries(
 
 def attempt_span(call: Call, attempt: int) -> AbstractContextManager:
     """One attempt's CLIENT span: the RPC as OTel's conventions name it, and the model."""
-    attributes = _attempt_attributes(call.label, call.target)
+    target = call.target
+    # Keyed by strings, not by the Target: a dataclass's hash is a Python call, twice a span.
+    attributes = _attempt_attributes(call.label, target.address, target.model, target.version)
     if attempt:
         attributes = {**attributes, "mesh.attempt": attempt + 1}
-    return tracing.span(f"{SERVICE_NAME}/ModelInfer", SpanKind.CLIENT, attributes)
+    return tracing.span(_ATTEMPT, SpanKind.CLIENT, attributes)
+
+
+_ATTEMPT = f"{SERVICE_NAME}/ModelInfer"
 
 
 @functools.lru_cache(maxsize=1024)
-def _attempt_attributes(label: str, target: Target) -> dict[str, str | int]:
+def _attempt_attributes(label: str, address: str, model: str, version: str) -> dict[str, str | int]:
     """What every attempt of a step's call says (made once per step, not per request)."""
-    host, _, port = target.address.rpartition(":")
+    host, _, port = address.rpartition(":")
     attributes: dict[str, str | int] = {
         "rpc.system": "grpc",
         "rpc.service": SERVICE_NAME,
         "rpc.method": "ModelInfer",
-        "server.address": host or target.address,
+        "server.address": host or address,
         "mesh.step": label,
-        "mesh.model": target.model,
-        "mesh.model_version": target.version,
+        "mesh.model": model,
+        "mesh.model_version": version,
         "mesh.attempt": 1,
     }
     if port.isdigit():

@@ -49,3 +49,43 @@ def test_a_callers_traceparent_is_read_as_w3c_says() -> None:
         "not a traceparent",
     ):
         assert tracing.extract(bad) is None, bad
+
+
+SAMPLED = tracing.SpanContext(0xABC, 0x1, True)
+UNSAMPLED = tracing.SpanContext(0xABC, 0x2, False)
+LOW = tracing.SpanContext(1, 0x3, True)  # a trace id whose lower 64 bits any ratio > 0 takes
+
+
+@pytest.mark.parametrize(
+    ("sampler", "arg", "parent", "sampled"),
+    [
+        ("parentbased_always_on", "", None, True),
+        ("parentbased_always_on", "", UNSAMPLED, False),  # the caller's decision holds
+        ("parentbased_always_off", "", None, False),
+        ("parentbased_always_off", "", SAMPLED, True),
+        ("always_on", "", UNSAMPLED, True),  # not parent-based: decided here
+        ("always_off", "", SAMPLED, False),
+        ("traceidratio", "0", SAMPLED, False),
+        ("traceidratio", "0.5", LOW, True),
+        ("parentbased_traceidratio", "0", SAMPLED, True),
+        ("no_such_sampler", "", UNSAMPLED, False),  # parentbased_always_on, with a warning
+    ],
+)
+def test_a_span_is_sampled_as_otel_traces_sampler_says(
+    monkeypatch: pytest.MonkeyPatch,
+    sampler: str,
+    arg: str,
+    parent: tracing.SpanContext | None,
+    sampled: bool,
+) -> None:
+    monkeypatch.setattr(tracing, "_sampler", tracing._Sampler(sampler, arg))
+    span = tracing.start("s", parent=parent)
+    assert span.context.sampled is sampled
+    if parent is not None:
+        assert (span.context.trace_id, span.parent_id) == (parent.trace_id, parent.span_id)
+    assert tracing.traceparent() is None  # `start` makes no span current
+    token = tracing.activate(span)
+    try:
+        assert tracing.traceparent() == span.context.traceparent
+    finally:
+        tracing.deactivate(token)
