@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, multiprocess
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import REGISTRY
 
-from protos.metric_types import Counter, Gauge, Histogram
+from protos.metric_types import MULTIPROCESS, Counter, Gauge, Histogram
 
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -40,7 +40,7 @@ def read_when_scraped(gauge: Gauge, read: Callable[[], float]) -> bool:
     """`gauge` made to read `read()` at each scrape, instead of being set on every change
     (~10 gauge writes a `digits` request); False with several workers, whose gauges are
     files written as they change (prometheus-client has no set_function there)."""
-    if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+    if MULTIPROCESS:  # the gauge is prometheus-client's file-backed one
         return False
     gauge.set_function(read)
     return True
