@@ -205,10 +205,8 @@ def extract(value: str | None) -> SpanContext | None:
 
 def traceparent() -> str | None:
     """The current span's `traceparent`, to send on."""
-    c = _CURRENT.get()
-    if c is None:
-        return None
-    return f"00-{c.trace_id:032x}-{c.span_id:016x}-{'01' if c.sampled else '00'}"
+    current = _CURRENT.get()
+    return None if current is None else current.traceparent
 
 
 def current() -> SpanContext | None:
