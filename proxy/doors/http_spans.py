@@ -6,12 +6,13 @@ middleware (middleware.py), which already holds the headers and sees the status 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
 from protos import tracing
-from protos.tracing import Span, SpanKind
+from protos.tracing import Shape, Span, SpanKind
 
 TRACED_PREFIXES = ("/v1/", "/v2/")
 
@@ -24,9 +25,15 @@ def request_span(
         return tracing.NO_SPAN
     given = headers.get(b"traceparent")
     parent = tracing.extract(given.decode("latin-1") if given else None)
-    method = scope["method"]
-    attributes = {"http.request.method": method, "url.path": path, "mesh.request_id": request_id}
-    return tracing.span(f"{method} {path}", SpanKind.SERVER, attributes, parent)
+    return tracing.span(
+        _shape(scope["method"], path), parent, attributes={"mesh.request_id": request_id}
+    )
+
+
+@functools.lru_cache(maxsize=1024)  # paths name pipelines: a few, and bounded if not
+def _shape(method: str, path: str) -> Shape:
+    attributes = (("http.request.method", method), ("url.path", path))
+    return tracing.shape(f"{method} {path}", SpanKind.SERVER, attributes)
 
 
 def answered(span: Span, status: int) -> None:

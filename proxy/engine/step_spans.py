@@ -5,26 +5,23 @@ steps. `mesh.status` is the status `/v1` reports for the step."""
 from __future__ import annotations
 
 import functools
-from contextlib import AbstractContextManager
 
 from protos import tracing
+from protos.tracing import Shape, Span, SpanKind
 from proxy.transport.target import Target
 
 
-def step_span(label: str, target: Target | None) -> AbstractContextManager:
+def step_span(label: str, target: Target | None) -> Span:
     # Keyed by strings, not by the Target: a dataclass's hash is a Python call.
     if target is None:
-        name, attributes = _named(label, None, None)
-    else:
-        name, attributes = _named(label, target.model, target.version)
-    return tracing.span(name, attributes=attributes)
+        return tracing.span(_shape(label, None, None))
+    return tracing.span(_shape(label, target.model, target.version))
 
 
 @functools.lru_cache(maxsize=1024)
-def _named(label: str, model: str | None, version: str | None) -> tuple[str, dict[str, str]]:
-    """The span's name and attributes, made once per step."""
-    attributes = {"mesh.step": label}
+def _shape(label: str, model: str | None, version: str | None) -> Shape:
+    """The step's span name and attributes, made once per step."""
+    attributes = [("mesh.step", label)]
     if model is not None and version is not None:
-        attributes["mesh.model"] = model
-        attributes["mesh.model_version"] = version
-    return f"step {label}", attributes
+        attributes += [("mesh.model", model), ("mesh.model_version", version)]
+    return tracing.shape(f"step {label}", SpanKind.INTERNAL, tuple(attributes))

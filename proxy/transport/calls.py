@@ -12,7 +12,6 @@ import asyncio
 import functools
 import random
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import grpc
@@ -20,7 +19,7 @@ import numpy as np
 
 from protos import tracing
 from protos.channels import SERVICE_NAME
-from protos.tracing import SpanKind
+from protos.tracing import Shape, Span, SpanKind
 from proxy.errors import StepError
 from proxy.transport import chunks
 from proxy.transport.channels import RETRYABLE, Channels, Infer
@@ -133,36 +132,32 @@ async def infer_with_retries(
             raise StepError(step, code, _describe(code, exc.details(), address)) from None
 
 
-def attempt_span(call: Call, attempt: int) -> AbstractContextManager:
+def attempt_span(call: Call, attempt: int) -> Span:
     """One attempt's CLIENT span: the RPC as OTel's conventions name it, and the model."""
     target = call.target
     # Keyed by strings, not by the Target: a dataclass's hash is a Python call, twice a span.
-    attributes = _attempt_attributes(call.label, target.address, target.model, target.version)
-    if attempt:
-        attributes = {**attributes, "mesh.attempt": attempt + 1}
-    return tracing.span(_ATTEMPT, SpanKind.CLIENT, attributes)
-
-
-_ATTEMPT = f"{SERVICE_NAME}/ModelInfer"
+    return tracing.span(
+        _attempt_shape(call.label, target.address, target.model, target.version, attempt + 1)
+    )
 
 
 @functools.lru_cache(maxsize=1024)
-def _attempt_attributes(label: str, address: str, model: str, version: str) -> dict[str, str | int]:
-    """What every attempt of a step's call says (made once per step, not per request)."""
+def _attempt_shape(label: str, address: str, model: str, version: str, attempt: int) -> Shape:
+    """What every such attempt of a step's call says (made once, not per request)."""
     host, _, port = address.rpartition(":")
-    attributes: dict[str, str | int] = {
-        "rpc.system": "grpc",
-        "rpc.service": SERVICE_NAME,
-        "rpc.method": "ModelInfer",
-        "server.address": host or address,
-        "mesh.step": label,
-        "mesh.model": model,
-        "mesh.model_version": version,
-        "mesh.attempt": 1,
-    }
+    attributes: list[tuple[str, str | int]] = [
+        ("rpc.system", "grpc"),
+        ("rpc.service", SERVICE_NAME),
+        ("rpc.method", "ModelInfer"),
+        ("server.address", host or address),
+        ("mesh.step", label),
+        ("mesh.model", model),
+        ("mesh.model_version", version),
+        ("mesh.attempt", attempt),
+    ]
     if port.isdigit():
-        attributes["server.port"] = int(port)
-    return attributes
+        attributes.append(("server.port", int(port)))
+    return tracing.shape(f"{SERVICE_NAME}/ModelInfer", SpanKind.CLIENT, tuple(attributes))
 
 
 def _describe(code: grpc.StatusCode, details: str | None, address: str) -> str:

@@ -13,7 +13,7 @@ import grpc
 import numpy as np
 
 from protos import tracing
-from protos.tracing import SpanContext, SpanKind
+from protos.tracing import Span, SpanKind
 from proxy.transport.chunks import nbytes
 from proxy.transport.failures import CallFailed
 
@@ -32,7 +32,7 @@ class Member:
     request_id: str
     answer: asyncio.Future[Tensors]
     call: Merged | None = None
-    span: SpanContext | None = None
+    span: Span | None = None
     """The caller's span (traces on): the merged call links to it."""
 
 
@@ -79,7 +79,7 @@ def merged_span(members: list[Member]) -> AbstractContextManager:
         "mesh.merged.members": len(members),
         "mesh.merged.rows": sum(m.rows for m in members),
     }
-    return tracing.span("merged call", SpanKind.CLIENT, attributes, parent, links)
+    return tracing.span(tracing.shape("merged call", SpanKind.CLIENT), parent, links, attributes)
 
 
 def fail(member: Member, exc: CallFailed) -> None:
