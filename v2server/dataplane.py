@@ -17,6 +17,7 @@ from protos import codec, messages, pb, wire
 from protos.codec import TensorLimits
 from protos.errors import DeadlineExceeded, InvalidInput, NotFound, Unavailable
 from v2server import triton
+from v2server.deadline import within
 from v2server.model import TensorSpec
 from v2server.registry import Registry
 from v2server.shm import SharedMemory
@@ -204,9 +205,11 @@ class DataPlane:
             # Work past the caller's deadline is for nobody: a streamed request has no
             # call for gRPC to cancel, so the deadline is kept here for every request.
             remaining = request.remaining
-            deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining
-            async with asyncio.timeout(remaining):
-                outputs = await model.infer(inputs, deadline)
+            if remaining is None:
+                outputs = await model.infer(inputs, None)
+            else:
+                deadline = asyncio.get_running_loop().time() + remaining
+                outputs = await within(model.infer(inputs, deadline), deadline)
         except TimeoutError:
             model.statistics.request(False, time.perf_counter_ns() - arrived)
             raise DeadlineExceeded(f"model '{model.name}': deadline passed") from None
