@@ -49,7 +49,8 @@ ENABLED = False
 NO_SPAN: contextlib.nullcontext[None] = contextlib.nullcontext()
 """What a hot path enters instead of a span when traces are off."""
 
-Attributes = Mapping[str, str | int | float | bool]
+Value = str | int | float | bool
+Attributes = dict[str, Value]
 
 
 class SpanKind(IntEnum):
@@ -82,7 +83,7 @@ class Shape:
     __slots__ = ("attributes", "encoded", "kind", "name")
 
     def __init__(self, name: str, kind: SpanKind, attributes: Attributes) -> None:
-        self.name, self.kind, self.attributes = name, kind, dict(attributes)
+        self.name, self.kind, self.attributes = name, kind, attributes
         self.encoded = otlp_bytes.encode_shape(name, kind, self.attributes)
 
 
@@ -90,7 +91,7 @@ class Shape:
 def shape(
     name: str,
     kind: SpanKind = SpanKind.INTERNAL,
-    attributes: tuple[tuple[str, str | int | float | bool], ...] = (),
+    attributes: tuple[tuple[str, Value], ...] = (),
 ) -> Shape:
     """The Shape of spans named `name` with these fixed attributes (pairs: hashable)."""
     return Shape(name, kind, dict(attributes))
@@ -99,7 +100,7 @@ def shape(
 class Span(SpanContext):
     """One operation; exported when it ends if its trace is sampled. Entered as a context
     manager, it is the current span inside the block (an exception marks it an error and
-    is raised); `start` makes one without making it current."""
+    is raised); made and not entered, it is not current (its maker ends it)."""
 
     __slots__ = (
         "_token",
@@ -118,7 +119,7 @@ class Span(SpanContext):
         parent: SpanContext | None = None,
         links: Sequence[SpanContext] = (),
         start_ns: int = 0,
-        attributes: dict[str, str | int | float | bool] | None = None,
+        attributes: Attributes | None = None,
     ) -> None:
         if parent is None:
             parent = _CURRENT.get()
@@ -142,11 +143,7 @@ class Span(SpanContext):
         self.end_ns = 0
         self.error: str | None = None
 
-    @property
-    def name(self) -> str:
-        return self.shape.name
-
-    def set_attribute(self, key: str, value: str | int | float | bool) -> None:
+    def set_attribute(self, key: str, value: Value) -> None:
         if self.attributes is None:
             self.attributes = {key: value}
         else:
@@ -281,16 +278,6 @@ def current() -> Span | None:
     return _CURRENT.get()
 
 
-def start(
-    shape: Shape,
-    parent: SpanContext | None = None,
-    start_time: int = 0,
-    attributes: dict[str, str | int | float | bool] | None = None,
-) -> Span:
-    """A span that is not made current (ended by its caller); `parent` None: the current."""
-    return Span(shape, parent, (), start_time, attributes)
-
-
 def activate(span: Span) -> contextvars.Token:
     """Make `span` current (until `deactivate` with the token)."""
     return _CURRENT.set(span)
@@ -304,7 +291,7 @@ def span(
     shape: Shape,
     parent: SpanContext | None = None,
     links: Sequence[SpanContext] = (),
-    attributes: dict[str, str | int | float | bool] | None = None,
+    attributes: Attributes | None = None,
 ) -> Span:
     """A span to enter (current inside the block). Only made when ENABLED."""
     return Span(shape, parent, links, 0, attributes)

@@ -89,11 +89,11 @@ def test_a_span_is_sampled_as_otel_traces_sampler_says(
     sampled: bool,
 ) -> None:
     monkeypatch.setattr(tracing, "_sampler", tracing._Sampler(sampler, arg))
-    span = tracing.start(tracing.shape("s"), parent=parent)
+    span = tracing.Span(tracing.shape("s"), parent)
     assert span.sampled is sampled
     if parent is not None:
         assert (span.trace_id, span.parent_id) == (parent.trace_id, parent.span_id)
-    assert tracing.traceparent() is None  # `start` makes no span current
+    assert tracing.traceparent() is None  # a span made, not entered, is not current
     token = tracing.activate(span)
     try:
         assert tracing.traceparent() == span.traceparent
