@@ -3,11 +3,14 @@
 The wheel is downloaded with pip (no install: the library is not a run-time dependency),
 its three ONNX files become models of the repository, and the recogniser's character list
 (ONNX metadata key `character`) is written beside it. Each graph is edited on the way in
-(`models.onnx_edit`, no weight changes):
+(`models.onnx_edit`, no weight changes, and `models.onnx_fold`):
 
 - every model takes UINT8 images, NHWC as decoded, and normalises them itself
   (pixel / 127.5 - 1, PaddleOCR's mean = std = 0.5): a hop carries a quarter of the bytes;
 - the exporter's four-node hard-swish chains become HardSwish nodes (5-10% less time);
+- the backbone's scalar affine steps (a Mul and an Add each) are folded into the
+  convolutions beside them: 40 of 53 in the recogniser, 38 in the detector (-17 to -20% and
+  -14 to -24% of their time, one thread);
 - the recogniser answers its best character and that character's probability per step
   (`index` INT64 [N,T], `prob` FP32 [N,T]) instead of 6,625 probabilities per step, and the
   probability of the space at every step (`space` FP32 [N,T]): the decoder's word gaps.
@@ -27,7 +30,7 @@ from pathlib import Path
 import onnx
 import yaml
 
-from models import onnx_edit
+from models import onnx_edit, onnx_fold
 
 WHEEL = "rapidocr-onnxruntime==1.4.4"
 MODELS = {
@@ -56,7 +59,7 @@ CONFIGS = {
     },
 }
 NAMES = list(MODELS)
-SOURCES = ("models/ocr.py", "models/onnx_edit.py")
+SOURCES = ("models/ocr.py", "models/onnx_edit.py", "models/onnx_fold.py")
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -106,13 +109,16 @@ def characters(model: onnx.ModelProto) -> list[str]:
 
 def edit(name: str, model: onnx.ModelProto) -> onnx.ModelProto:
     model, fused = onnx_edit.fuse_hard_swish(model)
+    model, folded = onnx_fold.fold_scalar_affine(model)
     model = onnx_edit.image_input(model, scale=1 / 127.5, offset=-1.0)
     if name == "ocr_rec":
         # Classes: 0 the CTC blank, then the characters, then the space (PaddleOCR's order).
         space = len(characters(model)) + 1
         model = onnx_edit.argmax_outputs(model, "index", "prob", classes={"space": space})
     onnx.checker.check_model(model)
-    print(f"{name}: {fused} hard-swish chains fused, UINT8 NHWC input")
+    print(
+        f"{name}: {fused} hard-swish chains fused, {folded} affine steps folded, UINT8 NHWC input"
+    )
     return model
 
 

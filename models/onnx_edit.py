@@ -32,7 +32,7 @@ def _constant(graph: onnx.GraphProto, name: str) -> float | None:
     return None
 
 
-def _prune(graph: onnx.GraphProto) -> None:
+def prune(graph: onnx.GraphProto) -> None:
     """Drop Constant nodes and initializers that no node reads any more."""
     while True:
         used = {name for node in graph.node for name in node.input}
@@ -90,7 +90,7 @@ def fuse_hard_swish(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     nodes = [replaced.get(id(n), n) for n in graph.node if id(n) not in dropped]
     del graph.node[:]
     graph.node.extend(nodes)
-    _prune(graph)
+    prune(graph)
     return model, len(replaced)
 
 
