@@ -10,13 +10,18 @@ Two foldings, exact in real arithmetic (the float rounding of a product moves, n
 - after a convolution: `conv(x; W, B) * s + b = conv(x; W*s, B*s + b)`;
 - before a convolution that pads nothing: `conv(h * s + b; W, B) = conv(h; W*s, B + b *
   sum(W[o]))`, the sum over each output channel's whole kernel (its group's input channels
-  and every tap). With zero padding the border taps would see 0 where `b` was, so such a
-  convolution keeps its Mul and Add.
+  and every tap).
+Before a convolution that pads, the border taps would see 0 where `b` was: there the Mul and
+Add become one 1x1 convolution of a channel a group (`x * s + b` still). One pass over the
+tensor instead of two, and it keeps onnxruntime's blocked layout (NCHWc) around it, where a
+scalar Mul or Add made it convert the tensor out of that layout and back (its Reorder nodes
+had taken 13% of the detector's time).
 """
 
 from __future__ import annotations
 
 import collections
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -39,13 +44,9 @@ class _Graph:
 
     def scalar(self, name: str) -> float | None:
         init = self.initializers.get(name)
-        if init is not None:
-            value = numpy_helper.to_array(init)
-        else:
-            node = self.producer.get(name)
-            if node is None or node.op_type != "Constant" or not node.attribute:
-                return None
-            value = numpy_helper.to_array(node.attribute[0].t)
+        if init is None:
+            return None
+        value = numpy_helper.to_array(init)
         if value.size != 1 or value.dtype != np.float32:
             return None
         return float(value.reshape(-1)[0])
@@ -98,6 +99,24 @@ class _Graph:
             self.initializers[name] = self.graph.initializer[-1]
             conv.input.append(name)
 
+    def channelwise(
+        self, add: onnx.NodeProto, x: str, s: float, b: float, channels: int
+    ) -> onnx.NodeProto:
+        """`x * s + b` as a 1x1 convolution of one channel a group, in `add`'s place."""
+        name = f"{add.name or add.output[0]}_channelwise"
+        weight = np.full((channels, 1, 1, 1), s, np.float32)
+        bias = np.full(channels, b, np.float32)
+        for suffix, value in (("w", weight), ("b", bias)):
+            self.graph.initializer.append(numpy_helper.from_array(value, f"{name}_{suffix}"))
+        return helper.make_node(
+            "Conv",
+            [x, f"{name}_w", f"{name}_b"],
+            [add.output[0]],
+            name=name,
+            group=channels,
+            kernel_shape=[1, 1],
+        )
+
 
 def _constants_to_initializers(graph: onnx.GraphProto) -> None:
     """The exporter's Constant nodes (weights among them) become initializers, as
@@ -112,18 +131,36 @@ def _constants_to_initializers(graph: onnx.GraphProto) -> None:
         graph.node.remove(node)
 
 
+def _in_channels(g: _Graph, conv: onnx.NodeProto) -> int | None:
+    weights = g.weights(conv)
+    if weights is None:
+        return None
+    attrs = {a.name: helper.get_attribute_value(a) for a in conv.attribute}
+    return int(weights[0].shape[1] * attrs.get("group", 1))
+
+
 def _pads_nothing(conv: onnx.NodeProto) -> bool:
     attrs = {a.name: helper.get_attribute_value(a) for a in conv.attribute}
     auto_pad = attrs.get("auto_pad", b"NOTSET")
     return auto_pad in (b"NOTSET", b"VALID", "NOTSET", "VALID") and not any(attrs.get("pads", []))
 
 
-def fold_scalar_affine(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+@dataclass(frozen=True)
+class Folds:
+    folded: int
+    """Affine steps folded into a convolution's weights."""
+    channelwise: int
+    """Affine steps before padded convolutions, made one channelwise 1x1 convolution."""
+
+
+def fold_scalar_affine(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Folds]:
     """Fold every scalar Mul-then-Add that follows a convolution, or that feeds only
-    convolutions padding nothing, into their weights. Returns the model and how many."""
+    convolutions padding nothing, into their weights; one that feeds padded convolutions
+    becomes a channelwise 1x1 convolution. Returns the model and how many of each."""
     g = _Graph(model.graph)
     dropped: set[int] = set()
-    folded = 0
+    replaced: dict[int, onnx.NodeProto] = {}
+    folded = channelwise = 0
     for mul in list(model.graph.node):
         found = g.affine(mul)
         if found is None:
@@ -145,6 +182,13 @@ def fold_scalar_affine(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
             if not all(r.op_type == "Conv" and r.input[0] == add.output[0] for r in readers):
                 continue
             if not all(_pads_nothing(r) and g.weights(r) is not None for r in readers):
+                channels = {_in_channels(g, r) for r in readers}
+                if len(channels) != 1 or None in channels:
+                    continue
+                replaced[id(add)] = g.channelwise(add, x, s, b, channels.pop())  # type: ignore[arg-type]
+                g.consumers[x] = [r for r in g.consumers[x] if r is not mul] + [replaced[id(add)]]
+                dropped.add(id(mul))
+                channelwise += 1
                 continue
             for conv in readers:
                 weight, bias = g.weights(conv)  # type: ignore[misc]
@@ -154,8 +198,8 @@ def fold_scalar_affine(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
             g.consumers[x] = [r for r in g.consumers[x] if r is not mul] + readers
         dropped |= {id(mul), id(add)}
         folded += 1
-    nodes = [n for n in model.graph.node if id(n) not in dropped]
+    nodes = [replaced.get(id(n), n) for n in model.graph.node if id(n) not in dropped]
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     prune(model.graph)
-    return model, folded
+    return model, Folds(folded, channelwise)
