@@ -19,7 +19,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper, version_converter
 
 
-def _constant(graph: onnx.GraphProto, name: str) -> float | None:
+def scalar_constant(graph: onnx.GraphProto, name: str) -> float | None:
     """The value of a one-element initializer or Constant node, or None."""
     for init in graph.initializer:
         if init.name == name:
@@ -68,9 +68,9 @@ def fuse_hard_swish(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
         if clip.op_type != "Clip" or len(clip.input) != 3:
             continue
         add = producer.get(clip.input[0])
-        if add is None or add.op_type != "Add" or _constant(graph, add.input[1]) != 3:
+        if add is None or add.op_type != "Add" or scalar_constant(graph, add.input[1]) != 3:
             continue
-        if (_constant(graph, clip.input[1]), _constant(graph, clip.input[2])) != (0, 6):
+        if (scalar_constant(graph, clip.input[1]), scalar_constant(graph, clip.input[2])) != (0, 6):
             continue
         x = add.input[0]
         muls = consumers[clip.output[0]]
@@ -78,9 +78,11 @@ def fuse_hard_swish(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
             continue
         mul = muls[0]
         divs = consumers[mul.output[0]]
-        if len(divs) != 1 or divs[0].op_type != "Div" or _constant(graph, divs[0].input[1]) != 6:
+        if len(divs) != 1 or divs[0].op_type != "Div":
             continue
         div = divs[0]
+        if scalar_constant(graph, div.input[1]) != 6:
+            continue
         if len(consumers[add.output[0]]) != 1:
             continue
         dropped |= {id(add), id(clip), id(mul)}

@@ -27,13 +27,12 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from models.onnx_edit import prune
+from models.onnx_edit import prune, scalar_constant
 
 
 class _Graph:
     def __init__(self, graph: onnx.GraphProto) -> None:
         self.graph = graph
-        _constants_to_initializers(graph)
         self.producer = {out: node for node in graph.node for out in node.output}
         self.consumers: dict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
         for node in graph.node:
@@ -41,15 +40,6 @@ class _Graph:
                 self.consumers[name].append(node)
         self.outputs = {o.name for o in graph.output}
         self.initializers = {i.name: i for i in graph.initializer}
-
-    def scalar(self, name: str) -> float | None:
-        init = self.initializers.get(name)
-        if init is None:
-            return None
-        value = numpy_helper.to_array(init)
-        if value.size != 1 or value.dtype != np.float32:
-            return None
-        return float(value.reshape(-1)[0])
 
     def only_reader(self, name: str) -> onnx.NodeProto | None:
         readers = self.consumers[name]
@@ -61,7 +51,7 @@ class _Graph:
         """(x, s, b, the Add) when `mul` is `x * s` read only by an Add of a scalar `b`."""
         if mul.op_type != "Mul" or len(mul.input) != 2:
             return None
-        scales = [(i, self.scalar(n)) for i, n in enumerate(mul.input)]
+        scales = [(i, scalar_constant(self.graph, n)) for i, n in enumerate(mul.input)]
         known = [(i, s) for i, s in scales if s is not None]
         if len(known) != 1:
             return None
@@ -70,7 +60,7 @@ class _Graph:
         if add is None or add.op_type != "Add" or len(add.input) != 2:
             return None
         other = add.input[1] if add.input[0] == mul.output[0] else add.input[0]
-        b = self.scalar(other)
+        b = scalar_constant(self.graph, other)
         if b is None:
             return None
         return mul.input[1 - index], s, b, add
@@ -132,11 +122,11 @@ def _constants_to_initializers(graph: onnx.GraphProto) -> None:
 
 
 def _in_channels(g: _Graph, conv: onnx.NodeProto) -> int | None:
-    weights = g.weights(conv)
-    if weights is None:
+    weight = g.initializers.get(conv.input[1])
+    if weight is None:
         return None
     attrs = {a.name: helper.get_attribute_value(a) for a in conv.attribute}
-    return int(weights[0].shape[1] * attrs.get("group", 1))
+    return int(weight.dims[1] * attrs.get("group", 1))
 
 
 def _pads_nothing(conv: onnx.NodeProto) -> bool:
@@ -157,6 +147,7 @@ def fold_scalar_affine(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Folds]:
     """Fold every scalar Mul-then-Add that follows a convolution, or that feeds only
     convolutions padding nothing, into their weights; one that feeds padded convolutions
     becomes a channelwise 1x1 convolution. Returns the model and how many of each."""
+    _constants_to_initializers(model.graph)
     g = _Graph(model.graph)
     dropped: set[int] = set()
     replaced: dict[int, onnx.NodeProto] = {}
