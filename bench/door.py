@@ -6,8 +6,10 @@
   (Triton's C++ client) when it can run here.
 For each: throughput and p50; the CPU per request of the proxy and of the services (from
 /proc, all threads); the rows each merged call carried (proxy_merged_call_members); and, at
-the door, the pipeline's own time (its ModelStatistics: what the engine took) beside the
-client's p50, the rest being the door's gRPC layers and the client.
+every door, the mean time a request spent in the proxy's engine (from admission to answer)
+beside the client's p50: the rest is outside the engine (the client, nginx, the HTTP and
+gRPC layers, the event loop's queue). At a fixed concurrency, the fewer of the requests in
+flight are in the engine, the fewer rows each merged call gathers.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import time
 import urllib.request
 from collections.abc import Callable
 
-import grpc
 import numpy as np
 from grpc import aio
 
@@ -28,7 +29,7 @@ from bench.capacity import cpu_s
 from bench.httpload import post_bytes
 from bench.loadgen import Stats, run_async
 from bench.mesh import free_port, http_closed_loop, median, proxy_url, shipped_mesh
-from protos import messages, pb, pb_grpc
+from protos import messages
 from protos.channels import METHOD_PREFIX
 from proxy.doors.grpc_front_nginx import front_pids
 
@@ -42,13 +43,16 @@ def _merged(url: str) -> tuple[float, float]:
     return total["sum"], total["count"]
 
 
-def _engine(door: str) -> tuple[int, int]:
-    """(requests, nanoseconds in the pipeline) from the door's statistics for `digits`."""
-    with grpc.insecure_channel(door) as channel:
-        stub = pb_grpc.GRPCInferenceServiceStub(channel)
-        stats = stub.ModelStatistics(pb.ModelStatisticsRequest(name="digits"), timeout=5)
-    model = stats.model_stats[0]
-    return model.inference_count, model.inference_stats.compute_infer.ns
+def _engine(url: str) -> tuple[float, float]:
+    """(`digits` requests, seconds in the proxy's engine) from /metrics: the engine's own time
+    for every door alike (proxy_request_duration_seconds, from the request's admission to
+    its answer)."""
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    found = {"sum": 0.0, "count": 0.0}
+    pattern = r'^proxy_request_duration_seconds_(sum|count)\{pipeline="digits"\} (\S+)'
+    for m in re.finditer(pattern, text, re.M):
+        found[m.group(1)] += float(m.group(2))
+    return found["count"], found["sum"]
 
 
 async def _door_unary(address: str, blob: bytes, c: int, seconds: float) -> Stats:
@@ -112,19 +116,19 @@ def main(argv: list[str]) -> int:
         nginx = {f"nginx {pid}": pid for pid in fronted}
         pids = {name: proc.pid for name, proc in mesh.procs.items()} | nginx
         print("| system | c | req/s | p50 ms | proxy (+nginx) CPU ms/req | services CPU ms/req "
-              "| rows per merged call | pipeline ms / client p50 |")  # fmt: skip
+              "| rows per merged call | engine ms (mean) / client p50 |")  # fmt: skip
         print("| --- | --- | --- | --- | --- | --- | --- | --- |")
         for c in args.concurrency:
             rounds: dict[str, list[tuple[Stats, str]]] = {name: [] for name in systems}
             for _ in range(args.rounds):
                 for name, measure in systems.items():
                     cpu0 = {n: cpu_s(p)[0] for n, p in pids.items()}
-                    merged0, engine0 = _merged(url), _engine(alone if fronted else door)
+                    merged0, engine0 = _merged(url), _engine(url)
                     started = time.monotonic()
                     stats = measure(c)
                     elapsed = time.monotonic() - started
                     cpu1 = {n: cpu_s(p)[0] for n, p in pids.items()}
-                    merged1, engine1 = _merged(url), _engine(alone if fronted else door)
+                    merged1, engine1 = _merged(url), _engine(url)
                     # Requests the mesh answered in the whole measurement, warm-up included.
                     answered = max(1.0, stats.requests / stats.seconds * elapsed)
                     front = [n for n in pids if n == "proxy" or n in nginx]
@@ -133,7 +137,7 @@ def main(argv: list[str]) -> int:
                     calls = merged1[1] - merged0[1]
                     rows = (merged1[0] - merged0[0]) / calls if calls else 0.0
                     served = engine1[0] - engine0[0]
-                    inside = (engine1[1] - engine0[1]) / served / 1e6 if served else 0.0
+                    inside = (engine1[1] - engine0[1]) / served * 1e3 if served else 0.0
                     share = f"{inside:.2f} / {stats.p50_ms:.2f}" if served else "-"
                     rate = stats.requests / stats.seconds
                     cells = [f"{rate:.0f}", f"{stats.p50_ms:.2f}", f"{proxy:.2f}"]

@@ -11,7 +11,10 @@ in turn. `--what`:
   exported to a receiver), and the proxy of an earlier commit (`--before`);
 - `cache`: every image unique (no request a repeat), this tree with the caches off, this tree
   with them on, and the earlier commit with them on: what the caches cost a request they
-  cannot answer (issue 26).
+  cannot answer (issue 26);
+- `door`: the same request on `/v1` and as the gRPC door's unary ModelInfer the way its
+  nginx front hands it over (HTTP/1.1, proxy/doors/grpc_front.py; nginx's own cost is not
+  counted), this tree and the earlier commit: what the v2 path costs beyond `/v1` (issue 30).
 """
 
 from __future__ import annotations
@@ -26,10 +29,14 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 
 from bench.cache import digit, uploads
 from bench.mesh import ROOT, free_port, shipped_mesh
 from bench.traces import BEFORE, earlier_tree, receiver_process
+from protos import messages
+from proxy.doors.grpc_front import FRONT_HEADER
+from proxy.doors.grpc_front import PATH as FRONT_PATH
 
 PATH = "/v1/pipelines/digits/infer"
 WARM = 30
@@ -47,18 +54,34 @@ def _ready(url: str, proc: subprocess.Popen) -> None:
     raise RuntimeError("the proxy under callgrind did not become ready")
 
 
+def _front_call(image: bytes) -> tuple[str, bytes, dict[str, str]]:
+    """`digits` as the gRPC front hands a unary ModelInfer to the proxy: path, body (the
+    gRPC message with its 5-byte prefix), headers."""
+    message = messages.build_request_bytes("digits", {"image": np.array([image], dtype=object)})
+    body = b"\0" + len(message).to_bytes(4, "big") + message
+    headers = {"content-type": "application/grpc", FRONT_HEADER.decode(): "1"}
+    return FRONT_PATH, body, headers | {"grpc-timeout": "60S"}
+
+
 def counted(
-    tree: Path, env: dict[str, str], requests: int, out: Path, unique: bool = False
+    tree: Path,
+    env: dict[str, str],
+    requests: int,
+    out: Path,
+    unique: bool = False,
+    front: bool = False,
 ) -> float:
     """Instructions per request of a proxy run from `tree` with `env` (`unique`: no image
-    sent twice)."""
+    sent twice; `front`: each request as the gRPC front's ModelInfer, not on `/v1`)."""
     port = free_port()
+    # No gRPC door, or (`front`) one whose servicer the front's route needs, its port unused.
+    door = {"PROXY_GRPC_PORT": str(free_port()), "PROXY_GRPC_FRONT": "off"} if front else {}
+    env = {**env, "PROXY_GRPC_PORT": "off", **door}
     callgrind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
     proc = subprocess.Popen(
         [*callgrind, "--instr-atstart=no", sys.executable, "-m", "proxy"],
         cwd=tree,
-        env={**os.environ, **env, "PROXY_PORT": str(port), "PROXY_GRPC_PORT": "off"}
-        | {"PYTHONPATH": str(tree)},
+        env={**os.environ, **env, "PROXY_PORT": str(port)} | {"PYTHONPATH": str(tree)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -75,8 +98,13 @@ def counted(
                 # A long budget: under callgrind (and on a busy machine) the pipeline's 3 s
                 # can run out, which is not what is measured.
                 headers = {"Content-Type": "image/png", "X-Request-Timeout-Ms": "60000"}
-                answer = client.post(PATH, content=body, headers=headers)
+                path = PATH
+                if front:
+                    path, body, headers = _front_call(body)
+                answer = client.post(path, content=body, headers=headers)
                 assert answer.status_code == 200, answer.text
+                if front:
+                    assert answer.headers["grpc-status"] == "0", answer.headers
 
             for _ in range(WARM):
                 ask()
@@ -100,7 +128,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--before", default=BEFORE, help="the earlier commit to compare with")
-    parser.add_argument("--what", choices=["traces", "cache"], default="traces")
+    parser.add_argument("--what", choices=["traces", "cache", "door"], default="traces")
     args = parser.parse_args(argv)
     with contextlib.ExitStack() as stack:
         mesh = stack.enter_context(shipped_mesh("bench-instructions"))
@@ -127,6 +155,14 @@ def main(argv: list[str]) -> int:
                 "caches on, no repeats": (ROOT, cached),
                 f"caches on, before ({args.before})": (earlier, cached),
             }
+        elif args.what == "door":
+            # The whole pipeline every time (the cache off): what each door adds to a run.
+            uncached = {**env, "PROXY_CACHE": "false"}
+            systems = {
+                "/v1": (ROOT, uncached),
+                "gRPC front's ModelInfer": (ROOT, uncached),
+                f"gRPC front's ModelInfer, before ({args.before})": (earlier, uncached),
+            }
         else:
             systems = {
                 "traces off": (ROOT, env),
@@ -137,7 +173,8 @@ def main(argv: list[str]) -> int:
         for run in range(args.runs):
             for k, (label, (tree, settings)) in enumerate(systems.items()):
                 out = folder / f"{run}-{k}.out"
-                per = counted(tree, settings, args.requests, out, unique)
+                front = args.what == "door" and k > 0
+                per = counted(tree, settings, args.requests, out, unique, front)
                 counts[label].append(per)
                 print(f"run {run + 1}, {label}: {per:,.0f} instructions a request", flush=True)
     first = next(iter(counts))
