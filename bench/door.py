@@ -34,25 +34,23 @@ from protos.channels import METHOD_PREFIX
 from proxy.doors.grpc_front_nginx import front_pids
 
 
-def _merged(url: str) -> tuple[float, float]:
-    """(requests' calls carried, merged calls made) over every step, from /metrics."""
-    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+def _sum_count(text: str, metric: str, labels: str = r"[^}]*") -> tuple[float, float]:
+    """(sum, count) of a histogram in /metrics text, over its series matching `labels`."""
     total = {"sum": 0.0, "count": 0.0}
-    for m in re.finditer(r"^proxy_merged_call_members_(sum|count)\{[^}]*\} (\S+)", text, re.M):
+    for m in re.finditer(rf"^{metric}_(sum|count)\{{{labels}\}} (\S+)", text, re.M):
         total[m.group(1)] += float(m.group(2))
     return total["sum"], total["count"]
 
 
-def _engine(url: str) -> tuple[float, float]:
-    """(`digits` requests, seconds in the proxy's engine) from /metrics: the engine's own time
-    for every door alike (proxy_request_duration_seconds, from the request's admission to
-    its answer)."""
+def _counters(url: str) -> tuple[tuple[float, float], tuple[float, float]]:
+    """From one read of /metrics: (requests' calls carried, merged calls made) over every
+    step (proxy_merged_call_members), and (seconds in the proxy's engine, `digits` requests):
+    the engine's own time for every door alike (proxy_request_duration_seconds, from the
+    request's admission to its answer)."""
     text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
-    found = {"sum": 0.0, "count": 0.0}
-    pattern = r'^proxy_request_duration_seconds_(sum|count)\{pipeline="digits"\} (\S+)'
-    for m in re.finditer(pattern, text, re.M):
-        found[m.group(1)] += float(m.group(2))
-    return found["count"], found["sum"]
+    merged = _sum_count(text, "proxy_merged_call_members")
+    engine = _sum_count(text, "proxy_request_duration_seconds", 'pipeline="digits"')
+    return merged, engine
 
 
 async def _door_unary(address: str, blob: bytes, c: int, seconds: float) -> Stats:
@@ -123,12 +121,12 @@ def main(argv: list[str]) -> int:
             for _ in range(args.rounds):
                 for name, measure in systems.items():
                     cpu0 = {n: cpu_s(p)[0] for n, p in pids.items()}
-                    merged0, engine0 = _merged(url), _engine(url)
+                    merged0, engine0 = _counters(url)
                     started = time.monotonic()
                     stats = measure(c)
                     elapsed = time.monotonic() - started
                     cpu1 = {n: cpu_s(p)[0] for n, p in pids.items()}
-                    merged1, engine1 = _merged(url), _engine(url)
+                    merged1, engine1 = _counters(url)
                     # Requests the mesh answered in the whole measurement, warm-up included.
                     answered = max(1.0, stats.requests / stats.seconds * elapsed)
                     front = [n for n in pids if n == "proxy" or n in nginx]
@@ -136,8 +134,8 @@ def main(argv: list[str]) -> int:
                     services = sum(cpu1[n] - cpu0[n] for n in pids if n not in front) / answered
                     calls = merged1[1] - merged0[1]
                     rows = (merged1[0] - merged0[0]) / calls if calls else 0.0
-                    served = engine1[0] - engine0[0]
-                    inside = (engine1[1] - engine0[1]) / served * 1e3 if served else 0.0
+                    served = engine1[1] - engine0[1]
+                    inside = (engine1[0] - engine0[0]) / served * 1e3 if served else 0.0
                     share = f"{inside:.2f} / {stats.p50_ms:.2f}" if served else "-"
                     rate = stats.requests / stats.seconds
                     cells = [f"{rate:.0f}", f"{stats.p50_ms:.2f}", f"{proxy:.2f}"]

@@ -145,6 +145,8 @@ def main(argv: list[str]) -> int:
         earlier = stack.enter_context(earlier_tree(args.before))
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="callgrind-")))
         unique = args.what == "cache"
+        fronted: set[str] = set()
+        """Systems whose requests go as the gRPC front's ModelInfer, not on /v1."""
         if unique:
             # The models' fingerprints are asked again once a second (PROXY_CACHE_CHECK_MS):
             # under callgrind a request takes ~100x as long, so those asks would be counted
@@ -158,11 +160,14 @@ def main(argv: list[str]) -> int:
         elif args.what == "door":
             # The whole pipeline every time (the cache off): what each door adds to a run.
             uncached = {**env, "PROXY_CACHE": "false"}
+            front = "gRPC front's ModelInfer"
+            front_before = f"{front}, before ({args.before})"
             systems = {
                 "/v1": (ROOT, uncached),
-                "gRPC front's ModelInfer": (ROOT, uncached),
-                f"gRPC front's ModelInfer, before ({args.before})": (earlier, uncached),
+                front: (ROOT, uncached),
+                front_before: (earlier, uncached),
             }
+            fronted = {front, front_before}
         else:
             systems = {
                 "traces off": (ROOT, env),
@@ -173,8 +178,7 @@ def main(argv: list[str]) -> int:
         for run in range(args.runs):
             for k, (label, (tree, settings)) in enumerate(systems.items()):
                 out = folder / f"{run}-{k}.out"
-                front = args.what == "door" and k > 0
-                per = counted(tree, settings, args.requests, out, unique, front)
+                per = counted(tree, settings, args.requests, out, unique, label in fronted)
                 counts[label].append(per)
                 print(f"run {run + 1}, {label}: {per:,.0f} instructions a request", flush=True)
     first = next(iter(counts))
