@@ -133,14 +133,20 @@ def checked_shape(
 # ---------------------------------------------------------------- encoding
 
 
-def encode_bytes_elements(elements: Iterable[object]) -> bytes:
-    """BYTES elements as v2 raw contents: each one with a 4-byte LE length prefix."""
+def bytes_element_parts(elements: Iterable[object]) -> list[bytes]:
+    """BYTES elements as the pieces of their v2 raw contents: each one's 4-byte LE length
+    prefix, then its bytes (a `bytes` element itself, not a copy)."""
     parts: list[bytes] = []
     for item in elements:
         data = item.encode() if isinstance(item, str) else bytes(item)  # type: ignore[call-overload]
         parts.append(_LEN_PREFIX.pack(len(data)))
         parts.append(data)
-    return b"".join(parts)
+    return parts
+
+
+def encode_bytes_elements(elements: Iterable[object]) -> bytes:
+    """BYTES elements as v2 raw contents: each one with a 4-byte LE length prefix."""
+    return b"".join(bytes_element_parts(elements))
 
 
 def to_raw_view(array: np.ndarray) -> tuple[str, bytes | memoryview]:

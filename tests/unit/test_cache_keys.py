@@ -1,0 +1,100 @@
+"""Cache keys: every part of a request's tensors decides its key, and a big input is hashed
+off the event loop with the same key it would have had on it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from protos import grpc_predict_v2_pb2 as pb
+from proxy.engine.cache import keys
+from proxy.transport.target import Target
+
+TARGET = Target("PREPROCESS_URL", "127.0.0.1:1", "digits_input")
+
+
+class Services:
+    """The one call Fingerprints makes: a model's metadata, here of a fixed version."""
+
+    def __init__(self, version: str) -> None:
+        self.version = version
+
+    async def metadata(
+        self, address: str, model: str, version: str, timeout_s: float
+    ) -> pb.ModelMetadataResponse:
+        return pb.ModelMetadataResponse(name=model, versions=[self.version], platform="onnx")
+
+
+def one(*elements: object) -> np.ndarray:
+    out = np.empty(len(elements), dtype=object)
+    out[:] = elements
+    return out
+
+
+def fingerprints(version: str = "1") -> keys.Fingerprints:
+    return keys.Fingerprints(Services(version), check_s=60.0, timeout_s=1.0)  # type: ignore[arg-type]
+
+
+async def key(
+    inputs: dict[str, np.ndarray], prints: keys.Fingerprints | None = None
+) -> bytes | None:
+    return await keys.step_key(TARGET, ["pixels"], prints or fingerprints(), inputs)
+
+
+async def test_every_part_of_the_inputs_decides_the_key() -> None:
+    image = one(b"\x89PNG" + bytes(range(200)))
+    same = await key({"image": one(b"\x89PNG" + bytes(range(200)))})
+    variants = [
+        {"image": image},
+        {"picture": image},  # another name
+        {"image": one(b"\x89PNG" + bytes(range(199)))},  # other bytes
+        {"image": image.reshape(1, 1)},  # another shape
+        {"image": one(b"ab", b"c")},  # the same bytes cut into other elements
+        {"image": one(b"a", b"bc")},
+        {"image": np.frombuffer(b"abcd", dtype=np.uint8)},  # another datatype, same bytes
+        {"image": np.frombuffer(b"abcd", dtype=np.int8)},
+        {"image": image, "extra": np.zeros(2, np.float32)},
+    ]
+    found = [await key(v) for v in variants]
+    assert found[0] == same
+    assert len(set(found)) == len(found)
+    assert await key({"image": image}, fingerprints("2")) != same  # a new model version
+
+
+async def test_a_big_input_is_hashed_off_the_loop_with_the_same_key(monkeypatch) -> None:
+    rng = np.random.default_rng(7)
+    inputs = {"image": one(rng.bytes(3 << 20)), "scale": rng.random((512, 512))}
+    prints = fingerprints()
+    await prints.of(TARGET)  # known: a key asks nothing more of the services
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    beside = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    started = ticks
+    off_loop = await key(inputs, prints)
+    ran_meanwhile = ticks - started
+    monkeypatch.setattr(keys, "HASH_IN_THREAD", 1 << 40)  # everything on the loop
+    started = ticks
+    on_loop = await key(inputs, prints)
+    assert ticks == started  # on the loop: nothing else ran while it hashed
+    beside.cancel()
+    assert off_loop == on_loop
+    assert ran_meanwhile > 0  # the loop went on serving while the big input was hashed
+
+
+@pytest.mark.parametrize("datatype", [np.float32, np.int64, np.uint8, np.bool_])
+async def test_a_view_hashes_as_its_contents(datatype) -> None:
+    """A strided or non-native-order view keys as the contiguous array of the same values."""
+    base = np.arange(48).reshape(6, 8).astype(datatype)
+    view = base[::2, 1::3]
+    assert await key({"x": view}) == await key({"x": np.ascontiguousarray(view)})
+    swapped = np.ascontiguousarray(view).astype(view.dtype.newbyteorder())
+    assert await key({"x": swapped}) == await key({"x": np.ascontiguousarray(view)})
