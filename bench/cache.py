@@ -6,7 +6,9 @@ PROXY_CACHE=false) and against the proxy's cheapest route (`/healthz`):
   `/healthz` rate (the HTTP stack is then the limit);
 - c=1 p50 of a hit over the uncached p50, in process and in Redis;
 - no repeats at all (every image unique): throughput with the cache on over off, the
-  cache's own cost (a key, a lookup, a write per request).
+  cache's own cost (a key, a lookup, a write per request); at c=32 also over `--cost-rounds`
+  more interleaved rounds, with the proxy's CPU a request (its own threads, from /proc), which
+  this machine's +-10% between rounds moves far less than throughput.
 """
 
 from __future__ import annotations
@@ -14,13 +16,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import statistics
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from bench import redis_server
+from bench.capacity import cpu_s
 from bench.httpload import post_bytes
 from bench.loadgen import Stats
-from bench.mesh import HEADER, http_closed_loop, median, row, second_proxy, shipped_mesh
+from bench.mesh import (
+    HEADER,
+    http_closed_loop,
+    median,
+    row,
+    second_proxy,
+    second_proxy_process,
+    shipped_mesh,
+)
 
 GOALS = """Goals (issue 26): repeats at c=32 >= 4x uncached and >= 0.5x /healthz; hit p50 at c=1 \
 <= 0.3x uncached (Redis <= 0.5x); no repeats >= 0.97x the cache off."""
@@ -49,6 +62,9 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description="the inference cache on digits")
     parser.add_argument("--duration", type=float, default=4.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--cost-rounds", type=int, default=8, help="rounds of the no-repeats cost at c=32"
+    )
     args = parser.parse_args(argv)
     path = "/v1/pipelines/digits/infer"
     repeat = digit()
@@ -63,8 +79,10 @@ def main(argv: list[str]) -> int:
         env = mesh.services["proxy"].env
         # Three proxies of the same kind over the same services, the caches off, in process
         # and in Redis (the mesh's own proxy, with its gRPC door, is not measured).
-        off = stack.enter_context(second_proxy({**env, "PROXY_CACHE": "false"}))
-        memory = stack.enter_context(second_proxy({**env, "PROXY_CACHE": "true"}))
+        off, off_proc = stack.enter_context(second_proxy_process({**env, "PROXY_CACHE": "false"}))
+        memory, memory_proc = stack.enter_context(
+            second_proxy_process({**env, "PROXY_CACHE": "true"})
+        )
         redis = redis_server.start(Path(tempfile.mkdtemp(prefix="bench-redis-")))
         stack.callback(redis.stop)
         shared = stack.enter_context(
@@ -94,6 +112,11 @@ def main(argv: list[str]) -> int:
                 for label, measure in systems.items():
                     runs[label].append(measure(c))
             table[c] = {label: median(r) for label, r in runs.items()}
+        costs = _costs(
+            {"off": (off, off_proc.pid), "on": (memory, memory_proc.pid)},
+            lambda url: load(url, fresh(12_000), 32),
+            args.cost_rounds,
+        )
     print("\n### `digits`: the inference cache\n")
     print(HEADER)
     for c, stats in table.items():
@@ -116,4 +139,26 @@ def main(argv: list[str]) -> int:
         s = table[c]
         ratio = s["cache in process, no repeats"].rps / s["cache off, no repeats"].rps
         print(f"- no repeats c={c}: cache on {ratio:.2f}x the cache off")
+    (on_rps, on_cpu), (off_rps, off_cpu) = costs["on"], costs["off"]
+    print(
+        f"- no repeats c=32 over {args.cost_rounds} more rounds (medians): cache on "
+        f"{on_rps / off_rps:.2f}x the cache off ({on_rps:.0f} / {off_rps:.0f} req/s); the "
+        f"proxy's CPU a request {on_cpu:.3f} / {off_cpu:.3f} ms = {on_cpu / off_cpu:.3f}x"
+    )
     return 0
+
+
+def _costs(
+    proxies: dict[str, tuple[str, int]], load: Callable[[str], Stats], rounds: int
+) -> dict[str, tuple[float, float]]:
+    """Each proxy's median throughput and CPU ms a request over `rounds` interleaved."""
+    seen: dict[str, list[tuple[float, float]]] = {name: [] for name in proxies}
+    for _ in range(rounds):
+        for name, (url, pid) in proxies.items():
+            before = cpu_s(pid)[0]
+            stats = load(url)
+            seen[name].append((stats.rps, (cpu_s(pid)[0] - before) / stats.requests * 1000))
+    return {
+        name: (statistics.median(r for r, _ in runs), statistics.median(c for _, c in runs))
+        for name, runs in seen.items()
+    }

@@ -90,6 +90,13 @@ def wait_http(url: str, proc: subprocess.Popen) -> None:
 def second_proxy(env: dict[str, str]) -> Iterator[str]:
     """Another proxy process beside a mesh's (`env`: the mesh proxy's environment with the
     changes to measure), REST on a free port, no gRPC door; yields its URL once ready."""
+    with second_proxy_process(env) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def second_proxy_process(env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen]]:
+    """second_proxy's URL and process (for its CPU)."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "proxy"],
@@ -101,7 +108,7 @@ def second_proxy(env: dict[str, str]) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http(f"{url}/readyz", proc)
-        yield url
+        yield url, proc
     finally:
         proc.terminate()
         proc.wait(30)
