@@ -91,7 +91,8 @@ def keep(entry: Stored) -> tuple[Kept, int]:
     size = 0
     for step, branch, name, array in entry.places():
         copy = array.copy()  # C order
-        copy.setflags(write=False)  # a third of `copy.flags.writeable = False`'s cost
+        # write=False, positional: ~1/3 of the keyword form's cost, ~1/5 of flags.writeable's.
+        copy.setflags(False)
         places.append((step, branch, name))
         arrays.append(copy)
         size += copy.nbytes + KEPT_OVERHEAD
