@@ -23,11 +23,19 @@ def allowed_hosts(setting: str) -> frozenset[str]:
     return frozenset(h.strip().lower() for h in setting.split(",") if h.strip())
 
 
+SHOWN = 120
+"""Characters of a refused URL repeated in the error (the query string may hold 32 KiB)."""
+
+
 def check(url: str, allowed: frozenset[str]) -> str:
     """`url` when the proxy may POST to it; 400 naming why not."""
-    parts = urlsplit(url)
+    shown = _shown(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # e.g. an unclosed [IPv6 literal
+        raise Problem(400, f"callback {shown} is not a URL: {exc}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise Problem(400, f"callback {url!r} is not an http(s) URL")
+        raise Problem(400, f"callback {shown} is not an http(s) URL")
     if parts.username or parts.password:
         raise Problem(400, "a callback URL may not carry credentials")
     if not allowed:
@@ -38,12 +46,17 @@ def check(url: str, allowed: frozenset[str]) -> str:
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError:
-        raise Problem(400, f"callback {url!r} has a bad port") from None
+        raise Problem(400, f"callback {shown} has a bad port") from None
     if host not in allowed and f"{host}:{port}" not in allowed:
         raise Problem(
-            400, f"callback host {host}:{port} is not allowed (PROXY_JOBS_CALLBACK_HOSTS)"
+            400,
+            f"callback host {_shown(f'{host}:{port}')} is not allowed (PROXY_JOBS_CALLBACK_HOSTS)",
         )
     return url
+
+
+def _shown(text: str) -> str:
+    return repr(text if len(text) <= SHOWN else text[:SHOWN] + "...")
 
 
 async def deliver(

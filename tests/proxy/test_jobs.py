@@ -344,14 +344,20 @@ async def test_callbacks_are_retried_and_only_go_to_allowed_hosts(chain, jobs_pr
                     "http://169.254.169.254/latest/meta-data",  # the classic target
                     f"ftp://127.0.0.1:{port}/x",
                     f"http://user:pw@127.0.0.1:{port}/x",
+                    "http://[::1/x",  # urllib refuses it outright
+                    f"http://127.0.0.1:{port}0000/x",  # no such port
+                    "http://" + "h" * 20_000 + "/x",
                 )
             ]
     assert shown["callback"] == {"url": url, "status": "delivered"}
     assert len(received) == 3  # two failures, then delivered
     assert all(r["id"] == job_id and r["status"] == "succeeded" for r in received)
     assert received[-1]["result"]["result"] == {"y": [4.0]}
-    assert [r.status_code for r in refused] == [400] * 4
+    assert [r.status_code for r in refused] == [400] * 7
     assert "not allowed" in refused[1].json()["error"]
+    assert "is not a URL: Invalid IPv6 URL" in refused[4].json()["error"]
+    assert "bad port" in refused[5].json()["error"]
+    assert len(refused[6].json()["error"]) < 300  # the URL shown cut short
 
 
 async def test_callbacks_are_off_without_allowed_hosts(chain, jobs_proxy) -> None:
