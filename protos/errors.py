@@ -10,6 +10,18 @@ from __future__ import annotations
 
 import grpc
 
+MAX_MESSAGE = 1000
+"""Characters of an error message shown to a caller. Messages name what the caller sent
+(unknown input names, a field's value), and a body may hold 200,000 names: its 400 answer
+repeated them all (1.8 MB for a 3.2 MB body), and they went on into logs and gRPC trailers."""
+
+
+def capped(message: str) -> str:
+    """`message`, cut to MAX_MESSAGE characters with a note of how much was left out."""
+    if len(message) <= MAX_MESSAGE:
+        return message
+    return f"{message[:MAX_MESSAGE]}... ({len(message) - MAX_MESSAGE:,} more characters)"
+
 
 class MeshError(Exception):
     """Base class: an error whose message is safe and useful to show a caller."""
@@ -17,6 +29,7 @@ class MeshError(Exception):
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
 
     def __init__(self, message: str) -> None:
+        message = capped(message)
         super().__init__(message)
         self.message = message
 

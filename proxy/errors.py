@@ -14,6 +14,8 @@ from typing import Any
 
 import grpc
 
+from protos.errors import capped
+
 GRPC_TO_HTTP: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.OK: 200,
     grpc.StatusCode.INVALID_ARGUMENT: 400,
@@ -68,6 +70,7 @@ class Problem(Exception):
     answer it as JSON, the gRPC door as the status HTTP_TO_GRPC gives)."""
 
     def __init__(self, status: int, message: str, *, close: bool = False, **extra: Any) -> None:
+        message = capped(message)
         super().__init__(message)
         self.status = status
         self.message = message

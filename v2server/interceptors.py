@@ -29,7 +29,6 @@ from v2server.spans import ServedSpan
 log = logging.getLogger("v2server")
 
 REQUEST_ID_KEY = "x-request-id"
-MAX_MESSAGE = 1000
 
 
 def request_id_of(context: aio.ServicerContext) -> str:
@@ -57,13 +56,12 @@ def _traceparent(request: Any, context: aio.ServicerContext | None) -> str | Non
 
 
 def error_status(exc: Exception, method: str) -> tuple[grpc.StatusCode, str]:
-    """The status and message a caller gets for an error. Ours carry their status; their
-    messages may quote caller input, and gRPC refuses oversized trailers. Anything else is
-    a bug: INTERNAL with a bare message, the traceback to the log (call it in `except`)."""
+    """The status and message a caller gets for an error. Ours carry their status and a
+    message capped when made (protos.errors.capped: it may quote caller input, and gRPC
+    refuses oversized trailers). Anything else is a bug: INTERNAL with a bare message, the
+    traceback to the log (call it in `except`)."""
     if isinstance(exc, MeshError):
-        if len(exc.message) <= MAX_MESSAGE:
-            return exc.code, exc.message
-        return exc.code, exc.message[:MAX_MESSAGE] + "... (truncated)"
+        return exc.code, exc.message
     log.exception("unhandled error in %s", method)
     return grpc.StatusCode.INTERNAL, "internal server error"
 

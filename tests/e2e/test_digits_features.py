@@ -60,4 +60,9 @@ def test_bad_feature_bodies_are_named(mesh: Mesh) -> None:
             answer = client.post(PATH, json=body)
             assert answer.status_code == 400 and complaint in answer.json()["error"], answer.text
         image = client.post(PATH, content=b"\x89PNG", headers={"Content-Type": "image/png"})
+        # 200,000 names the pipeline does not take: named, but not all 1.8 MB of them.
+        flood = client.post(PATH, json={f"n{i:06d}": [1] for i in range(200_000)})
     assert image.status_code == 415 and "takes tensors (features)" in image.json()["error"]
+    error = flood.json()["error"]
+    assert flood.status_code == 400 and error.startswith("no input named n000000, n000001")
+    assert len(error) < 1100 and error.endswith("more characters)")
