@@ -65,7 +65,9 @@ async def check_pipeline(session: aiohttp.ClientSession, url: str, pipeline: str
         async with session.get("/v1/pipelines") as answer:
             status, body = answer.status, await answer.read()
     except (aiohttp.ClientError, TimeoutError) as exc:
-        raise MeshError(f"the mesh at {url} cannot be reached: {exc!r}") from None
+        # str, not repr: aiohttp's repr of a refused connection is its whole connection key.
+        reason = str(exc) or type(exc).__name__  # a timeout's str is empty
+        raise MeshError(f"the mesh at {url} cannot be reached: {reason}") from None
     if status != 200:
         raise MeshError(f"{url}/v1/pipelines answered {status}")
     pipelines = orjson.loads(body)

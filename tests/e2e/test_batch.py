@@ -22,6 +22,7 @@ import aiohttp
 import numpy as np
 import pytest
 
+from proxy.doors.grpc_front_nginx import free_port
 from samples import digits as digit_samples
 from samples import text as text_samples
 from samples.text import suite as text_suite
@@ -295,6 +296,14 @@ def test_an_unknown_pipeline_or_source_stops_before_sending(mesh: Mesh, tmp_path
         text=True,
     )
     assert missing.returncode == 2 and "not a folder" in missing.stderr
+    nobody = subprocess.run(
+        batch("digits", str(tmp_path), "-o", str(out), "--url", f"http://127.0.0.1:{free_port()}"),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert nobody.returncode == 2 and "cannot be reached: Cannot connect to host" in nobody.stderr
+    assert "ConnectionKey" not in nobody.stderr  # the reason, not aiohttp's repr of it
 
 
 def test_a_postgresql_table_in_and_out_killed_and_resumed(
