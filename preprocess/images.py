@@ -60,11 +60,23 @@ def _to_8bit(img: np.ndarray) -> np.ndarray:
     return cv2.normalize(img, None, 0, 255, cv2.NORM_MINMAX).astype(np.uint8)
 
 
+UNIFORM_LEVELS = 8.0
+"""Spread (standard deviation, grey levels) under which the opaque part is one colour."""
+
+
 def _flatten_alpha(img: np.ndarray) -> np.ndarray:
-    """Composite BGRA (or gray+alpha) over white, as a viewer shows it."""
+    """Composite BGRA (or gray+alpha) over white, as a viewer shows it; except a drawing in
+    one light colour on a transparent canvas (white strokes, made for a dark page: a
+    drawing app's export), which goes over black: over white it would vanish ("no ink")."""
     alpha = img[..., -1:].astype(np.float32) / 255.0
     color = img[..., :-1].astype(np.float32)
-    return (color * alpha + 255.0 * (1.0 - alpha)).round().astype(np.uint8)
+    background = 255.0
+    opaque = img[..., -1] >= 128
+    if opaque.any() and not opaque.all():
+        shade = color.mean(axis=-1)[opaque]
+        if shade.std() < UNIFORM_LEVELS and shade.mean() > 127.5:
+            background = 0.0  # the drawing is in the alpha channel alone, and it is light
+    return (color * alpha + background * (1.0 - alpha)).round().astype(np.uint8)
 
 
 def decode(data: bytes, where: str, limits: ImageLimits, color: str = "bgr") -> np.ndarray:

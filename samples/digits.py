@@ -42,6 +42,9 @@ class Look:
     """Sigma (grey levels) of Gaussian pixel noise."""
     jpeg: int | None = None
     """JPEG quality; PNG when None."""
+    transparent: bool = False
+    """No paper: the ink's colour everywhere, the strokes in the alpha channel alone (a
+    drawing app's PNG export); paper, texture and noise are then left out."""
 
 
 def draw(values: np.ndarray, look: Look, rng: np.random.Generator) -> np.ndarray:
@@ -73,6 +76,11 @@ def draw(values: np.ndarray, look: Look, rng: np.random.Generator) -> np.ndarray
     canvas[y0 : y0 + h, x0 : x0 + w] = ink
     if look.blur:
         canvas = cv2.GaussianBlur(canvas, (0, 0), look.blur * side)
+    if look.transparent:
+        drawn = np.empty((frame_h, frame_w, 4), np.float32)
+        drawn[..., :3] = look.ink
+        drawn[..., 3] = canvas * 255
+        return np.clip(np.round(drawn), 0, 255).astype(np.uint8)
     paper = np.empty((frame_h, frame_w, 3), np.float32)
     paper[:] = look.paper
     if look.texture:
@@ -211,6 +219,14 @@ def _everything(rng: np.random.Generator) -> Look:
     )
 
 
+def _canvas(rng: np.random.Generator) -> Look:
+    """Drawn in an app and exported on a transparent canvas: dark strokes, or light ones made
+    for a dark page (over white, as most viewers show it, those would vanish)."""
+    low, high = (190, 256) if rng.random() < 0.5 else (0, 80)
+    ink = tuple(int(v) for v in rng.integers(low, high, 3))
+    return replace(_with_margins(rng), ink=ink, transparent=True)  # type: ignore[arg-type]
+
+
 CATEGORIES: dict[str, Sampler] = {
     "framed": _framed,
     "margins": _with_margins,
@@ -225,6 +241,7 @@ CATEGORIES: dict[str, Sampler] = {
     "rotated": _rotated,
     "sizes": _sizes,
     "everything": _everything,
+    "canvas": _canvas,  # last: the categories before it keep their seeds
 }
 
 

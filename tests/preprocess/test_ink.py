@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -50,6 +52,21 @@ def test_either_polarity_gives_the_same_features(digits: Recipe, samples: np.nda
     for values in samples[:20]:
         img = draw(values, Look(digit_px=48, margins=(0.3, 0.1, 0.2, 0.2)), rng)
         np.testing.assert_allclose(features(digits, img), features(digits, 255 - img), atol=1e-4)
+
+
+@pytest.mark.parametrize("ink", [(0, 0, 0), (40, 20, 70), (255, 255, 255), (200, 230, 255)])
+def test_a_drawing_on_a_transparent_canvas_reads_as_on_paper(
+    digits: Recipe, samples: np.ndarray, ink: tuple[int, int, int]
+) -> None:
+    """A drawing app's export: one colour, the strokes in alpha alone. Light strokes (made
+    for a dark page) must not vanish over a white background."""
+    rng = np.random.default_rng(6)
+    for values in samples[:20]:
+        look = Look(digit_px=48, margins=(0.2, 0.1, 0.15, 0.25))
+        on_paper = draw(values, look, rng)
+        drawn = draw(values, replace(look, ink=ink, transparent=True), rng)
+        assert drawn.shape[2] == 4 and len(np.unique(drawn[..., :3].reshape(-1, 3), axis=0)) == 1
+        assert np.abs(features(digits, drawn) - features(digits, on_paper)).mean() < 0.3
 
 
 def test_specks_far_from_the_digit_do_not_move_its_box(digits: Recipe, samples: np.ndarray) -> None:
