@@ -67,16 +67,33 @@ UNIFORM_LEVELS = 8.0
 def _flatten_alpha(img: np.ndarray) -> np.ndarray:
     """Composite BGRA (or gray+alpha) over white, as a viewer shows it; except a drawing in
     one light colour on a transparent canvas (white strokes, made for a dark page: a
-    drawing app's export), which goes over black: over white it would vanish ("no ink")."""
-    alpha = img[..., -1:].astype(np.float32) / 255.0
-    color = img[..., :-1].astype(np.float32)
-    background = 255.0
-    opaque = img[..., -1] >= 128
-    if opaque.any() and not opaque.all():
-        shade = color.mean(axis=-1)[opaque]
-        if shade.std() < UNIFORM_LEVELS and shade.mean() > 127.5:
-            background = 0.0  # the drawing is in the alpha channel alone, and it is light
-    return (color * alpha + background * (1.0 - alpha)).round().astype(np.uint8)
+    drawing app's export), which goes over black: over white it would vanish ("no ink").
+    Channel by channel in uint8 (OpenCV rounds and saturates): in float32 a 40-megapixel
+    RGBA image took 1.9 GB and ~5 s."""
+    *colour, alpha = cv2.split(img)
+    white = _background_is_white(colour, alpha)
+    flat = []
+    for channel in colour:
+        if white:  # 255 - (255 - c) * a / 255
+            cv2.bitwise_not(channel, dst=channel)
+            channel = cv2.multiply(channel, alpha, scale=1 / 255)
+            cv2.bitwise_not(channel, dst=channel)
+        else:  # c * a / 255
+            channel = cv2.multiply(channel, alpha, scale=1 / 255)
+        flat.append(channel)
+    return flat[0] if len(flat) == 1 else cv2.merge(flat)
+
+
+def _background_is_white(colour: list[np.ndarray], alpha: np.ndarray) -> bool:
+    """False only for one light colour drawn on a partly transparent canvas."""
+    opaque = cv2.compare(alpha, 128, cv2.CMP_GE)
+    count = cv2.countNonZero(opaque)
+    if count in (0, opaque.size):
+        return True
+    spread = [cv2.meanStdDev(channel, mask=opaque) for channel in colour]
+    uniform = all(float(std[0, 0]) < UNIFORM_LEVELS for _, std in spread)
+    light = np.mean([float(mean[0, 0]) for mean, _ in spread]) > 127.5
+    return not (uniform and light)
 
 
 def decode(data: bytes, where: str, limits: ImageLimits, color: str = "bgr") -> np.ndarray:

@@ -36,3 +36,32 @@ def test_a_normal_progressive_jpeg_still_decodes() -> None:
     ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_PROGRESSIVE, 1])
     assert ok
     assert decode(buf.tobytes(), "upload", ImageLimits()).shape == (300, 400, 3)
+
+
+def test_a_large_transparent_image_costs_a_few_times_its_pixels() -> None:
+    """A 20-megapixel RGBA PNG is ~0.1 MB when mostly transparent. Composited in float32 it
+    took ~11x its decoded size (a 40-megapixel one: 1.9 GB); channel by channel, ~3x."""
+    import subprocess
+    import sys
+
+    from tests.procs import ROOT
+
+    code = """
+import resource, numpy as np, cv2
+from preprocess.images import ImageLimits, decode
+img = np.zeros((4000, 5000, 4), np.uint8)
+img[1000:2000, 1000:4000] = (250, 250, 250, 255)
+blob = cv2.imencode(".png", img)[1].tobytes()
+del img
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+out = decode(blob, "upload", ImageLimits(), "bgr")
+assert out.shape == (4000, 5000, 3) and out[1500, 1500, 0] == 250 and out[0, 0, 0] == 0
+print(len(blob), (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    upload, grown = (int(v) for v in done.stdout.split())
+    decoded = 4000 * 5000 * 4
+    assert upload < 1_000_000
+    assert grown < 4 * decoded, f"decoding took {grown / 2**20:.0f} MiB more"
