@@ -92,7 +92,7 @@ def recipe_features(blobs: list[bytes]) -> list[np.ndarray | None]:
 
     # Only the digits recipe: the others name files of models that may not be built yet.
     recipes = config.parse(DEFAULT_RECIPES)
-    limits = ImageLimits(recipes.limits.max_encoded_bytes, recipes.limits.max_pixels)
+    limits = ImageLimits(**recipes.limits.model_dump())
     recipe = Recipe("digits_input", recipes.recipes["digits_input"], limits)
     out: list[np.ndarray | None] = []
     for blob in blobs:

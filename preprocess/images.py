@@ -3,6 +3,7 @@ from the bytes before OpenCV allocates anything."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import cv2
@@ -25,6 +26,10 @@ class ImageLimits:
     max_jpeg_scans: int = 40
     """Most scans a (progressive) JPEG may have: each is a pass over the whole image, and
     a 1 MB file with thousands of empty ones took a minute of CPU. Encoders use 1-20."""
+    max_decoded_bytes: int = 160_000_000
+    """Largest image once decoded, from its header's pixels and sample layout: 16-bit and
+    floating-point PNGs and TIFFs decode to 2-16 bytes a pixel (a 644 KB float TIFF of
+    40 megapixels took 1 GB). Four bytes a pixel at `max_pixels`."""
 
 
 JPEG_MIN_BYTES_PER_PIXEL = 1 / 4096
@@ -53,11 +58,13 @@ def _check_jpeg(data: bytes, pixels: int, where: str, limits: ImageLimits) -> No
 
 
 def _to_8bit(img: np.ndarray) -> np.ndarray:
+    """8 bits a sample, made without a temporary as wide as the image."""
     if img.dtype == np.uint8:
         return img
-    if img.dtype == np.uint16:
-        return (img >> 8).astype(np.uint8)
-    return cv2.normalize(img, None, 0, 255, cv2.NORM_MINMAX).astype(np.uint8)
+    if img.dtype == np.uint16:  # native order (OpenCV's): each sample's high byte, as >> 8
+        high = 1 if sys.byteorder == "little" else 0
+        return np.ascontiguousarray(img.view(np.uint8)[..., high::2])
+    return cv2.normalize(img, None, 0, 255, cv2.NORM_MINMAX, dtype=cv2.CV_8U)
 
 
 UNIFORM_LEVELS = 8.0
@@ -120,6 +127,12 @@ def decode(data: bytes, where: str, limits: ImageLimits, color: str = "bgr") -> 
     if w * h > limits.max_pixels:
         raise InvalidInput(
             f"{where} declares {w}x{h} = {w * h} pixels, more than the limit of {limits.max_pixels}"
+        )
+    depth = media.decoded_bytes_per_pixel(data)
+    if w * h * depth > limits.max_decoded_bytes:
+        raise InvalidInput(
+            f"{where} declares {w}x{h} at {depth} bytes a pixel once decoded = {w * h * depth} "
+            f"bytes, more than the limit of {limits.max_decoded_bytes} (8 bits a sample fit)"
         )
     if kind == "jpeg":
         _check_jpeg(data, w * h, where, limits)

@@ -67,7 +67,7 @@ class Recipe:
 def load(path: Path, scheduling: Scheduling | None = None) -> dict[str, Recipe]:
     """Every recipe of a recipe file, by name."""
     parsed = cfg.load(path)
-    limits = ImageLimits(parsed.limits.max_encoded_bytes, parsed.limits.max_pixels)
+    limits = ImageLimits(**parsed.limits.model_dump())
     return {name: Recipe(name, rc, limits, scheduling) for name, rc in parsed.recipes.items()}
 
 

@@ -120,7 +120,11 @@ def _webp(data: bytes) -> tuple[int, int] | None:
     return None
 
 
-def _tiff(data: bytes) -> tuple[int, int] | None:
+_TIFF_TAGS = {256: "width", 257: "height", 258: "bits", 262: "photometric", 277: "samples"}
+
+
+def _tiff_tags(data: bytes) -> dict[str, int] | None:
+    """The first IFD's size and sample layout (each tag's first value), or None."""
     if data[:4] not in (b"II*\x00", b"MM\x00*") or len(data) < 8:
         return None
     order = "<" if data[:2] == b"II" else ">"
@@ -128,16 +132,32 @@ def _tiff(data: bytes) -> tuple[int, int] | None:
     if ifd + 2 > len(data):
         return None
     (count,) = struct.unpack(order + "H", data[ifd : ifd + 2])
-    size: dict[int, int] = {}
+    tags: dict[str, int] = {}
     for i in range(min(count, 512)):
         entry = data[ifd + 2 + 12 * i : ifd + 14 + 12 * i]
         if len(entry) < 12:
             break
-        tag, kind = struct.unpack(order + "HH", entry[:4])
-        if tag in (256, 257):  # ImageWidth, ImageLength: SHORT or LONG
-            fmt = order + ("H" if kind == 3 else "I")
-            (size[tag],) = struct.unpack(fmt, entry[8 : 8 + struct.calcsize(fmt)])
-    return (size[256], size[257]) if len(size) == 2 else None
+        tag, kind, values = struct.unpack(order + "HHI", entry[:8])
+        name = _TIFF_TAGS.get(tag)
+        if name is None or kind not in (3, 4):  # SHORT or LONG
+            continue
+        fmt = order + ("H" if kind == 3 else "I")
+        width = struct.calcsize(fmt)
+        where = entry[8:12]
+        if values * width > 4:  # at an offset (BitsPerSample has one value a sample)
+            (offset,) = struct.unpack(order + "I", where)
+            where = data[offset : offset + width]
+            if len(where) < width:
+                continue
+        (tags[name],) = struct.unpack(fmt, where[:width])
+    return tags
+
+
+def _tiff(data: bytes) -> tuple[int, int] | None:
+    tags = _tiff_tags(data)
+    if tags is None or "width" not in tags or "height" not in tags:
+        return None
+    return tags["width"], tags["height"]
 
 
 def declared_size(data: bytes) -> tuple[int, int] | None:
@@ -147,3 +167,23 @@ def declared_size(data: bytes) -> tuple[int, int] | None:
         if size is not None:
             return size
     return None
+
+
+PNG_CHANNELS = {0: 1, 2: 3, 3: 4, 4: 2, 6: 4}
+"""PNG colour type -> channels once decoded (a palette becomes BGR or BGRA)."""
+
+
+def decoded_bytes_per_pixel(data: bytes) -> int:
+    """Bytes each pixel takes once decoded as it is (OpenCV's IMREAD_UNCHANGED), from a PNG's
+    or TIFF's header: 16-bit and floating-point samples, and up to four of them; 4 for the
+    other formats (8-bit, at most BGRA) and for headers that do not say."""
+    if data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) >= 26:
+        depth, colour = data[24], data[25]
+        return PNG_CHANNELS.get(colour, 4) * (2 if depth == 16 else 1)
+    tags = _tiff_tags(data)
+    if tags is None:
+        return 4
+    if tags.get("photometric") == 3:  # a palette: decoded as 8-bit BGR
+        return 4
+    bits = max(8, tags.get("bits", 8))
+    return max(1, tags.get("samples", 1)) * -(-bits // 8)

@@ -35,16 +35,53 @@ def sun_raster(side: int = SIDE) -> bytes:
     return struct.pack(">8I", 0x59A66A95, side, side, 24, side * side * 3, 1, 0, 0) + bytes(64)
 
 
-def png(side: int = SIDE) -> bytes:
-    """A PNG whose IHDR declares side x side RGB, with one compressed row."""
+def png(side: int = SIDE, depth: int = 8, colour: int = 2) -> bytes:
+    """A PNG whose IHDR declares side x side (RGB by default), with one compressed row."""
 
     def chunk(kind: bytes, data: bytes) -> bytes:
         body = kind + data
         return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
 
-    ihdr = struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0)
+    ihdr = struct.pack(">IIBBBBB", side, side, depth, colour, 0, 0, 0)
     idat = zlib.compress(bytes(1 + 3 * 64))
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+def deep_png(side: int = 6000) -> bytes:
+    """Within the pixel limit, but 16-bit RGBA: 8 bytes a pixel once decoded (288 MB)."""
+    return png(side, depth=16, colour=6)
+
+
+def float_tiff(side: int = 4000) -> bytes:
+    """A little-endian TIFF declaring side x side RGB of 32-bit floats (12 bytes a pixel,
+    192 MB decoded), its BitsPerSample at an offset as encoders write it, one strip."""
+    entries = [  # tag, type (3 SHORT, 4 LONG), count, value or offset
+        (256, 4, 1, side),
+        (257, 4, 1, side),
+        (258, 3, 3, 8 + 2 + 12 * 9 + 4),  # BitsPerSample: three values after the IFD
+        (259, 3, 1, 8),  # Deflate
+        (262, 3, 1, 2),  # RGB
+        (273, 4, 1, 8 + 2 + 12 * 9 + 4 + 6),  # StripOffsets
+        (277, 3, 1, 3),  # SamplesPerPixel
+        (279, 4, 1, 64),  # StripByteCounts
+        (339, 3, 1, 3),  # SampleFormat: IEEE float (the count says one for all samples)
+    ]
+    ifd = struct.pack("<H", len(entries))
+    for tag, kind, count, value in entries:
+        packed = (
+            struct.pack("<H", value) + bytes(2)
+            if kind == 3 and count == 1
+            else struct.pack("<I", value)
+        )
+        ifd += struct.pack("<HHI", tag, kind, count) + packed
+    return (
+        b"II*\x00"
+        + struct.pack("<I", 8)
+        + ifd
+        + bytes(4)
+        + struct.pack("<3H", 32, 32, 32)
+        + bytes(64)
+    )
 
 
 def bmp(side: int = SIDE) -> bytes:

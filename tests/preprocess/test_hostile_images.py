@@ -20,6 +20,8 @@ from samples import hostile
         (hostile.bmp, "30000x30000 = 900000000 pixels"),
         (hostile.scan_bomb, "4000 scans, more than the limit of 40"),
         (hostile.forged_jpeg, "cannot hold the 36000000 pixels"),
+        (hostile.deep_png, "6000x6000 at 8 bytes a pixel once decoded"),
+        (hostile.float_tiff, "4000x4000 at 12 bytes a pixel once decoded"),
     ],
 )
 def test_refused_with_the_reason(build, message: str) -> None:
@@ -65,3 +67,22 @@ print(len(blob), (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) *
     decoded = 4000 * 5000 * 4
     assert upload < 1_000_000
     assert grown < 4 * decoded, f"decoding took {grown / 2**20:.0f} MiB more"
+
+
+@pytest.mark.parametrize(("ext", "channels"), [(".png", 1), (".png", 4), (".tiff", 3)])
+def test_deep_images_within_the_limit_decode_to_8_bits(ext: str, channels: int) -> None:
+    """16-bit samples keep their high byte (as >> 8); a transparent one is laid over white."""
+    import cv2
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    img = rng.integers(0, 65536, (120, 90, channels), dtype=np.uint16)
+    if channels == 4:
+        img[..., 3] = 65535  # opaque
+    ok, buf = cv2.imencode(ext, img)
+    assert ok
+    out = decode(buf.tobytes(), "upload", ImageLimits())
+    expected = (img >> 8).astype(np.uint8)
+    if channels == 1:
+        expected = np.repeat(expected, 3, axis=2)
+    assert out.dtype == np.uint8 and np.array_equal(out, expected[..., :3])
