@@ -16,8 +16,12 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 SMALL_FILE = 256 << 10
+CSV_FIELD = 16 << 20
+"""Longest CSV field read (Python's default, 128 KiB, is short for text passed through); a
+longer one is recorded as that row's failure."""
 
 
 class SourceError(ValueError):
@@ -122,8 +126,7 @@ class Manifest(Source):
     def _records(self) -> Iterator[tuple[int, dict[str, object] | None, str | None]]:
         with self.path.open(newline="") as f:
             if self.path.suffix == ".csv":
-                for n, row in enumerate(csv.DictReader(f), start=2):
-                    yield n, dict(row), None
+                yield from _csv_rows(f)
                 return
             for n, line in enumerate(f, start=1):
                 if not line.strip():
@@ -146,12 +149,32 @@ class Manifest(Source):
             named = record.get(self.path_column)
             extra = {k: _text(v) for k, v in record.items() if k != self.path_column}
             if not isinstance(named, str) or not named:
-                problem = f"line {n} has no '{self.path_column}'"
+                said = "has no" if named in (None, "") else "has a non-text"
+                problem = f"line {n} {said} '{self.path_column}'"
                 yield Input(f"{self.path.name}:{n}", extra=extra, problem=problem)
                 continue
             file = Path(named) if Path(named).is_absolute() else self.path.parent / named
             problem = None if file.is_file() else f"no such file: {named}"
             yield Input(named, None if problem else file, extra, problem)
+
+
+def _csv_rows(f: TextIO) -> Iterator[tuple[int, dict[str, object] | None, str | None]]:
+    """Each CSV row after the header; a row the reader refuses (a field over CSV_FIELD) is
+    a problem of that row, and the reader goes on with the next."""
+    if csv.field_size_limit() < CSV_FIELD:
+        csv.field_size_limit(CSV_FIELD)
+    reader = csv.DictReader(f)
+    n = 1
+    while True:
+        n += 1
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            yield n, None, f"row {n} cannot be read: {exc}"
+            continue
+        yield n, dict(row), None
 
 
 def _text(value: object) -> str:

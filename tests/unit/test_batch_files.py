@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from batch import calls
+from batch import calls, sources
 from batch.sinks import CsvSink, JsonlSink, Row
 from batch.sources import Files, Input, Manifest, SourceError
 
@@ -63,7 +63,7 @@ def test_sources_stream_folders_globs_and_manifests(tmp_path: Path) -> None:
         assert sorted(i.key for i in Files("a/*")) == ["0.jpg", "1.png"]
     manifest = tmp_path / "m.jsonl"
     manifest.write_text(
-        '{"path": "a/1.png", "n": 1}\nnot json\n{"file": "x"}\n{"path": "no.png"}\n'
+        '{"path": "a/1.png", "n": 1}\nnot json\n{"file": "x"}\n{"path": "no.png"}\n{"path": 5}\n'
     )
     items = list(Manifest(manifest))
     assert items[0] == Input("a/1.png", tmp_path / "a/1.png", {"n": "1"})
@@ -71,10 +71,33 @@ def test_sources_stream_folders_globs_and_manifests(tmp_path: Path) -> None:
         "line 2 is not JSON (Expecting value)",
         "line 3 has no 'path'",
         "no such file: no.png",
+        "line 5 has a non-text 'path'",
     ]
     with pytest.raises(SourceError, match="no column 'path'"):
         (tmp_path / "m.csv").write_text("file,n\na/1.png,1\n")
         Manifest(tmp_path / "m.csv")
+
+
+def test_a_csv_field_over_the_limit_fails_its_row_only(tmp_path: Path, monkeypatch) -> None:
+    """Long text passes through (Python's csv stops at 128 KiB unless told); a field past
+    the batch's own limit is that row's failure, and the rows after it are read."""
+    import csv
+
+    (tmp_path / "a.png").write_bytes(b"x")
+    monkeypatch.setattr(sources, "CSV_FIELD", 300_000)
+    manifest = tmp_path / "m.csv"
+    manifest.write_text(f"path,note\na.png,{'n' * 200_000}\na.png,{'n' * 400_000}\na.png,short\n")
+    before = csv.field_size_limit(131_072)  # Python's default, whatever ran before
+    try:
+        items = list(Manifest(manifest))
+    finally:
+        csv.field_size_limit(before)
+    assert [len(i.extra.get("note", "")) for i in items] == [200_000, 0, 5]
+    assert [i.problem for i in items] == [
+        None,
+        "row 3 cannot be read: field larger than field limit (300000)",
+        None,
+    ]
 
 
 @contextlib.asynccontextmanager
