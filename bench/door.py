@@ -116,8 +116,9 @@ def main(argv: list[str]) -> int:
         print("| system | c | req/s | p50 ms | proxy (+nginx) CPU ms/req | services CPU ms/req "
               "| rows per merged call | engine ms (mean) / client p50 |")  # fmt: skip
         print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        summaries: list[str] = []
         for c in args.concurrency:
-            rounds: dict[str, list[tuple[Stats, str]]] = {name: [] for name in systems}
+            rounds: dict[str, list[tuple[Stats, str, float]]] = {name: [] for name in systems}
             for _ in range(args.rounds):
                 for name, measure in systems.items():
                     cpu0 = {n: cpu_s(p)[0] for n, p in pids.items()}
@@ -140,9 +141,27 @@ def main(argv: list[str]) -> int:
                     rate = stats.requests / stats.seconds
                     cells = [f"{rate:.0f}", f"{stats.p50_ms:.2f}", f"{proxy:.2f}"]
                     cells += [f"{services * 1e3:.2f}", f"{rows:.1f}", share]
-                    rounds[name].append((stats, " | ".join(cells)))
+                    server = proxy + services * 1e3  # ms a request, every server process
+                    rounds[name].append((stats, " | ".join(cells), server))
+            chosen: dict[str, tuple[Stats, float]] = {}
             for name, runs in rounds.items():
-                best = median([s for s, _ in runs])
-                line = next(text for s, text in runs if s is best)
+                best = median([s for s, _, _ in runs])
+                line, server = next((text, ms) for s, text, ms in runs if s is best)
+                chosen[name] = (best, server)
                 print(f"| {name} | {c} | {line} |", flush=True)
+            summaries.append(_against_rest(chosen, c))
+        print("\n" + "\n".join(summaries))
     return 0
+
+
+def _against_rest(chosen: dict[str, tuple[Stats, float]], c: int) -> str:
+    """The gRPC door's rows against REST's at `c`: throughput, and the servers' CPU a
+    request (proxy, nginx and services together: what the door costs, whatever the client)."""
+    rest, rest_cpu = chosen["REST door"]
+    parts = [
+        f"{name.removeprefix('gRPC door, ')} {stats.rps / rest.rps:.2f}x throughput, "
+        f"{cpu / rest_cpu:.2f}x server CPU a request"
+        for name, (stats, cpu) in chosen.items()
+        if name.startswith("gRPC door, ") and rest.rps and rest_cpu
+    ]
+    return f"- c={c}, the gRPC door against REST: " + "; ".join(parts)
