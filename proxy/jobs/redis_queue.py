@@ -37,7 +37,7 @@ GROUP = "workers"
 PREFIX = "{mesh-jobs}"
 """One hash slot (the braces) for every key: the scripts touch several."""
 SHOWN = ("pipeline", "status", "created", "updated", "attempts", "max_attempts", "budget_ms")
-SHOWN += ("result", "error", "callback", "callback_status", "finished")
+SHOWN += ("result", "error", "callback", "callback_status", "finished", "expires")
 LOST = '{"status": 503, "error": "the worker running the job stopped on its last attempt"}'
 
 
@@ -45,6 +45,8 @@ def _job(job_id: str, f: list[bytes | None]) -> Job | None:
     if f[0] is None:
         return None
     text = [None if v is None else v.decode() for v in f]
+    if text[12] is not None and float(text[12]) <= time.time():
+        return None  # ended, kept its while: as good as swept
 
     def num(i: int) -> float:
         return float(text[i] or 0)
@@ -68,7 +70,7 @@ class RedisQueue(JobQueue):
         self._idem = f"{prefix}:idem:"
         self._scripts = {
             name: self._redis.register_script(getattr(lua, name))
-            for name in ("SUBMIT", "TAKE", "FINISH", "REQUEUE", "DUE", "RENEW")
+            for name in ("SUBMIT", "TAKE", "FINISH", "REQUEUE", "DUE", "RENEW", "FORGET")
         }
         self._group_made = False
         self._swept_stranded = 0.0
@@ -103,8 +105,8 @@ class RedisQueue(JobQueue):
             "callback": job.callback or "", "digest": job.digest,
         }  # fmt: skip
         idem = "" if job.idempotency_key is None else self._idem + job.idempotency_key
-        # The key outlives its job by a margin; a key whose job is gone names nothing.
-        args: list[Any] = [job.id, max_queued, int((self.keep_s + 30 * 86_400) * 1000)]
+        # The key goes with its job (FORGET); until then a key whose job is gone names nothing.
+        args: list[Any] = [job.id, max_queued, 0]
         for name, value in fields.items():
             args += [name, value]
         keys = [self._job + job.id, k["queued"], k["running"], k["index"], k["stream"], idem]
@@ -121,7 +123,10 @@ class RedisQueue(JobQueue):
             return await self._call(pipe.execute(raise_on_error=False))
 
     async def submit(self, job: Submission, max_queued: int) -> tuple[Job, bool]:
-        reply = await self._submit((job, max_queued))
+        try:
+            reply = await self._submit((job, max_queued))
+        except (RedisError, OSError) as exc:  # its own script's error (e.g. out of memory)
+            raise QueueError(f"redis {self.url}: {redis_client.described(exc)}") from None
         if isinstance(reply, Exception):
             raise QueueError(f"redis {self.url}: {reply!r}")
         outcome, detail = reply[0].decode(), reply[1].decode()
@@ -249,9 +254,12 @@ class RedisQueue(JobQueue):
     async def sweep(self, now: float) -> int:
         gone = await self._call(self._redis.zrangebyscore(self._k["expiry"], "-inf", now))
         if gone:
+            forget = self._scripts["FORGET"]
             async with self._redis.pipeline(transaction=False) as pipe:
                 for key in (self._k["index"], self._k["expiry"], *map(self._pages.ended, ENDED)):
                     pipe.zrem(key, *gone)
+                for job_id in gone:
+                    await forget([self._job + job_id.decode()], [job_id], client=pipe)
                 await self._call(pipe.execute())
         return len(gone)
 

@@ -7,11 +7,22 @@ is taken over by XAUTOCLAIM); `P:delayed` a sorted set of jobs waiting out their
 `P:queued` (by creation) and `P:running` the unfinished jobs; `P:index` every kept job by
 creation (the list); `P:ended:<status>` the ended jobs of each status by creation (the list
 filtered by status, redis_pages.py); `P:expiry` ended jobs by when they go; `P:idem:<key>` a
-key's job."""
+key's job.
+
+No key of the queue has a TTL: an ended job keeps an `expires` field and goes in the sweep
+(FORGET), with its idempotency key. Under `maxmemory-policy volatile-lru` (the shipped one,
+for the caches sharing this Redis) a key with a TTL may be evicted, and was: jobs filling
+Redis with their uploads evicted finished jobs, whose results were then gone, and their
+idempotency keys, which would have let a retry make a second job.
+Every script that moves a job on runs even when Redis is out of memory (`allow-oom`): each one
+ends by dropping the job's upload, so refusing them would keep memory full for good. Only
+SUBMIT is refused then (the door answers 503)."""
 
 from __future__ import annotations
 
-# KEYS: job, queued, running, index, stream, idem (or ""); ARGV: id, max_queued, keep_ms,
+ALLOW_OOM = "#!lua flags=allow-oom\n"
+
+# KEYS: job, queued, running, index, stream, idem (or ""); ARGV: id, max_queued, (unused),
 # then the job's fields as name, value pairs. A key reused: its job (or a conflict).
 SUBMIT = """
 if KEYS[6] ~= '' then
@@ -40,7 +51,10 @@ local entry = redis.call('XADD', KEYS[5], '*', 'id', ARGV[1])
 redis.call('HSET', KEYS[1], 'entry', entry)
 redis.call('ZADD', KEYS[2], created, ARGV[1])
 redis.call('ZADD', KEYS[4], created, ARGV[1])
-if KEYS[6] ~= '' then redis.call('SET', KEYS[6], ARGV[1], 'PX', ARGV[3]) end
+if KEYS[6] ~= '' then
+  redis.call('SET', KEYS[6], ARGV[1])
+  redis.call('HSET', KEYS[1], 'idem', KEYS[6])
+end
 return {'new', ARGV[1]}
 """
 
@@ -51,7 +65,9 @@ return {'new', ARGV[1]}
 # run it (the entry now this consumer's), leave it (its lease still runs: its worker lives),
 # drop it (its job ended, or it is an old attempt's), or fail the job (its worker died on
 # its last attempt).
-TAKE = """
+TAKE = (
+    ALLOW_OOM
+    + """
 local status, attempts, most, entry, created = unpack(redis.call('HMGET', KEYS[1], 'status',
                                                  'attempts', 'max_attempts', 'entry', 'created'))
 local function drop()
@@ -73,7 +89,7 @@ if status == 'running' and attempts >= tonumber(most) then
   redis.call('HSET', KEYS[1], 'status', 'failed', 'updated', ARGV[4], 'finished', ARGV[4],
              'error', ARGV[7])
   redis.call('HDEL', KEYS[1], 'token', 'payload', 'entry')
-  redis.call('PEXPIRE', KEYS[1], ARGV[6])
+  redis.call('HSET', KEYS[1], 'expires', now + tonumber(ARGV[6]) / 1000)
   redis.call('SREM', KEYS[3], ARGV[1])
   redis.call('ZREM', KEYS[6], ARGV[1])
   redis.call('ZADD', KEYS[5], now + tonumber(ARGV[6]) / 1000, ARGV[1])
@@ -88,11 +104,14 @@ redis.call('SADD', KEYS[3], ARGV[1])
 redis.call('ZADD', KEYS[6], now + tonumber(ARGV[8]) / 1000, ARGV[1])
 return redis.call('HMGET', KEYS[1], unpack(ARGV, 10))
 """
+)
 
 # KEYS: job, running, stream, expiry, queued, delayed, leases, ended:<status>; ARGV: id, token
 # ('' for a cancel), status, now, keep_ms, group, then fields to set as name, value pairs.
 # The final state, written once: by the worker holding the token, or by a cancel.
-FINISH = """
+FINISH = (
+    ALLOW_OOM
+    + """
 local status, token, entry, created = unpack(redis.call('HMGET', KEYS[1], 'status', 'token',
                                                        'entry', 'created'))
 if status ~= 'running' and not (ARGV[2] == '' and status == 'queued') then return 0 end
@@ -100,7 +119,7 @@ if ARGV[2] ~= '' and token ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], 'status', ARGV[3], 'updated', ARGV[4], 'finished', ARGV[4])
 for i = 7, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 redis.call('HDEL', KEYS[1], 'token', 'payload', 'entry')
-redis.call('PEXPIRE', KEYS[1], ARGV[5])
+redis.call('HSET', KEYS[1], 'expires', tonumber(ARGV[4]) + tonumber(ARGV[5]) / 1000)
 redis.call('SREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[5], ARGV[1])
 redis.call('ZREM', KEYS[6], ARGV[1])
@@ -113,9 +132,12 @@ if entry then
 end
 return 1
 """
+)
 
 # KEYS: job, running, queued, stream, delayed, leases; ARGV: id, token, now, due, error, group.
-REQUEUE = """
+REQUEUE = (
+    ALLOW_OOM
+    + """
 local status, token, entry, created = unpack(redis.call('HMGET', KEYS[1], 'status', 'token',
                                                        'entry', 'created'))
 if status ~= 'running' or token ~= ARGV[2] then return 0 end
@@ -131,10 +153,13 @@ redis.call('ZADD', KEYS[5], ARGV[4], ARGV[1])
 redis.call('ZREM', KEYS[6], ARGV[1])
 return 1
 """
+)
 
 # KEYS: delayed, stream, prefix, leases; ARGV: now. Jobs whose back-off is over, back on the
 # stream; then the first job whose lease ran out (its worker died), with its entry, if any.
-DUE = """
+DUE = (
+    ALLOW_OOM
+    + """
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, 100)
 for _, id in ipairs(due) do
   local entry = redis.call('XADD', KEYS[2], '*', 'id', id)
@@ -147,13 +172,28 @@ local entry = redis.call('HGET', KEYS[3] .. expired[1], 'entry')
 if not entry then return false end
 return {expired[1], entry}
 """
+)
 
 # KEYS: job, stream, leases; ARGV: id, token, group, consumer, until. The lease renewed (and
 # the entry's idle time reset), if the job is still this worker's.
-RENEW = """
+RENEW = (
+    ALLOW_OOM
+    + """
 local status, token, entry = unpack(redis.call('HMGET', KEYS[1], 'status', 'token', 'entry'))
 if status ~= 'running' or token ~= ARGV[2] or not entry then return 0 end
 redis.call('XCLAIM', KEYS[2], ARGV[3], ARGV[4], 0, entry, 'JUSTID')
 redis.call('ZADD', KEYS[3], ARGV[5], ARGV[1])
 return 1
 """
+)
+
+# KEYS: job; ARGV: id. An expired job gone, and its idempotency key if it still names it.
+FORGET = (
+    ALLOW_OOM
+    + """
+local idem = redis.call('HGET', KEYS[1], 'idem')
+if idem and redis.call('GET', idem) == ARGV[1] then redis.call('DEL', idem) end
+redis.call('DEL', KEYS[1])
+return 1
+"""
+)

@@ -260,3 +260,49 @@ async def test_sqlite_copies_the_wal_back_off_the_writers_path(tmp_path: Path) -
     await queue.close()
     wal = path.with_name(path.name + "-wal")
     assert not wal.exists() or wal.stat().st_size == 0
+
+
+async def test_a_full_redis_refuses_new_jobs_and_loses_none(tmp_path: Path) -> None:
+    """Uploads fill Redis to its maxmemory (volatile-lru, as shipped, for caches sharing it):
+    nothing of the queue is evicted (ended jobs keep their results, keys their jobs); new
+    jobs are refused with QueueError (the door's 503); the jobs already taken still move on
+    and end, which frees the room, and submissions are taken again."""
+    from proxy.jobs.model import QueueError
+
+    server = redis_or_skip(tmp_path / "redis", persistent=True, max_mb=24)
+    queue = open_queue(server.url, keep_s=600)
+    try:
+        done = []
+        for i in range(3):  # ended before the flood, with their results and keys
+            submitted, _ = await queue.submit(job(payload=bytes([i]), idempotency_key=f"k{i}"), 100)
+            claimed = await queue.claim(lease_s=60.0, wait_s=0.5)
+            assert claimed is not None and claimed.job.id == submitted.id
+            assert await queue.finish(claimed, "succeeded", {"n": i}, None, 600)
+            done.append(submitted.id)
+        accepted, refused = [], None
+        for i in range(40):  # 1 MiB uploads into 24 MB
+            try:
+                accepted.append((await queue.submit(job(payload=bytes([i]) * (1 << 20)), 100))[0])
+            except QueueError as exc:
+                refused = exc
+                break
+        assert refused is not None and "maxmemory" in str(refused), "Redis never filled up"
+        for i, job_id in enumerate(done):  # nothing of theirs evicted
+            kept = await queue.get(job_id)
+            assert kept is not None and kept.status == "succeeded" and kept.result == {"n": i}
+            again, new = await queue.submit(job(payload=bytes([i]), idempotency_key=f"k{i}"), 100)
+            assert again.id == job_id and not new
+        finished = []
+        while len(finished) < len(accepted):  # every accepted job taken and ended while full
+            claimed = await queue.claim(lease_s=60.0, wait_s=0.5)
+            assert claimed is not None, f"{len(accepted) - len(finished)} jobs stuck"
+            assert await queue.finish(claimed, "succeeded", {"ok": True}, None, 600)
+            finished.append(claimed.job.id)
+        assert sorted(finished) == sorted(j.id for j in accepted)
+        for j in accepted:
+            ended = await queue.get(j.id)
+            assert ended is not None and ended.status == "succeeded"
+        await queue.submit(job(payload=b"after"), 100)  # room again
+    finally:
+        await queue.close()
+        server.stop()
