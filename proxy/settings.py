@@ -160,6 +160,9 @@ class ProxySettings(BaseSettings):
     """How long after the last request whose client waited the jobs widen again."""
     jobs_max_queued: int = Field(default=10_000, ge=1)
     """Unfinished jobs the queue holds; more get 429 with Retry-After."""
+    jobs_max_queued_mb: float = Field(default=1024.0, gt=0)
+    """Uploads the unfinished jobs may hold in the queue's store (MB); a job that would pass
+    it gets 429 with Retry-After. The count alone allowed 10,000 x 20 MiB."""
     jobs_attempts: int = Field(default=3, ge=1, le=20)
     """Attempts a job gets (each with the pipeline's budget) when it fails in a way another
     attempt may not (502, 503, 504, or its worker died)."""

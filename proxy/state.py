@@ -86,6 +86,7 @@ def _jobs_config(settings: ProxySettings) -> JobsConfig:
         url=settings.jobs_queue_url(),
         workers=settings.jobs_workers,
         max_queued=settings.jobs_max_queued,
+        max_queued_bytes=int(settings.jobs_max_queued_mb * 1e6),
         keep_s=settings.jobs_keep_s,
         lease_s=settings.jobs_lease_s,
         attempts=settings.jobs_attempts,

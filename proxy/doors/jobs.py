@@ -60,9 +60,7 @@ async def enqueue(
     try:
         return await jobs.submit(submission)
     except QueueFull as exc:
-        raise Problem(
-            429, f"the jobs' queue is full ({exc.args[0]} unfinished jobs): come back later"
-        ) from None
+        raise Problem(429, f"the jobs' queue is full ({exc.args[0]}): come back later") from None
     except IdempotencyConflict as exc:
         raise Problem(
             422,

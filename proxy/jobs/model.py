@@ -28,6 +28,7 @@ class JobsConfig:
     workers: int
     """Jobs this process runs at once."""
     max_queued: int
+    max_queued_bytes: int
     keep_s: float
     lease_s: float
     attempts: int
@@ -45,7 +46,8 @@ class JobsConfig:
 
 
 class QueueFull(Exception):
-    """The queue holds its bound of unfinished jobs (429)."""
+    """The queue holds its bound of unfinished jobs, or of their uploads' bytes (429); the
+    message says which."""
 
 
 class IdempotencyConflict(Exception):

@@ -34,10 +34,13 @@ class JobQueue(abc.ABC):
     url: str
 
     @abc.abstractmethod
-    async def submit(self, job: Submission, max_queued: int) -> tuple[Job, bool]:
+    async def submit(
+        self, job: Submission, max_queued: int, max_bytes: int = 0
+    ) -> tuple[Job, bool]:
         """Store `job`, or the job its Idempotency-Key already names (False: not new).
-        QueueFull when `max_queued` jobs are unfinished; IdempotencyConflict when the key
-        names a job of another body."""
+        QueueFull when `max_queued` jobs are unfinished, or when the unfinished jobs' uploads
+        and this one's would pass `max_bytes` (0: no such bound); IdempotencyConflict when
+        the key names a job of another body."""
 
     @abc.abstractmethod
     async def get(self, job_id: str) -> Job | None: ...

@@ -65,7 +65,7 @@ class RedisQueue(JobQueue):
         self._redis = redis_client.connect(url, 10, retries=3, backoff=True, connect_timeout_s=5)
         self.consumer = f"{socket.gethostname()}-{os.getpid()}-{new_id()[:8]}"
         self._k = {n: f"{prefix}:{n}" for n in ("stream", "queued", "running", "index")}
-        self._k |= {n: f"{prefix}:{n}" for n in ("expiry", "delayed", "leases")}
+        self._k |= {n: f"{prefix}:{n}" for n in ("expiry", "delayed", "leases", "bytes")}
         self._job = f"{prefix}:job:"
         self._idem = f"{prefix}:idem:"
         self._scripts = {
@@ -74,7 +74,7 @@ class RedisQueue(JobQueue):
         }
         self._group_made = False
         self._swept_stranded = 0.0
-        self._submit: Grouped[tuple[Submission, int], Any] = Grouped(self._submit_many)
+        self._submit: Grouped[tuple[Submission, int, int], Any] = Grouped(self._submit_many)
         self._pages = Pages(self._redis, prefix, SHOWN, _job, self._call)
 
     async def _call(self, work: Awaitable[T]) -> T:
@@ -96,7 +96,9 @@ class RedisQueue(JobQueue):
             await self._pages.new_queue()
         self._group_made = True
 
-    def _submission(self, job: Submission, max_queued: int) -> tuple[list[str], list[Any]]:
+    def _submission(
+        self, job: Submission, max_queued: int, max_bytes: int
+    ) -> tuple[list[str], list[Any]]:
         k = self._k
         fields: dict[str, Any] = {
             "pipeline": job.pipeline, "status": "queued", "created": repr(job.created),
@@ -106,32 +108,34 @@ class RedisQueue(JobQueue):
         }  # fmt: skip
         idem = "" if job.idempotency_key is None else self._idem + job.idempotency_key
         # The key goes with its job (FORGET); until then a key whose job is gone names nothing.
-        args: list[Any] = [job.id, max_queued, 0]
+        args: list[Any] = [job.id, max_queued, max_bytes]
         for name, value in fields.items():
             args += [name, value]
         keys = [self._job + job.id, k["queued"], k["running"], k["index"], k["stream"], idem]
-        return keys, args
+        return [*keys, k["bytes"]], args
 
-    async def _submit_many(self, group: list[tuple[Submission, int]]) -> list[Any]:
+    async def _submit_many(self, group: list[tuple[Submission, int, int]]) -> list[Any]:
         """The group's SUBMIT scripts in one pipeline (one round trip); each one's reply."""
         await self._call(self._group())
         script = self._scripts["SUBMIT"]
         async with self._redis.pipeline(transaction=False) as pipe:
-            for job, max_queued in group:
-                keys, args = self._submission(job, max_queued)
+            for job, max_queued, max_bytes in group:
+                keys, args = self._submission(job, max_queued, max_bytes)
                 await script(keys, args, client=pipe)
             return await self._call(pipe.execute(raise_on_error=False))
 
-    async def submit(self, job: Submission, max_queued: int) -> tuple[Job, bool]:
+    async def submit(
+        self, job: Submission, max_queued: int, max_bytes: int = 0
+    ) -> tuple[Job, bool]:
         try:
-            reply = await self._submit((job, max_queued))
+            reply = await self._submit((job, max_queued, max_bytes))
         except (RedisError, OSError) as exc:  # its own script's error (e.g. out of memory)
             raise QueueError(f"redis {self.url}: {redis_client.described(exc)}") from None
         if isinstance(reply, Exception):
             raise QueueError(f"redis {self.url}: {reply!r}")
         outcome, detail = reply[0].decode(), reply[1].decode()
         if outcome == "full":
-            raise QueueFull(int(detail))
+            raise QueueFull(detail)
         if outcome == "conflict":
             raise IdempotencyConflict(detail)
         if outcome == "new":
@@ -159,7 +163,7 @@ class RedisQueue(JobQueue):
     async def _end(self, job_id: str, token: str, status: str, keep_s: float, *fields: Any) -> bool:
         k = self._k
         keys = [self._job + job_id, k["running"], k["stream"], k["expiry"], k["queued"]]
-        keys += [k["delayed"], k["leases"], self._pages.ended(status)]
+        keys += [k["delayed"], k["leases"], self._pages.ended(status), k["bytes"]]
         args = [job_id, token, status, repr(time.time()), int(keep_s * 1000), GROUP, *fields]
         return bool(await self._call(self._scripts["FINISH"](keys, args)))
 
@@ -208,7 +212,7 @@ class RedisQueue(JobQueue):
     async def _take(self, entry: str, job_id: str, lease_s: float) -> Claimed | None:
         k, token, now = self._k, new_id(), time.time()
         keys = [self._job + job_id, k["queued"], k["running"], k["stream"], k["expiry"]]
-        keys += [k["leases"], self._pages.ended("failed")]
+        keys += [k["leases"], self._pages.ended("failed"), k["bytes"]]
         args = [job_id, entry, token, repr(now), GROUP, int(self.keep_s * 1000), LOST]
         args += [int(lease_s * 1000), self.consumer, *SHOWN, "kind", "payload"]
         fields = await self._call(self._scripts["TAKE"](keys, args))

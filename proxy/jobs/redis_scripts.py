@@ -22,8 +22,9 @@ from __future__ import annotations
 
 ALLOW_OOM = "#!lua flags=allow-oom\n"
 
-# KEYS: job, queued, running, index, stream, idem (or ""); ARGV: id, max_queued, (unused),
-# then the job's fields as name, value pairs. A key reused: its job (or a conflict).
+# KEYS: job, queued, running, index, stream, idem (or ""), bytes; ARGV: id, max_queued,
+# max_bytes (0: none), then the job's fields as name, value pairs. A key reused: its job (or a
+# conflict). `bytes` counts the unfinished jobs' uploads (taken off where one is dropped).
 SUBMIT = """
 if KEYS[6] ~= '' then
   local known = redis.call('GET', KEYS[6])
@@ -41,7 +42,14 @@ if KEYS[6] ~= '' then
   end
 end
 local unfinished = redis.call('ZCARD', KEYS[2]) + redis.call('SCARD', KEYS[3])
-if unfinished >= tonumber(ARGV[2]) then return {'full', tostring(unfinished)} end
+if unfinished >= tonumber(ARGV[2]) then return {'full', unfinished .. ' unfinished jobs'} end
+local size = 0
+for i = 4, #ARGV, 2 do if ARGV[i] == 'payload' then size = #ARGV[i + 1] end end
+local held = math.max(0, tonumber(redis.call('GET', KEYS[7]) or '0'))
+if tonumber(ARGV[3]) > 0 and held + size > tonumber(ARGV[3]) then
+  return {'full', held .. ' bytes of uploads waiting, the limit ' .. ARGV[3]}
+end
+redis.call('INCRBY', KEYS[7], size)
 local created = 0
 for i = 4, #ARGV, 2 do
   redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
@@ -58,7 +66,7 @@ end
 return {'new', ARGV[1]}
 """
 
-# KEYS: job, queued, running, stream, expiry, leases, ended:failed; ARGV: id, entry, token,
+# KEYS: job, queued, running, stream, expiry, leases, ended:failed, bytes; ARGV: id, entry, token,
 # now, group,
 # keep_ms, error, lease_ms, consumer, then the fields to answer (once taken). An entry this
 # worker read, or a job whose lease ran out:
@@ -88,6 +96,7 @@ if status == 'running' and attempts >= tonumber(most) then
   drop()
   redis.call('HSET', KEYS[1], 'status', 'failed', 'updated', ARGV[4], 'finished', ARGV[4],
              'error', ARGV[7])
+  redis.call('DECRBY', KEYS[8], redis.call('HSTRLEN', KEYS[1], 'payload'))
   redis.call('HDEL', KEYS[1], 'token', 'payload', 'entry')
   redis.call('HSET', KEYS[1], 'expires', now + tonumber(ARGV[6]) / 1000)
   redis.call('SREM', KEYS[3], ARGV[1])
@@ -106,8 +115,8 @@ return redis.call('HMGET', KEYS[1], unpack(ARGV, 10))
 """
 )
 
-# KEYS: job, running, stream, expiry, queued, delayed, leases, ended:<status>; ARGV: id, token
-# ('' for a cancel), status, now, keep_ms, group, then fields to set as name, value pairs.
+# KEYS: job, running, stream, expiry, queued, delayed, leases, ended:<status>, bytes; ARGV: id,
+# token ('' for a cancel), status, now, keep_ms, group, then fields to set as name, value pairs.
 # The final state, written once: by the worker holding the token, or by a cancel.
 FINISH = (
     ALLOW_OOM
@@ -118,6 +127,7 @@ if status ~= 'running' and not (ARGV[2] == '' and status == 'queued') then retur
 if ARGV[2] ~= '' and token ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], 'status', ARGV[3], 'updated', ARGV[4], 'finished', ARGV[4])
 for i = 7, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+redis.call('DECRBY', KEYS[9], redis.call('HSTRLEN', KEYS[1], 'payload'))
 redis.call('HDEL', KEYS[1], 'token', 'payload', 'entry')
 redis.call('HSET', KEYS[1], 'expires', tonumber(ARGV[4]) + tonumber(ARGV[5]) / 1000)
 redis.call('SREM', KEYS[2], ARGV[1])

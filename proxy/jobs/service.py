@@ -73,7 +73,8 @@ class Jobs:
         return callbacks.check(url, self.config.callback_hosts)
 
     async def submit(self, submission: Submission) -> tuple[Job, bool]:
-        job, new = await self.queue.submit(submission, self.config.max_queued)
+        config = self.config
+        job, new = await self.queue.submit(submission, config.max_queued, config.max_queued_bytes)
         if new:
             self.queue.notify()
             metrics.JOBS_SUBMITTED.labels(job.pipeline).inc()

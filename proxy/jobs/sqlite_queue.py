@@ -88,8 +88,10 @@ class SqliteQueue(JobQueue):
         self._checkpoint_soon()
         return out
 
-    async def submit(self, job: Submission, max_queued: int) -> tuple[Job, bool]:
-        return await self._submit((job, max_queued))
+    async def submit(
+        self, job: Submission, max_queued: int, max_bytes: int = 0
+    ) -> tuple[Job, bool]:
+        return await self._submit((job, max_queued, max_bytes))
 
     async def get(self, job_id: str) -> Job | None:
         return await self._run(sql.get, job_id, time.time())

@@ -40,6 +40,10 @@ CREATE INDEX IF NOT EXISTS jobs_expires ON jobs (expires) WHERE expires IS NOT N
 CREATE TABLE IF NOT EXISTS counts (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 INSERT OR IGNORE INTO counts
     SELECT 'unfinished', COUNT(*) FROM jobs WHERE status IN ('queued', 'running');
+-- Their uploads' bytes, kept the same way (an upload is dropped when its job ends).
+INSERT OR IGNORE INTO counts
+    SELECT 'queued_bytes', COALESCE(SUM(length(payload)), 0) FROM jobs
+    WHERE status IN ('queued', 'running');
 """
 
 COLUMNS = (
@@ -59,19 +63,21 @@ def _job(row: tuple) -> Job:
 
 
 def submit_many(
-    db: sqlite3.Connection, batch: list[tuple[Submission, int]]
+    db: sqlite3.Connection, batch: list[tuple[Submission, int, int]]
 ) -> list[tuple[Job, bool] | Exception]:
     """Each submission in turn, in one transaction: its job, or why it was refused."""
     outcomes: list[tuple[Job, bool] | Exception] = []
-    for job, max_queued in batch:
+    for job, max_queued, max_bytes in batch:
         try:
-            outcomes.append(submit(db, job, max_queued))
+            outcomes.append(submit(db, job, max_queued, max_bytes))
         except (QueueFull, IdempotencyConflict) as exc:
             outcomes.append(exc)
     return outcomes
 
 
-def submit(db: sqlite3.Connection, job: Submission, max_queued: int) -> tuple[Job, bool]:
+def submit(
+    db: sqlite3.Connection, job: Submission, max_queued: int, max_bytes: int = 0
+) -> tuple[Job, bool]:
     if job.idempotency_key is not None:
         row = db.execute(
             "SELECT pipeline, digest, id FROM jobs WHERE idem = ?", (job.idempotency_key,)
@@ -82,9 +88,12 @@ def submit(db: sqlite3.Connection, job: Submission, max_queued: int) -> tuple[Jo
             found = get(db, row[2], None)
             assert found is not None
             return found, False
-    (unfinished,) = db.execute("SELECT value FROM counts WHERE name = 'unfinished'").fetchone()
+    counts = dict(db.execute("SELECT name, value FROM counts").fetchall())
+    unfinished, held = counts["unfinished"], max(0, counts["queued_bytes"])
     if unfinished >= max_queued:
-        raise QueueFull(unfinished)
+        raise QueueFull(f"{unfinished} unfinished jobs")
+    if max_bytes and held + len(job.payload) > max_bytes:
+        raise QueueFull(f"{held} bytes of uploads waiting, the limit {max_bytes}")
     db.execute(
         "INSERT INTO jobs (id, pipeline, status, created, updated, due, max_attempts,"
         " budget_ms, kind, payload, callback, idem, digest)"
@@ -93,6 +102,7 @@ def submit(db: sqlite3.Connection, job: Submission, max_queued: int) -> tuple[Jo
          job.budget_ms, job.kind, job.payload, job.callback, job.idempotency_key, job.digest),
     )  # fmt: skip
     _ended(db, -1)
+    _held(db, len(job.payload))
     return Job(job.id, job.pipeline, "queued", job.created, job.created, 0, job.max_attempts,
                job.budget_ms, callback=job.callback), True  # fmt: skip
 
@@ -136,12 +146,14 @@ def page(
 def cancel(
     db: sqlite3.Connection, job_id: str, keep_s: float, now: float
 ) -> tuple[Job | None, bool]:
+    size = _upload(db, job_id)
     done = db.execute(
         "UPDATE jobs SET status = 'cancelled', updated = ?, finished = ?, token = NULL,"
         " payload = NULL, expires = ? WHERE id = ? AND status IN ('queued', 'running')",
         (now, now, now + keep_s, job_id),
     )
     _ended(db, done.rowcount)
+    _held(db, -size * done.rowcount)
     return get(db, job_id, now), done.rowcount == 1
 
 
@@ -164,6 +176,7 @@ def claim(db: sqlite3.Connection, lease_s: float, keep_s: float, now: float) -> 
         if status == "running" and attempts >= max_attempts:
             # Its worker died on its last attempt: failed, with why.
             error = {**LOST, "error": LOST["error"].format(n=attempts)}
+            _held(db, -_upload(db, job_id))
             db.execute(
                 "UPDATE jobs SET status = 'failed', updated = ?, finished = ?, token = NULL,"
                 " payload = NULL, error = ?, expires = ? WHERE id = ?",
@@ -206,6 +219,7 @@ def finish(
     keep_s: float,
     now: float,
 ) -> bool:
+    size = _upload(db, claimed.job.id)
     done = db.execute(
         "UPDATE jobs SET status = ?, result = ?, error = ?, updated = ?, finished = ?,"
         " expires = ?, token = NULL, payload = NULL"
@@ -214,6 +228,7 @@ def finish(
          now, now, now + keep_s, claimed.job.id, claimed.token),
     )  # fmt: skip
     _ended(db, done.rowcount)
+    _held(db, -size * done.rowcount)
     return done.rowcount == 1
 
 
@@ -249,6 +264,17 @@ def depth(db: sqlite3.Connection, now: float) -> Depth:
         counts.get("running", 0),
         0 if oldest is None else max(0.0, now - oldest),
     )
+
+
+def _upload(db: sqlite3.Connection, job_id: str) -> int:
+    """The bytes of a job's upload still held (0 once it ended)."""
+    row = db.execute("SELECT length(payload) FROM jobs WHERE id = ?", (job_id,)).fetchone()
+    return 0 if row is None or row[0] is None else row[0]
+
+
+def _held(db: sqlite3.Connection, change: int) -> None:
+    if change:
+        db.execute("UPDATE counts SET value = value + ? WHERE name = 'queued_bytes'", (change,))
 
 
 def _ended(db: sqlite3.Connection, jobs: int) -> None:

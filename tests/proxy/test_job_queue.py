@@ -123,6 +123,41 @@ async def test_the_bound_counts_unfinished_jobs(queue: JobQueue) -> None:
     assert claimed.job.id == ids[0]  # oldest first
 
 
+async def test_the_bytes_bound_counts_the_unfinished_jobs_uploads(queue: JobQueue) -> None:
+    """An upload is held from submission until its job ends (finished, cancelled, or failed
+    when its worker died on its last attempt); a refusal says which bound."""
+    kib, bound = 1024, 3 * 1024
+
+    async def submit(payload: bytes, **extra) -> str:
+        return (await queue.submit(job(payload=payload, **extra), 100, bound))[0].id
+
+    first = await submit(b"a" * kib)
+    second = await submit(b"b" * kib)
+    third = await submit(b"c" * kib, max_attempts=1)
+    with pytest.raises(QueueFull, match="3072 bytes of uploads waiting, the limit 3072"):
+        await submit(b"x")
+    with pytest.raises(QueueFull, match="3 unfinished jobs"):  # the count, checked first
+        await queue.submit(job(payload=b"x"), 3, bound)
+    claimed = await queue.claim(lease_s=10.0, wait_s=0.5)
+    assert claimed is not None and claimed.job.id == first
+    with pytest.raises(QueueFull):  # running, it still holds its upload
+        await submit(b"x")
+    assert await queue.finish(claimed, "succeeded", {}, None, 60)
+    await submit(b"d" * kib)
+    await queue.cancel(second, keep_s=60)
+    await submit(b"e" * kib)
+    with pytest.raises(QueueFull):
+        await submit(b"x")
+    dying = await queue.claim(lease_s=0.05, wait_s=0.5)
+    assert dying is not None and dying.job.id == third
+    await asyncio.sleep(0.2)  # its worker died on its only attempt: failed when found
+    for _ in range(3):  # the two queued ones, then the lapsed lease
+        await queue.claim(lease_s=10.0, wait_s=0.2)
+    failed = await queue.get(third)
+    assert failed is not None and failed.status == "failed"
+    await submit(b"f" * kib)
+
+
 async def test_pages_newest_first_filtered_and_ended_jobs_expire(queue: JobQueue) -> None:
     ids = []
     for i in range(5):
