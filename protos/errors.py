@@ -16,11 +16,11 @@ MAX_MESSAGE = 1000
 repeated them all (1.8 MB for a 3.2 MB body), and they went on into logs and gRPC trailers."""
 
 
-def capped(message: str) -> str:
-    """`message`, cut to MAX_MESSAGE characters with a note of how much was left out."""
-    if len(message) <= MAX_MESSAGE:
+def capped(message: str, most: int = MAX_MESSAGE) -> str:
+    """`message`, cut to `most` characters with a note of how much was left out."""
+    if len(message) <= most:
         return message
-    return f"{message[:MAX_MESSAGE]}... ({len(message) - MAX_MESSAGE:,} more characters)"
+    return f"{message[:most]}... ({len(message) - most:,} more characters)"
 
 
 class MeshError(Exception):

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 import httpx
 import orjson
 
+from protos.errors import capped
 from proxy.errors import Problem
 
 log = logging.getLogger("proxy")
@@ -56,7 +57,7 @@ def check(url: str, allowed: frozenset[str]) -> str:
 
 
 def _shown(text: str) -> str:
-    return repr(text if len(text) <= SHOWN else text[:SHOWN] + "...")
+    return repr(capped(text, SHOWN))
 
 
 async def deliver(

@@ -127,10 +127,8 @@ class RedisQueue(JobQueue):
     async def submit(
         self, job: Submission, max_queued: int, max_bytes: int = 0
     ) -> tuple[Job, bool]:
-        try:
-            reply = await self._submit((job, max_queued, max_bytes))
-        except (RedisError, OSError) as exc:  # its own script's error (e.g. out of memory)
-            raise QueueError(f"redis {self.url}: {redis_client.described(exc)}") from None
+        # _call: the group hands back its own script's error too (e.g. Redis out of memory).
+        reply = await self._call(self._submit((job, max_queued, max_bytes)))
         if isinstance(reply, Exception):
             raise QueueError(f"redis {self.url}: {reply!r}")
         outcome, detail = reply[0].decode(), reply[1].decode()
