@@ -72,7 +72,8 @@ def request_inputs(
     n_inputs = len(request.inputs)
     if n_inputs > limits.max_inputs:
         raise InvalidInput(f"request has {n_inputs} inputs, more than {limits.max_inputs}")
-    refs = [shared_ref(t.parameters, t.name) for t in request.inputs]
+    inputs = request.inputs[:]  # a list: iterated without an IndexError at its end
+    refs = [shared_ref(t.parameters, t.name) for t in inputs]
     n_plain = refs.count(None)
     n_raw = len(raw_contents)
     if n_raw and n_raw != n_plain:
@@ -83,7 +84,7 @@ def request_inputs(
     out: dict[str, np.ndarray] = {}
     next_raw = 0
     typed = parsed.contents or [None] * n_inputs
-    for tensor, ref, contents in zip(request.inputs, refs, typed, strict=True):
+    for tensor, ref, contents in zip(inputs, refs, typed, strict=True):
         if tensor.name in out:
             raise InvalidInput(f"input '{tensor.name}' appears twice")
         if ref is not None:
@@ -125,7 +126,7 @@ def response_outputs(
         raw_contents = response.raw_output_contents
     # Outputs written to shared memory carry no bytes here (the caller reads its region);
     # their raw entry is empty, or absent when a server lists them last without one.
-    outputs = response.outputs
+    outputs = response.outputs[:]  # a list: iterated without an IndexError at its end
     n_raw = len(raw_contents)
     paired = n_raw == len(outputs)  # then only an output with an empty entry can be shared
     carried = [

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
-from typing import TypeVar
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 
@@ -20,12 +20,14 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+async def until_disconnect(request: Request, work: Coroutine[Any, Any, T]) -> T:
     """`work`'s result, or ClientGone (with `work` cancelled and finished) when the client
     disconnects first. Call it once the body has been read: the next message the server
     has for the request is then the disconnect. Work done within one turn of the loop (an
     in-process cache hit) is answered before any watch begins."""
-    task = asyncio.ensure_future(work)
+    # create_task, not ensure_future: that one asks a coroutine whether it is a future, an
+    # AttributeError raised and dropped each time (~2,000 instructions).
+    task = asyncio.create_task(work)
     try:
         await asyncio.sleep(0)  # one turn: work that never waits (a cache hit) is done now
     except BaseException:
@@ -33,7 +35,7 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
         raise
     if task.done():  # no watcher, no wait: a third of a cache hit's door
         return task.result()
-    gone = asyncio.ensure_future(_disconnected(request))
+    gone = asyncio.create_task(_disconnected(request))
     try:
         await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
         if task.done():

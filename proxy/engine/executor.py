@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -36,6 +37,12 @@ from proxy.engine.step_spans import step_span
 from proxy.errors import StepError
 from proxy.transport.calls import Call, Calls
 from proxy.transport.target import Target
+
+
+def ms(seconds: float) -> float:
+    """Seconds as milliseconds to the microsecond, as round(..., 3) would give them without
+    its exact decimal conversion (~2,000 instructions; a `digits` request rounds eleven)."""
+    return math.floor(seconds * 1e6 + 0.5) / 1e3
 
 
 @dataclass
@@ -176,9 +183,9 @@ class Executor:
                 status, error = "cancelled", "cancelled: the request ended first"
                 raise
             finally:
-                latency = (time.perf_counter() - start) * 1000
-                since = round((start - run.origin) * 1000, 3)
-                run.steps.append(StepStatus(label, status, round(latency, 3), error, how, since))
+                latency = ms(time.perf_counter() - start)
+                since = ms(start - run.origin)
+                run.steps.append(StepStatus(label, status, latency, error, how, since))
                 if span is not None:
                     span.set_attribute("mesh.status", status)
                     if how is not None:
@@ -214,7 +221,7 @@ class Executor:
         start = time.perf_counter()
 
         tasks = {
-            name: asyncio.ensure_future(self._invoke(run, step, f"{step.name}/{name}", target))
+            name: asyncio.create_task(self._invoke(run, step, f"{step.name}/{name}", target))
             for name, target in branches.items()
         }
         try:
@@ -246,16 +253,16 @@ class Executor:
         run.put_branches(step.name, succeeded)
         for name, value in combine(step.combine, succeeded).items():
             run.put(f"{step.name}.{name}", value)
-        latency = (time.perf_counter() - start) * 1000
+        latency = ms(time.perf_counter() - start)
         status = "ok" if len(succeeded) == len(tasks) else "partial"
         failed_names = sorted(set(tasks) - set(succeeded))
         run.steps.append(
             StepStatus(
                 step.name,
                 status,
-                round(latency, 3),
+                latency,
                 f"failed branches: {', '.join(failed_names)}" if failed_names else None,
-                start_ms=round((start - run.origin) * 1000, 3),
+                start_ms=ms(start - run.origin),
             )
         )
 
@@ -267,7 +274,7 @@ class Executor:
                 break
         else:
             chosen = step.default
-        since = round((time.perf_counter() - run.origin) * 1000, 3)
+        since = ms(time.perf_counter() - run.origin)
         run.steps.append(StepStatus(step.name, "ok", 0.0, start_ms=since))
         await self._steps(chosen, run)
 
@@ -275,5 +282,6 @@ class Executor:
 def held_bytes(value: np.ndarray) -> int:
     """What a tensor holds in memory (the ledger's measure; a BYTES element's own bytes)."""
     if value.dtype == object:
-        return sum(len(v) if isinstance(v, bytes | str) else 8 for v in value.reshape(-1))
+        elements = value.reshape(-1).tolist()  # a list iterates without an IndexError
+        return sum(len(v) if isinstance(v, bytes | str) else 8 for v in elements)
     return value.nbytes

@@ -33,7 +33,7 @@ from proxy import metrics
 from proxy.engine.admission import Admission, Ledger
 from proxy.engine.cache.caches import Caches
 from proxy.engine.cache.keys import pipeline_key
-from proxy.engine.executor import Executor, Run, StepStatus, held_bytes
+from proxy.engine.executor import Executor, Run, StepStatus, held_bytes, ms
 from proxy.engine.plan import Plan
 from proxy.engine.recent import Recent
 from proxy.errors import ClientGone, Problem, StepError
@@ -104,7 +104,7 @@ class Engine:
             "result": self.result_to_serialise(run) if as_json else self.result(run),
             "partial": run.partial,
             "steps": [s.__dict__ for s in run.steps],
-            "latency_ms": round((time.perf_counter() - started) * 1000, 3),
+            "latency_ms": ms(time.perf_counter() - started),
         }
 
     @contextlib.asynccontextmanager

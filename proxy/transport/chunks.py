@@ -30,7 +30,9 @@ Call = Callable[[Mapping[str, np.ndarray]], Awaitable[dict[str, np.ndarray]]]
 
 def nbytes(array: np.ndarray) -> int:
     if array.dtype == object:
-        return sum(len(v) + 4 if isinstance(v, bytes | str) else 8 for v in array.reshape(-1))
+        # Over a list: an array's iteration ends in an IndexError, formatted each time.
+        elements = array.reshape(-1).tolist()
+        return sum(len(v) + 4 if isinstance(v, bytes | str) else 8 for v in elements)
     return array.nbytes
 
 

@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import grpc
 
 from proxy.transport.balancing import Replica, Replicas
 from proxy.transport.failures import RETRYABLE, CallFailed
 
-Attempt = Callable[[Replica, float], Awaitable[dict]]
+Attempt = Callable[[Replica, float], Coroutine[Any, Any, dict]]
 """Send the request to this replica with this many seconds left."""
 
 _tokens = itertools.count()
@@ -76,7 +77,7 @@ async def call_replica(replicas: Replicas, replica: Replica, send: Attempt, time
 
 def _start(replicas: Replicas, replica: Replica, send: Attempt, timeout: float) -> asyncio.Future:
     attempt = _Attempt(replicas, replica)
-    task = asyncio.ensure_future(send(replica, timeout))
+    task = asyncio.create_task(send(replica, timeout))
     task.add_done_callback(attempt.settle_task)
     return task
 

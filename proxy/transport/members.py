@@ -45,7 +45,11 @@ class Merged:
 
 def signature(inputs: Mapping[str, np.ndarray]) -> tuple:
     """What members must share to be merged: names, types and every dimension but the first."""
-    return tuple(sorted((name, a.dtype.str, a.shape[1:]) for name, a in inputs.items()))
+    # The dtype itself, not its .str (a new string each time); one input without a sort.
+    if len(inputs) == 1:
+        for name, a in inputs.items():
+            return ((name, a.dtype, a.shape[1:]),)
+    return tuple(sorted((name, a.dtype, a.shape[1:]) for name, a in inputs.items()))
 
 
 def rows_of(inputs: Mapping[str, np.ndarray]) -> int:
@@ -61,7 +65,7 @@ def split(answer: Tensors, rows: list[int]) -> list[Tensors] | None:
     total = sum(rows)
     if any(a.ndim == 0 or a.shape[0] != total for a in answer.values()):
         return None
-    bounds = np.cumsum([0, *rows])
+    bounds = [0, *itertools.accumulate(rows)]  # np.cumsum of a list takes a slow path
     return [
         {name: a[start:stop] for name, a in answer.items()}
         for start, stop in itertools.pairwise(bounds)
