@@ -166,6 +166,7 @@ class Ticket:
         width, height = media.declared_size(body) or (0, 0)
         upload = np.empty(1, dtype=object)
         upload[0] = body
+        upload.setflags(False)  # never written: its cache digest is made once (cache/keys.py)
         return await self._run({plan.pipeline.input: upload}, width * height, request_id)
 
     async def run_tensors(self, inputs: dict[str, np.ndarray], request_id: str) -> Run:

@@ -30,6 +30,10 @@ class Fresh(Generic[T]):
             return self._value
         return None
 
+    def until(self) -> float:
+        """When the last answer stops being fresh (time.monotonic; -inf: none yet)."""
+        return self._at + self._ttl_s if self._value is not None else float("-inf")
+
     async def get(self) -> T:
         """The last answer if younger than `ttl_s`, else a new one (one check at a time)."""
         if self._value is not None and time.monotonic() - self._at < self._ttl_s:

@@ -98,3 +98,35 @@ async def test_a_view_hashes_as_its_contents(datatype) -> None:
     assert await key({"x": view}) == await key({"x": np.ascontiguousarray(view)})
     swapped = np.ascontiguousarray(view).astype(view.dtype.newbyteorder())
     assert await key({"x": swapped}) == await key({"x": np.ascontiguousarray(view)})
+
+
+async def test_a_read_only_input_is_digested_once_and_keys_as_a_fresh_copy(monkeypatch) -> None:
+    """The pipeline's key and its first step's read the same request image: digested once
+    while it lives, and only when nothing can write to it (a digest cannot go stale)."""
+    digested: list[int] = []
+    contents = keys._contents
+    monkeypatch.setattr(keys, "_contents", lambda a: digested.append(id(a)) or contents(a))
+    image = one(b"\x89PNG" + bytes(range(100)))
+    image.setflags(False)
+    prints = fingerprints()
+    first = await key({"image": image}, prints)
+    assert await key({"image": image}, prints) == first
+    assert digested == [id(image)]
+    writable = one(b"\x89PNG" + bytes(range(100)))
+    assert await key({"image": writable}, prints) == first  # the same contents, the same key
+    assert await key({"image": writable}, prints) == first
+    assert digested == [id(image), id(writable), id(writable)]  # digested every time
+
+
+async def test_a_new_model_version_changes_the_key_once_its_fingerprint_is_asked_again() -> None:
+    """The key's base is kept while the models' fingerprints are fresh, then made again."""
+    services = Services("1")
+    prints = keys.Fingerprints(services, check_s=0.05, timeout_s=1.0)  # type: ignore[arg-type]
+    inputs = {"image": one(b"\x89PNG" + bytes(range(50)))}
+    before = await key(inputs, prints)
+    services.version = "2"
+    assert await key(inputs, prints) == before  # still fresh: the version is not asked
+    await asyncio.sleep(0.1)
+    after = await key(inputs, prints)
+    assert after is not None and after != before
+    assert after == await key(inputs, fingerprints("2"))

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 import weakref
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import orjson
@@ -32,7 +32,7 @@ from proxy.transport.fresh import Fresh
 from proxy.transport.services import Services
 from proxy.transport.target import Target
 
-SCHEME = b"mesh-cache-1"
+SCHEME = b"mesh-cache-2"
 STEPS = b"steps\0"
 """Bumped when the key or the entry layout changes: old entries are never read."""
 
@@ -43,6 +43,8 @@ class Fingerprints:
         self.check_s = check_s
         self.timeout_s = timeout_s
         self._fresh: dict[tuple[str, str, str], Fresh[bytes | None]] = {}
+        self.bases: dict[object, Base] = {}
+        """A plan, or a step's (target, outputs) -> its keys' base (`_key`)."""
 
     async def of(self, target: Target) -> bytes | None:
         key = (target.address, target.model, target.version)
@@ -69,105 +71,127 @@ class Fingerprints:
         known = tuple(self.now(t) for t in targets)
         return None if None in known else known  # type: ignore[return-value]
 
+    def fresh_until(self, targets: Sequence[Target]) -> float:
+        """When the first of these targets' fingerprints goes stale (time.monotonic)."""
+        until = float("inf")
+        for t in targets:
+            fresh = self._fresh.get((t.address, t.model, t.version))
+            until = min(until, float("-inf") if fresh is None else fresh.until())
+        return until
+
     def now(self, target: Target) -> bytes | None:
         fresh = self._fresh.get((target.address, target.model, target.version))
         return None if fresh is None else fresh.peek()
 
+
+MAX_BASES = 4096
 
 HASH_IN_THREAD = 1 << 20
 """Inputs of more bytes than this are hashed on a worker thread (hashlib lets go of the GIL
 while it hashes): on the event loop a 20 MiB upload held every other request 13.5 ms."""
 
 
-def _contents(tensors: Mapping[str, np.ndarray]) -> tuple[list[bytes | memoryview], int]:
-    """What a key hashes of `tensors`, in order: each one's name, datatype, shape and byte
-    count, then its v2 raw contents, as pieces (a BYTES element's length prefix and its own
-    bytes, never copied into one framed buffer first); and their total size."""
-    parts: list[bytes | memoryview] = []
-    size = 0
-    for name in sorted(tensors):
-        array = tensors[name]
-        datatype = codec.datatype_of(array)
-        if datatype == "BYTES":
-            pieces = codec.bytes_element_parts(array.reshape(-1))
-            length = sum(len(p) for p in pieces)
-        else:
-            raw = codec.to_raw_view(array)[1]
-            pieces, length = [raw], len(raw)
-        parts.append(orjson.dumps([name, datatype, list(array.shape), length]))
-        parts += pieces
-        size += length
-    return parts, size
+def _contents(array: np.ndarray) -> tuple[list[bytes | memoryview], int]:
+    """What a tensor's digest covers, in order: its datatype, shape and byte count, then its
+    v2 raw contents, as pieces (a BYTES element's length prefix and its own bytes, never
+    copied into one framed buffer first); and the contents' size."""
+    datatype = codec.datatype_of(array)
+    if datatype == "BYTES":
+        pieces = codec.bytes_element_parts(array)
+        length = sum(map(len, pieces))
+    else:
+        raw = codec.to_raw_view(array)[1]
+        pieces, length = [raw], len(raw)
+    return [orjson.dumps([datatype, list(array.shape), length]), *pieces], length
 
 
-def _update(digest: hashlib._Hash, parts: list[bytes | memoryview]) -> None:
+def _hashed(parts: list[bytes | memoryview]) -> bytes:
+    digest = hashlib.sha256()
     for part in parts:
         digest.update(part)
-
-
-async def _finish(digest: hashlib._Hash, inputs: Mapping[str, np.ndarray]) -> bytes:
-    """`digest` (a copy of its base) updated with `inputs`, off the loop when they are big."""
-    parts, size = _contents(inputs)
-    if size > HASH_IN_THREAD:
-        await asyncio.to_thread(_update, digest, parts)
-    else:
-        digest.update(b"".join(parts))  # one call: a few small updates cost more
     return digest.digest()
 
 
-def _started(
-    bases: MutableMapping[Any, tuple[Any, hashlib._Hash]],
-    which: object,
-    fingerprints: object,
-    start: Callable[..., hashlib._Hash],
-    *args: object,
-) -> hashlib._Hash:
-    """A copy of the digest of everything but the request (`start(*args)`, kept in `bases`
-    under `which` until its models' fingerprints change)."""
-    base = bases.get(which)
-    if base is None or base[0] != fingerprints:
-        base = bases[which] = (fingerprints, start(*args))
-    return base[1].copy()
+_digests: dict[int, tuple[weakref.ref, bytes]] = {}
+"""id(array) -> (the array, its digest), for read-only arrays while they live: a request's
+input digested for the pipeline's key is not digested again for its first step's (the
+preprocessing of `digits`: the same image). Read-only, so a digest cannot go stale."""
+_MAX_DIGESTS = 4096
 
 
-_bases: weakref.WeakKeyDictionary[Plan, tuple[tuple[bytes, ...], hashlib._Hash]] = (
-    weakref.WeakKeyDictionary()
-)
-"""Plan -> (its models' fingerprints, the digest of everything but the request)."""
+def _forget(key: int) -> Callable[[weakref.ref], None]:
+    return lambda _: _digests.pop(key, None)
 
 
-def _pipeline_base(
-    plan: Plan, targets: Sequence[Target], fingerprints: tuple[bytes, ...]
-) -> hashlib._Hash:
-    digest = hashlib.sha256(SCHEME)
-    definition = plan.pipeline.model_dump(mode="json", exclude={"description", "cache"})
-    digest.update(orjson.dumps([plan.name, definition], option=orjson.OPT_SORT_KEYS))
-    for label, target, fingerprint in zip(sorted(plan.targets), targets, fingerprints, strict=True):
-        digest.update(orjson.dumps([label, target.address, target.model, target.version]))
-        digest.update(fingerprint)
+async def _digest(array: np.ndarray) -> bytes:
+    """The tensor's SHA-256 (`_contents`), off the loop when it is big."""
+    key = id(array)
+    known = _digests.get(key)
+    if known is not None and known[0]() is array:
+        return known[1]
+    parts, size = _contents(array)
+    if size > HASH_IN_THREAD:
+        digest = await asyncio.to_thread(_hashed, parts)
+    else:
+        digest = hashlib.sha256(b"".join(parts)).digest()  # one call: updates cost more
+    if not array.flags.writeable:
+        if len(_digests) >= _MAX_DIGESTS:
+            _digests.clear()
+        _digests[key] = (weakref.ref(array, _forget(key)), digest)
     return digest
+
+
+async def _finish(base: hashlib._Hash, inputs: Mapping[str, np.ndarray]) -> bytes:
+    """`base` (a copy of it) updated with each input's name and digest, in name order."""
+    digest = base.copy()
+    for name in sorted(inputs):
+        digest.update(name.encode() + b"\0" + await _digest(inputs[name]))
+    return digest.digest()
+
+
+class Base:
+    """The digest of everything of a key but the request, while its models' fingerprints
+    are fresh: until then a key reads one clock, not every model's fingerprint."""
+
+    __slots__ = ("digest", "fingerprints", "until")
+
+    def __init__(self, digest: hashlib._Hash, fingerprints: tuple[bytes, ...]) -> None:
+        self.digest, self.fingerprints, self.until = digest, fingerprints, float("-inf")
+
+
+async def _fresh(
+    known: Base | None,
+    targets: Sequence[Target],
+    prints: Fingerprints,
+    start: Callable[[tuple[bytes, ...]], hashlib._Hash],
+) -> Base | None:
+    """`known` while fresh, else the base of the models' fingerprints now (None: some model
+    cannot say its own now); `start` digests what comes before the request."""
+    if known is not None and time.monotonic() < known.until:
+        return known
+    fingerprints = prints.all_now(targets) or await prints.of_all(targets)
+    if fingerprints is None:
+        return None
+    if known is None or known.fingerprints != fingerprints:
+        known = Base(start(fingerprints), fingerprints)
+    known.until = prints.fresh_until(targets)
+    return known
 
 
 async def pipeline_key(
     plan: Plan, prints: Fingerprints, inputs: Mapping[str, np.ndarray]
 ) -> bytes | None:
-    targets = plan.sorted_targets
-    fingerprints = prints.all_now(targets) or await prints.of_all(targets)
-    if fingerprints is None:
-        return None
-    base = _started(_bases, plan, fingerprints, _pipeline_base, plan, targets, fingerprints)
-    return plan.name.encode() + b"\0" + await _finish(base, inputs)
+    def start(fingerprints: tuple[bytes, ...]) -> hashlib._Hash:
+        digest = hashlib.sha256(SCHEME)
+        definition = plan.pipeline.model_dump(mode="json", exclude={"description", "cache"})
+        digest.update(orjson.dumps([plan.name, definition], option=orjson.OPT_SORT_KEYS))
+        labelled = zip(sorted(plan.targets), plan.sorted_targets, fingerprints, strict=True)
+        for label, target, fingerprint in labelled:
+            digest.update(orjson.dumps([label, target.address, target.model, target.version]))
+            digest.update(fingerprint)
+        return digest
 
-
-_step_bases: dict[tuple[Target, tuple[str, ...]], tuple[bytes, hashlib._Hash]] = {}
-"""(target, outputs) -> (its model's fingerprint, the digest of everything but the inputs)."""
-
-
-def _step_base(target: Target, outputs: tuple[str, ...], fingerprint: bytes) -> hashlib._Hash:
-    digest = hashlib.sha256(SCHEME + b"step")
-    digest.update(orjson.dumps([target.address, target.model, target.version, outputs]))
-    digest.update(fingerprint)
-    return digest
+    return await _key(prints, plan, plan.sorted_targets, start, plan.name.encode() + b"\0", inputs)
 
 
 async def step_key(
@@ -176,9 +200,32 @@ async def step_key(
     prints: Fingerprints,
     inputs: Mapping[str, np.ndarray],
 ) -> bytes | None:
-    fingerprint = prints.now(target) or await prints.of(target)
-    if fingerprint is None:
-        return None
     which = (target, tuple(outputs))
-    base = _started(_step_bases, which, fingerprint, _step_base, target, which[1], fingerprint)
-    return STEPS + await _finish(base, inputs)
+
+    def start(fingerprints: tuple[bytes, ...]) -> hashlib._Hash:
+        digest = hashlib.sha256(SCHEME + b"step")
+        digest.update(orjson.dumps([target.address, target.model, target.version, which[1]]))
+        digest.update(fingerprints[0])
+        return digest
+
+    return await _key(prints, which, (target,), start, STEPS, inputs)
+
+
+async def _key(
+    prints: Fingerprints,
+    which: object,
+    targets: Sequence[Target],
+    start: Callable[[tuple[bytes, ...]], hashlib._Hash],
+    prefix: bytes,
+    inputs: Mapping[str, np.ndarray],
+) -> bytes | None:
+    """`prefix` and the digest of `which`'s base (kept in `prints.bases`) and `inputs`."""
+    known = prints.bases.get(which)
+    base = await _fresh(known, targets, prints, start)
+    if base is None:
+        return None
+    if base is not known:
+        if len(prints.bases) >= MAX_BASES:
+            prints.bases.clear()  # targets made anew without end (v2 model calls'): start over
+        prints.bases[which] = base
+    return prefix + await _finish(base.digest, inputs)
