@@ -164,15 +164,17 @@ class DataPlane:
             raise InvalidInput(f"request does not parse: {request.error}")
         message = request.message
         remaining = triton.with_request_timeout(message, remaining)
+        # Lists (sliced): a repeated field iterates until an IndexError, formatted each time.
+        asked, given = message.outputs[:], message.inputs[:]
         # Checked before the model runs, like every other part of the request.
-        refs = {o.name: messages.shared_ref(o.parameters, o.name) for o in message.outputs}
+        refs = {o.name: messages.shared_ref(o.parameters, o.name) for o in asked}
         answer = await self.run(
             Inference(
                 message.model_name,
                 message.model_version,
-                [(t.name, t.datatype, t.shape) for t in message.inputs],
+                [(t.name, t.datatype, t.shape[:]) for t in given],
                 lambda: messages.request_inputs(request, self.limits, self.shared.read),
-                [Requested(o.name, _classification(o.parameters)) for o in message.outputs],
+                [Requested(o.name, _classification(o.parameters)) for o in asked],
                 remaining,
                 message.id,
             )
