@@ -36,6 +36,8 @@ class Size:
     """CPU request, millicores."""
     memory_mi: int
     """Memory request, MiB."""
+    limit_mi: int | None = None
+    """Memory limit, MiB, when not twice the request (the proxy's: proxy_memory_limit_mi)."""
 
     @property
     def cpu_limit_m(self) -> int:
@@ -43,7 +45,7 @@ class Size:
 
     @property
     def memory_limit_mi(self) -> int:
-        return 2 * self.memory_mi
+        return self.limit_mi or 2 * self.memory_mi
 
 
 def load(path: Path = MEASURED) -> dict:
@@ -63,6 +65,31 @@ def sizes(measured: dict) -> dict[str, Size]:
         cpu_m = min(cap_m, max(MIN_CPU_M, 50 * math.ceil(1000 * wanted / 50)))
         out[service] = Size(cpu_m, 16 * math.ceil(1.5 * peak / 16))
     return out
+
+
+PROXY_INFLIGHT_MB = 256
+"""PROXY_MAX_INFLIGHT_MB in the manifests: the bytes of uploads and tensors one proxy replica
+holds before it answers 503 (14 OCR pages at the 20 MiB upload limit; more replicas take
+more). The setting's default (1,024) suits one host without a memory limit."""
+RESIDENT_PER_INFLIGHT = 2.2
+"""Resident bytes per byte held in flight at the worst measured: 64 OCR pages of 17.7 MiB at
+once into a bound of 256 MiB took a proxy from 93 to 631 MiB (2.1x: the upload, its copy
+serialised for the preprocessing call, gRPC's own buffers)."""
+
+
+def proxy_memory_limit_mi(peak_mib: float, pipelines: dict, steps_mb: float = 64.0) -> int:
+    """The proxy's memory limit: what it measured at its peak, what its caches may hold
+    (each pipeline's `cache.max_mb`, the steps' outputs, the rendered results: a quarter of
+    the answers'), and the bytes it lets in flight as they are resident; so that a flood of
+    uploads is answered 503 by the proxy before the kernel kills it."""
+    answers = sum(
+        (p.get("cache") or {}).get("max_mb", 0)
+        for p in pipelines.values()
+        if (p.get("cache") or {}).get("enabled", True)
+    )
+    caches = answers + steps_mb + answers / 4
+    wanted = peak_mib + caches + RESIDENT_PER_INFLIGHT * PROXY_INFLIGHT_MB
+    return 64 * math.ceil(wanted / 64)
 
 
 def replicas(measured: dict, rates: dict[str, float]) -> dict[str, int]:

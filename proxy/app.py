@@ -99,7 +99,13 @@ def create_app(
     app.add_middleware(RequestContext, api_key=settings.api_key, open_paths=open_paths)
     if door is not None:  # the gRPC front's unary calls, answered as gRPC, before all else
         wait_s = settings.max_timeout_ms / 1000
-        app.add_middleware(GrpcFront, door=door, api_key=settings.api_key, max_wait_s=wait_s)
+        app.add_middleware(
+            GrpcFront,
+            door=door,
+            admission=state.engine.admission,
+            api_key=settings.api_key,
+            max_wait_s=wait_s,
+        )
 
     async def on_error(request: Request, exc: Exception) -> Response:
         return error_response(exc, getattr(request.state, "request_id", ""))

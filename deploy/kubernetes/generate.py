@@ -26,6 +26,7 @@ what each derives from compose reads in one place.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import sys
 from pathlib import Path
@@ -73,6 +74,8 @@ def _env(name: str, spec: dict) -> dict[str, str]:
             if key.endswith("_URL") and not key.startswith("PROXY_"):  # an endpoint
                 env[key] = f"dns:///{value}"
         env["PROXY_PIPELINES"] = PIPELINES_PATH
+        # Within its pod's memory limit (capacity.proxy_memory_limit_mi), not the default's.
+        env["PROXY_MAX_INFLIGHT_MB"] = str(capacity.PROXY_INFLIGHT_MB)
     return env
 
 
@@ -333,7 +336,13 @@ def scaling(names: list[str]) -> list[dict]:
 def render() -> dict[str, str]:
     """Every generated file, by its path under deploy/kubernetes/."""
     specs = merged_specs([COMPOSE])
-    sized = capacity.sizes(capacity.load())
+    measured = capacity.load()
+    sized = capacity.sizes(measured)
+    proxy = sized["proxy"]
+    wanted = capacity.proxy_memory_limit_mi(
+        measured["peak_memory_mib"]["proxy"], yaml.safe_load(PIPELINES.read_text())["pipelines"]
+    )
+    sized["proxy"] = dataclasses.replace(proxy, limit_mi=max(proxy.memory_limit_mi, wanted))
     files: dict[str, str] = {}
     deployed: list[str] = []
     for name, spec in specs.items():

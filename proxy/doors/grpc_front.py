@@ -27,7 +27,8 @@ from protos import wire
 from protos.channels import HTTP_STATUS_METADATA, METHOD_PREFIX
 from proxy.doors.disconnect import until_disconnect
 from proxy.doors.middleware import key_matches
-from proxy.errors import ClientGone
+from proxy.engine.admission import Admission, Ledger
+from proxy.errors import ClientGone, Problem, grpc_code
 from v2server.interceptors import REQUEST_ID_KEY, CallScope, error_status
 from v2server.server import V2Server
 
@@ -70,10 +71,17 @@ class GrpcFront:
     are gRPC statuses, not REST's JSON); anything else goes on to `app`."""
 
     def __init__(
-        self, app: ASGIApp, door: V2Server, api_key: str | None = None, max_wait_s: float = 60.0
+        self,
+        app: ASGIApp,
+        door: V2Server,
+        admission: Admission,
+        api_key: str | None = None,
+        max_wait_s: float = 60.0,
     ) -> None:
         self.app = app
         self.door = door
+        self.admission = admission
+        """Whose bytes in flight a message counts in while it arrives and is answered."""
         self.api_key = (api_key or "").encode()
         self.max_wait_s = max_wait_s
         """Longest a message may take to arrive when the call has no deadline."""
@@ -94,15 +102,34 @@ class GrpcFront:
         ):
             await _answer(send, grpc.StatusCode.UNAUTHENTICATED, "missing or wrong API key")
             return
+        ledger = self.admission.ledger()
         try:
-            # A message trickled in is bounded as REST's uploads are: by the call's budget.
+            await self._call(scope, receive, send, raw, call, ledger)
+        finally:
+            ledger.close()
+
+    async def _call(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        raw: dict[bytes, bytes],
+        call: _Call,
+        ledger: Ledger,
+    ) -> None:
+        try:
+            # A message trickled in is bounded as REST's uploads are: by the call's budget,
+            # and its bytes by the proxy's in flight (Ledger.hold_upload), as they arrive.
             remaining = call.time_remaining()
             async with asyncio.timeout(self.max_wait_s if remaining is None else remaining):
-                body = await _body(receive)
+                body = await _body(receive, ledger)
         except TimeoutError:
             await _answer(send, grpc.StatusCode.DEADLINE_EXCEEDED, "the message came too slowly")
             return
         except ClientGone:
+            return
+        except Problem as exc:  # the proxy at capacity: UNAVAILABLE, as REST's 503
+            await _answer(send, grpc_code(exc.status), exc.message, exc.status)
             return
         parsed = _message(body)
         request = Request(scope, receive)
@@ -143,15 +170,18 @@ class _Refused(Exception):
         self.code, self.text = code, text
 
 
-async def _body(receive: Receive) -> bytes:
+async def _body(receive: Receive, ledger: Ledger) -> bytes:
     """The call's whole message, as it arrives (not Starlette's Request.body: its stream's
-    generator costs more than the read); ClientGone when the caller left first."""
+    generator costs more than the read), each piece on `ledger`; ClientGone when the caller
+    left first."""
     chunks = []
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientGone
-        chunks.append(message.get("body", b""))
+        chunk = message.get("body", b"")
+        ledger.hold_upload(len(chunk))
+        chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 

@@ -63,7 +63,7 @@ async def read_body(
                             413, f"body exceeds the limit of {limits.max_bytes} bytes", close=True
                         )
                     if ledger is not None:
-                        ledger.hold(len(chunk))
+                        ledger.hold_upload(len(chunk))
                     chunks.append(chunk)
                 if not message.get("more_body", False):
                     break

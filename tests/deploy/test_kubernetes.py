@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from compose.topology import interpolate, merged_specs
+from deploy import capacity
 from deploy.kubernetes import generate
 from deploy.observability import dashboard, operator
 from proxy.engine import plan
@@ -99,7 +100,8 @@ def test_each_compose_service_has_its_deployment(name: str) -> None:
         # Endpoints name the headless Service for the proxy's balancing; nothing else moves.
         endpoint = key.endswith("_URL") and not key.startswith("PROXY_")
         assert got[key] == (f"dns:///{value}" if endpoint else value), key
-    assert set(got) - set(want) <= {"PROXY_PIPELINES"}
+    # The pipelines' file as mounted; the bytes in flight its pod's memory holds (below).
+    assert set(got) - set(want) <= {"PROXY_PIPELINES", "PROXY_MAX_INFLIGHT_MB"}
     ports = {p["containerPort"] for p in main["ports"]}
     assert ports == {int(v) for k, v in want.items() if k.endswith("_PORT")}
     service = objects("local", "Service")[name]
@@ -383,3 +385,23 @@ def test_the_production_overlay_scrapes_every_pod_with_the_rules_and_the_dashboa
     board = objects("production", "ConfigMap")["inference-mesh-dashboard"]
     assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert board["data"]["inference-mesh.json"] == dashboard.DASHBOARD.read_text()
+
+
+@pytest.mark.parametrize("name", ["proxy", "job-worker"])
+def test_a_proxy_pod_holds_what_its_bounds_let_in(name: str) -> None:
+    """Its in-flight bound as resident (capacity.RESIDENT_PER_INFLIGHT, measured), its caches
+    and its measured peak fit under its memory limit: a flood of uploads is answered 503 by
+    the proxy, not ended by the kernel. With the default bound (1,024 MB) in the 608 Mi
+    limit these pods had, 64 OCR pages of 17.7 MiB at once got the proxy OOM-killed (each
+    request lost); with 256 MB in 1,024 Mi it peaked at 643 MiB and answered all 64."""
+    deployment = objects("production", "Deployment")[name]
+    env = env_of(deployment)
+    inflight = float(env["PROXY_MAX_INFLIGHT_MB"])
+    limit = container(deployment)["resources"]["limits"]["memory"]
+    assert limit.endswith("Mi")
+    pipelines = yaml.safe_load(generate.PIPELINES.read_text())["pipelines"]
+    caches = sum((p.get("cache") or {}).get("max_mb", 0) for p in pipelines.values())
+    peak = capacity.load()["peak_memory_mib"]["proxy"]
+    resident = peak + caches * 1.25 + 64 + capacity.RESIDENT_PER_INFLIGHT * inflight
+    assert int(limit[:-2]) >= resident, (limit, resident)
+    assert inflight < 1024  # not the setting's default, which suits a host with no limit

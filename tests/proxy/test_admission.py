@@ -79,3 +79,24 @@ async def test_jobs_run_one_at_a_time_while_clients_wait_and_widen_once_quiet() 
     await asyncio.wait_for(third, 2)  # the client gone for quiet_s: side by side again
     assert loop.time() - quiet >= 0.15
     assert admission._background["ocr"][0] == 2
+
+
+def test_an_upload_is_refused_once_it_would_pass_the_bytes_in_flight() -> None:
+    """Requests that start together each find room when they start (check_room); their
+    uploads, counted as they arrive, are refused once the proxy would pass its bound: 503
+    (the rest of the body is dropped unread)."""
+    admission = Admission(10, 100, 80)
+    first, second = admission.ledger(), admission.ledger()
+    admission.check_room()  # both started with room
+    first.hold_upload(60)
+    second.hold_upload(40)  # exactly the bound: taken
+    with pytest.raises(Problem) as info:
+        second.hold_upload(1)
+    assert info.value.status == 503 and not info.value.close  # the rest is dropped unread
+    assert "MiB of requests in flight" in info.value.message
+    assert admission.bytes_in_flight == 100  # never more than the bound
+    first.close()
+    second.hold_upload(40)  # room again once a request ends
+    with pytest.raises(Problem) as info:
+        second.hold_upload(1)  # past its own bound (80): 413, as before
+    assert info.value.status == 413

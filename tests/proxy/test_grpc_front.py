@@ -8,6 +8,7 @@ import asyncio
 import time
 from urllib.parse import unquote
 
+import grpc
 import httpx
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from starlette.responses import PlainTextResponse
 from protos import messages, pb
 from protos.logs import REQUEST_ID
 from proxy.doors.grpc_front import FRONT_HEADER, PATH, GrpcFront, grpc_timeout
+from proxy.engine.admission import Admission
 from tests.proxy.scripted import affine
 from v2server.registry import Registry
 from v2server.server import V2Server
@@ -34,12 +36,13 @@ async def _fallback(scope, receive, send) -> None:
     await PlainTextResponse("not the front's", status_code=404)(scope, receive, send)
 
 
-def _client(delay_s: float = 0.0, api_key: str | None = None):
+def _client(delay_s: float = 0.0, api_key: str | None = None, admission: Admission | None = None):
     model = affine("plus1", 1, 1, delay_s=delay_s)
     door = V2Server(
         Registry.of(model), ServerSettings(port=0), server_name="door", server_version="0"
     )
-    front = GrpcFront(_fallback, door=door, api_key=api_key)
+    admission = admission or Admission(100, 1 << 30, 1 << 28)
+    front = GrpcFront(_fallback, door=door, admission=admission, api_key=api_key)
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=front), base_url="http://front")
     return client, model, door
 
@@ -82,7 +85,7 @@ async def test_the_call_runs_under_its_request_id() -> None:
     door = V2Server(
         Registry.of(model), ServerSettings(port=0), server_name="door", server_version="0"
     )
-    front = GrpcFront(_fallback, door=door)
+    front = GrpcFront(_fallback, door=door, admission=Admission(100, 1 << 30, 1 << 28))
     transport = httpx.ASGITransport(app=front)
     async with httpx.AsyncClient(transport=transport, base_url="http://front") as client:
         answer = await _call(client, _framed(_request()), **{"x-request-id": "front-1"})
@@ -174,3 +177,22 @@ def test_grpc_timeout_headers_are_read_as_the_spec_writes_them(
     value: str, seconds: float | None
 ) -> None:
     assert grpc_timeout(value) == (pytest.approx(seconds) if seconds is not None else None)
+
+
+async def test_a_message_counts_in_the_bytes_in_flight_and_is_refused_past_them() -> None:
+    """The message is on the proxy's bytes in flight while it arrives and is answered (as
+    REST's uploads): past the bound, UNAVAILABLE as REST's 503, and its bytes let go."""
+    message = _framed(_request())
+    roomy = Admission(100, 1 << 20, 1 << 20)
+    client, _, _ = _client(admission=roomy)
+    async with client:
+        assert _status(await _call(client, message))[0] == grpc.StatusCode.OK.value[0]
+    assert roomy.bytes_in_flight == 0  # released once answered
+    tight = Admission(100, len(message) - 1, 1 << 20)
+    client, model, _ = _client(admission=tight)
+    async with client:
+        answer = await _call(client, message)
+    code, text = _status(answer)
+    assert code == grpc.StatusCode.UNAVAILABLE.value[0]
+    assert "requests in flight" in unquote(text)
+    assert tight.bytes_in_flight == 0 and model.calls == 0

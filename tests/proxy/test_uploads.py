@@ -13,6 +13,7 @@ from starlette.requests import Request
 
 from proxy.doors.middleware import RequestContext
 from proxy.doors.uploads import UploadLimits, read_body
+from proxy.engine.admission import Admission, Ledger
 from proxy.errors import Problem
 
 SCOPE = {"type": "http", "method": "POST", "path": "/upload", "headers": []}
@@ -35,9 +36,11 @@ def paced(chunks: list[bytes], pause_s: float, then_hang_up: bool = False) -> An
     return receive
 
 
-async def _read(receive: Any, limits: UploadLimits, budget_s: float = 5.0) -> bytes:
+async def _read(
+    receive: Any, limits: UploadLimits, budget_s: float = 5.0, ledger: Ledger | None = None
+) -> bytes:
     deadline = asyncio.get_running_loop().time() + budget_s
-    return await read_body(Request(SCOPE, receive), limits, deadline)
+    return await read_body(Request(SCOPE, receive), limits, deadline, ledger)
 
 
 async def test_a_steady_upload_outlives_the_grace_period() -> None:
@@ -81,3 +84,36 @@ async def test_a_client_gone_mid_upload_is_answered_nothing_and_logged_as_no_err
         )
     assert sent == []
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_uploads_arriving_together_stop_at_the_bytes_in_flight() -> None:
+    """Three uploads of 2,000 bytes at once into room for 3,000: the bytes held never pass
+    the bound, the upload that would pass it is refused (503) and
+    lets its bytes go, and the others are read whole."""
+    admission = Admission(10, 3000, 1 << 20)
+    limits = UploadLimits(max_bytes=1 << 20)
+    peak = 0
+
+    def watched(chunks: list[bytes]) -> Any:
+        receive = paced(chunks, 0.01)
+
+        async def counting() -> dict[str, Any]:
+            nonlocal peak
+            peak = max(peak, admission.bytes_in_flight)
+            return await receive()
+
+        return counting
+
+    async def upload() -> bytes:
+        ledger = admission.ledger()
+        try:
+            return await _read(watched([b"x" * 500] * 4), limits, ledger=ledger)
+        except Problem:
+            ledger.close()  # as the request's ticket does when it ends
+            raise
+
+    results = await asyncio.gather(*(upload() for _ in range(3)), return_exceptions=True)
+    refused = [r for r in results if isinstance(r, Problem)]
+    assert refused and all(r.status == 503 for r in refused)
+    assert [r for r in results if isinstance(r, bytes)] == [b"x" * 2000] * (3 - len(refused))
+    assert len(refused) < 3 and peak <= 3000 and admission.bytes_in_flight <= 3000
