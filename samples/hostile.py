@@ -129,3 +129,12 @@ BOMBS = {
     "bmp": bmp,
 }
 """Images declaring 30000x30000 in a few hundred bytes, by format."""
+
+
+def noisy_photo(seed: int, side: int = 2500) -> bytes:
+    """A photo of a page as a phone saves it losslessly: sensor noise everywhere, so the PNG
+    barely compresses (~17.7 MiB at 2500 x 2500, under the 20 MiB upload limit)."""
+    rng = np.random.default_rng(seed)
+    img = rng.integers(0, 256, (side, side, 3), dtype=np.uint8)
+    cv2.putText(img, f"invoice {seed}", (100, 400), cv2.FONT_HERSHEY_SIMPLEX, 8, (0, 0, 0), 20)
+    return cv2.imencode(".png", img, [cv2.IMWRITE_PNG_COMPRESSION, 1])[1].tobytes()

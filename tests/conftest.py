@@ -7,7 +7,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -96,6 +96,8 @@ class Mesh:
     local: LocalMesh
     url: str
     log: Path
+    extra_pids: dict[str, int] = field(default_factory=dict)
+    """extra_proxy's processes while they run, by URL."""
 
     def client(self, **kwargs) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=60, verify=TLS, **kwargs)
@@ -124,6 +126,7 @@ class Mesh:
             stderr=subprocess.DEVNULL,
         )
         url = f"http://127.0.0.1:{port}"
+        self.extra_pids[url] = proxy.pid
         try:
             deadline = time.monotonic() + 60
             with httpx.Client(timeout=2, verify=TLS) as poll:
@@ -137,6 +140,7 @@ class Mesh:
                     time.sleep(0.2)
             yield url
         finally:
+            self.extra_pids.pop(url, None)
             proxy.terminate()
             proxy.wait(30)
 

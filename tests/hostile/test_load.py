@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import time
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from protos import pb, pb_grpc
-from samples import text
+from samples import hostile, text
 from samples.images import cer
 from tests.conftest import Mesh
 from tests.hostile.probe import Watch
@@ -138,3 +139,45 @@ def test_a_crowd_of_large_pages_is_shed_early(mesh: Mesh) -> None:
     # 1.22 s once in a CI run on a machine ~2.5x slower than usual (both 2026-11-27).
     assert len(ok) >= 4 and max(ok) < 15 and max(shed) < 2
     assert watch.cost.peak_growth_mb < 1024
+
+
+@ALONE
+def test_a_crowd_of_uploads_at_once_stays_within_the_bytes_in_flight(mesh: Mesh) -> None:
+    """64 clients upload a 17.7 MiB photo each, over ~1.5 s, all at once, to a proxy bound
+    to 128 MiB in flight. Room was checked as each request started, and they all started
+    together: 64 such uploads took a proxy bound to 256 MiB to 2 GiB. Now each upload counts
+    as it arrives: every client gets an answer (200, or 503 + Retry-After: none reset), and
+    the proxy's peak stays near its bound instead of holding all 64 bodies (1.1 GiB)."""
+    photos = [hostile.noisy_photo(seed) for seed in range(4)]
+    answers: Counter[int | str] = Counter()
+
+    def paced(body: bytes) -> Iterator[bytes]:
+        for start in range(0, len(body), 1 << 18):
+            yield body[start : start + (1 << 18)]
+            time.sleep(0.02)
+
+    def client(i: int) -> None:
+        with httpx.Client(base_url=url, timeout=120) as c:
+            try:
+                r = c.post(
+                    "/v1/pipelines/ocr/infer",
+                    content=paced(photos[i % 4]),
+                    headers={"Content-Type": "image/png", "X-Request-Timeout-Ms": "60000"},
+                )
+            except httpx.TransportError as exc:
+                answers[type(exc).__name__] += 1
+                return
+            assert r.status_code == 200 or "Retry-After" in r.headers, r.text
+            answers[r.status_code] += 1
+
+    with mesh.extra_proxy(27980, PROXY_MAX_INFLIGHT_MB="128") as url:
+        watch = Watch(mesh.extra_pids[url])
+        with watch, ThreadPoolExecutor(64) as pool:
+            list(pool.map(client, range(64)))
+    report(
+        f"\nhostile: 64 photos of 17.7 MiB uploaded at once, 128 MiB in flight: "
+        f"{dict(answers)}, proxy peak memory +{watch.cost.peak_growth_mb:.0f} MiB"
+    )
+    assert sum(answers.values()) == 64 and set(answers) <= {200, 503}
+    assert answers[200] >= 1 and answers[503] >= 1
+    assert watch.cost.peak_growth_mb < 700  # all 64 bodies at once: 1,133 MiB, before copies
