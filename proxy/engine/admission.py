@@ -198,9 +198,12 @@ class Ledger:
         but requests that start together each find it: 64 OCR pages of 17.7 MiB sent at
         once took a proxy whose bound was 256 MiB to 2 GiB. The connection stays open: the
         server drops the rest of the body unread and unkept, and the client, which sends
-        it all before it reads, gets the 503 (closed, it got a reset: 44 of 64)."""
+        it all before it reads, gets the 503 (closed, it got a reset: 44 of 64). An upload
+        larger than the bound passes while it is alone, as an image larger than a pipeline's
+        pixel budget does (its own limits still hold: PROXY_MAX_REQUEST_MB, the body's)."""
         admission = self.admission
-        if admission.bytes_in_flight + nbytes > admission.max_bytes:
+        others = admission.bytes_in_flight - self.held
+        if others and admission.bytes_in_flight + nbytes > admission.max_bytes:
             raise Problem(
                 503,
                 f"proxy at capacity ({admission.bytes_in_flight >> 20} MiB of requests in "

@@ -100,3 +100,8 @@ def test_an_upload_is_refused_once_it_would_pass_the_bytes_in_flight() -> None:
     with pytest.raises(Problem) as info:
         second.hold_upload(1)  # past its own bound (80): 413, as before
     assert info.value.status == 413
+    second.close()
+    alone = Admission(10, 100, 1000).ledger()
+    alone.hold_upload(150)  # larger than the bound, but alone: passes (as a big image does)
+    with pytest.raises(Problem, match="MiB of requests in flight"):
+        Admission.ledger(alone.admission).hold_upload(1)  # while it holds them, none else

@@ -188,11 +188,13 @@ async def test_a_message_counts_in_the_bytes_in_flight_and_is_refused_past_them(
     async with client:
         assert _status(await _call(client, message))[0] == grpc.StatusCode.OK.value[0]
     assert roomy.bytes_in_flight == 0  # released once answered
-    tight = Admission(100, len(message) - 1, 1 << 20)
+    tight = Admission(100, len(message) + 10, 1 << 20)
+    other = tight.ledger()
+    other.hold(20)  # another request's bytes: this message no longer fits beside them
     client, model, _ = _client(admission=tight)
     async with client:
         answer = await _call(client, message)
     code, text = _status(answer)
     assert code == grpc.StatusCode.UNAVAILABLE.value[0]
     assert "requests in flight" in unquote(text)
-    assert tight.bytes_in_flight == 0 and model.calls == 0
+    assert tight.bytes_in_flight == 20 and model.calls == 0  # its own bytes let go
