@@ -138,3 +138,19 @@ def noisy_photo(seed: int, side: int = 2500) -> bytes:
     img = rng.integers(0, 256, (side, side, 3), dtype=np.uint8)
     cv2.putText(img, f"invoice {seed}", (100, 400), cv2.FONT_HERSHEY_SIMPLEX, 8, (0, 0, 0), 20)
     return cv2.imencode(".png", img, [cv2.IMWRITE_PNG_COMPRESSION, 1])[1].tobytes()
+
+
+def huge_digit(side: int = 6000) -> bytes:
+    """One handwritten-looking digit on a page photographed at 36 Mpx: mostly white, so the
+    PNG is ~160 KiB, but it decodes to 108 MB (BGR)."""
+    img = np.full((side, side, 3), 255, np.uint8)
+    cv2.putText(
+        img,
+        "7",
+        (side // 3, 2 * side // 3),
+        cv2.FONT_HERSHEY_SIMPLEX,
+        side / 60,
+        (0, 0, 0),
+        side // 40,
+    )
+    return cv2.imencode(".png", img)[1].tobytes()

@@ -181,3 +181,31 @@ def test_a_crowd_of_uploads_at_once_stays_within_the_bytes_in_flight(mesh: Mesh)
     assert sum(answers.values()) == 64 and set(answers) <= {200, 503}
     assert answers[200] >= 1 and answers[503] >= 1
     assert watch.cost.peak_growth_mb < 700  # all 64 bodies at once: 1,133 MiB, before copies
+
+
+@ALONE
+def test_a_crowd_of_huge_digit_photos_is_shed_before_the_preprocessing(mesh: Mesh) -> None:
+    """32 clients at once, each a 6000x6000 photo of a digit (162 KiB, 108 MB decoded):
+    the preprocessing decodes a merged call's images together, and these took it from 85 to
+    1,341 MiB (its Kubernetes pod's limit: 640 Mi). `digits` takes 24 Mpx at a time; the
+    rest get 503 + Retry-After at once, and the preprocessing stays within its pod."""
+    photo = hostile.huge_digit()
+    answers: Counter[int] = Counter()
+
+    def client(_: int) -> None:
+        with httpx.Client(base_url=mesh.url, timeout=60) as c:
+            r = c.post(
+                "/v1/pipelines/digits/infer", content=photo, headers={"Content-Type": "image/png"}
+            )
+            assert r.status_code == 200 or "Retry-After" in r.headers, r.text
+            answers[r.status_code] += 1
+
+    watch = Watch(mesh.local.procs["preprocess"].pid)
+    with watch, ThreadPoolExecutor(32) as pool:
+        list(pool.map(client, range(32)))
+    report(
+        f"\nhostile: 32 digit photos of 6000x6000 at once: {dict(answers)}, preprocessing "
+        f"peak memory +{watch.cost.peak_growth_mb:.0f} MiB"
+    )
+    assert set(answers) <= {200, 503} and answers[200] >= 1 and answers[503] >= 1
+    assert watch.cost.peak_growth_mb < 500
