@@ -24,6 +24,9 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from proxy.engine.cache.caches import RENDERED_SHARE
+from proxy.settings import ProxySettings
+
 MEASURED = Path(__file__).resolve().parent / "capacity.json"
 UTILISATION = 0.7
 """The HorizontalPodAutoscaler's CPU target; headroom for bursts and a failed replica."""
@@ -77,17 +80,19 @@ once into a bound of 256 MiB took a proxy from 93 to 631 MiB (2.1x: the upload, 
 serialised for the preprocessing call, gRPC's own buffers)."""
 
 
-def proxy_memory_limit_mi(peak_mib: float, pipelines: dict, steps_mb: float = 64.0) -> int:
+def proxy_memory_limit_mi(peak_mib: float, pipelines: dict) -> int:
     """The proxy's memory limit: what it measured at its peak, what its caches may hold
-    (each pipeline's `cache.max_mb`, the steps' outputs, the rendered results: a quarter of
-    the answers'), and the bytes it lets in flight as they are resident; so that a flood of
-    uploads is answered 503 by the proxy before the kernel kills it."""
+    (each pipeline's `cache.max_mb`, the steps' outputs at PROXY_CACHE_STEPS_MB's default,
+    the rendered results: RENDERED_SHARE of the answers'), and the bytes it lets in flight
+    as they are resident; so that a flood of uploads is answered 503 by the proxy before
+    the kernel kills it."""
     answers = sum(
         (p.get("cache") or {}).get("max_mb", 0)
         for p in pipelines.values()
         if (p.get("cache") or {}).get("enabled", True)
     )
-    caches = answers + steps_mb + answers / 4
+    steps_mb = ProxySettings.model_fields["cache_steps_mb"].default
+    caches = answers + steps_mb + answers * RENDERED_SHARE
     wanted = peak_mib + caches + RESIDENT_PER_INFLIGHT * PROXY_INFLIGHT_MB
     return 64 * math.ceil(wanted / 64)
 

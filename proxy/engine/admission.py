@@ -81,11 +81,15 @@ class Admission:
     def check_room(self) -> None:
         """Before taking a request on: 503 when the proxy holds its budget of bytes."""
         if self.bytes_in_flight >= self.max_bytes:
-            raise Problem(
-                503,
-                f"proxy at capacity ({self.bytes_in_flight >> 20} MiB of requests in flight, "
-                f"limit {self.max_bytes >> 20} MiB)",
-            )
+            raise self.full()
+
+    def full(self) -> Problem:
+        """The 503 of a proxy holding its budget of bytes (check_room, Ledger.hold_upload)."""
+        return Problem(
+            503,
+            f"proxy at capacity ({self.bytes_in_flight >> 20} MiB of requests in flight, "
+            f"limit {self.max_bytes >> 20} MiB)",
+        )
 
     async def wait_background(self, pipeline: str, pixels: int, share: float) -> None:
         """Until a background request (a job) of `pipeline` fits within `share` of the
@@ -204,11 +208,7 @@ class Ledger:
         admission = self.admission
         others = admission.bytes_in_flight - self.held
         if others and admission.bytes_in_flight + nbytes > admission.max_bytes:
-            raise Problem(
-                503,
-                f"proxy at capacity ({admission.bytes_in_flight >> 20} MiB of requests in "
-                f"flight, limit {admission.max_bytes >> 20} MiB)",
-            )
+            raise admission.full()
         self.hold(nbytes)
 
     def release(self, nbytes: int) -> None:

@@ -19,6 +19,8 @@ T = TypeVar("T")
 
 STEPS_STORE = "steps"
 """The name (in metrics) of the in-process store of the steps' outputs."""
+RENDERED_SHARE = 0.25
+"""The rendered results' bytes, as a share of the pipelines' answers' (`rendered`)."""
 RENDERED_STORE = "rendered"
 """The name (in metrics) of the in-process store of hits' results as JSON (`rendered`)."""
 
@@ -55,13 +57,14 @@ class Caches:
             if config is not None and config.enabled:
                 answers_bytes += int(config.max_mb * 2**20)
                 self._stores[name] = self._shared or MemoryStore(int(config.max_mb * 2**20), name)
-        self.rendered = MemoryStore(answers_bytes // 4, RENDERED_STORE)
+        self.rendered = MemoryStore(int(answers_bytes * RENDERED_SHARE), RENDERED_STORE)
         """Hits' results as JSON, by their cache key (Engine.result_to_serialise), in a
-        quarter of what the answers may hold: a repeat is rendered once, not on every hit
-        (~20-30 us of a `digits` hit's ~275 in the proxy's app). Looked up only once the
-        cache has answered the key, so nothing expired, evicted or cleared is answered from
-        it; what is rendered for a key is the answer for it while the key holds (it covers
-        the definition, the result template included, the models' versions, the inputs)."""
+        quarter (RENDERED_SHARE) of what the answers may hold: a repeat is rendered once,
+        not on every hit (~20-30 us of a `digits` hit's ~275 in the proxy's app). Looked up
+        only once the cache has answered the key, so nothing expired, evicted or cleared is
+        answered from it; what is rendered for a key is the answer for it while the key
+        holds (it covers the definition, the result template included, the models'
+        versions, the inputs)."""
         self._with_steps = {
             name for name, plan in plans.items() if any(s.cache for s in plan.call_steps())
         }

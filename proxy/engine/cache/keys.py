@@ -75,13 +75,16 @@ class Fingerprints:
         """When the first of these targets' fingerprints goes stale (time.monotonic)."""
         until = float("inf")
         for t in targets:
-            fresh = self._fresh.get((t.address, t.model, t.version))
+            fresh = self._known(t)
             until = min(until, float("-inf") if fresh is None else fresh.until())
         return until
 
     def now(self, target: Target) -> bytes | None:
-        fresh = self._fresh.get((target.address, target.model, target.version))
+        fresh = self._known(target)
         return None if fresh is None else fresh.peek()
+
+    def _known(self, target: Target) -> Fresh[bytes | None] | None:
+        return self._fresh.get((target.address, target.model, target.version))
 
 
 MAX_BASES = 4096
