@@ -30,6 +30,9 @@ class ImageLimits:
     """Largest image once decoded, from its header's pixels and sample layout: 16-bit and
     floating-point PNGs and TIFFs decode to 2-16 bytes a pixel (a 644 KB float TIFF of
     40 megapixels took 1 GB). Four bytes a pixel at `max_pixels`."""
+    decode_group_bytes: int = 32_000_000
+    """A call's images are decoded and reduced together while their decoded size (from
+    their headers) stays under this; past it, a few at a time (recipes.py)."""
 
 
 JPEG_MIN_BYTES_PER_PIXEL = 1 / 4096
@@ -101,6 +104,13 @@ def _background_is_white(colour: list[np.ndarray], alpha: np.ndarray) -> bool:
     uniform = all(float(std[0, 0]) < UNIFORM_LEVELS for _, std in spread)
     light = np.mean([float(mean[0, 0]) for mean, _ in spread]) > 127.5
     return not (uniform and light)
+
+
+def declared_bytes(data: bytes) -> int:
+    """What the image will take decoded, from its header; 0 when the header does not say
+    (decoding will refuse it)."""
+    size = declared_size(data)
+    return size[0] * size[1] * media.decoded_bytes_per_pixel(data) if size else 0
 
 
 def decode(data: bytes, where: str, limits: ImageLimits, color: str = "bgr") -> np.ndarray:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from preprocess.ops import op
+from preprocess.ops import per_image
 from preprocess.state import State
 from protos.errors import InvalidInput
 
@@ -74,7 +74,7 @@ def ink_coverage(
     return np.clip((level - cut) / (strength - cut), 0.0, 1.0)
 
 
-@op
+@per_image
 def ink(
     state: State,
     work_side: int = 128,
@@ -92,7 +92,7 @@ def ink(
     pixels a side (area averaging), which also keeps a photo's cost that of a thumbnail.
     """
     out = []
-    for i, img in enumerate(state.images):
+    for i, img in enumerate(state.images, state.first):
         if img.ndim != 2:
             raise InvalidInput(f"image {i}: ink needs a gray image (decode with color: gray)")
         out.append(ink_coverage(img, f"image {i}", work_side, min_contrast, noise_factor, floor))
@@ -108,7 +108,7 @@ def _span(mass: np.ndarray, trim: float) -> tuple[int, int]:
     return start, max(start + 1, min(stop, len(mass)))
 
 
-@op
+@per_image
 def crop_to_ink(state: State, trim: float = 0.005) -> None:
     """Crop each ink map to its ink's box: the rows and columns holding all of its ink but
     `trim` on each side (specks of noise far from the mark carry too little to count)."""

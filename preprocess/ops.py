@@ -39,6 +39,16 @@ def op(fn: Op) -> Op:
     return fn
 
 
+PER_IMAGE: set[str] = set()
+"""Operations that transform each of `state.images` on its own and touch no tensor: a
+recipe may run them one batch row at a time (recipes.py)."""
+
+
+def per_image(fn: Op) -> Op:
+    PER_IMAGE.add(fn.__name__)
+    return op(fn)
+
+
 def checks(name: str) -> Callable[[Callable[[dict], None]], Callable[[dict], None]]:
     """Register the function as the check of operation `name`'s parameters."""
 
@@ -82,7 +92,7 @@ def decode(state: State, input: str = "image", color: str = "bgr") -> None:
             raise InvalidInput(f"input '{input}' holds no image")
         state.images = [
             imgs.decode(bytes(item), f"input '{input}' element {i}", state.limits, color)
-            for i, item in enumerate(items)
+            for i, item in enumerate(items, state.first)
         ]
         return
     if tensor.dtype != np.uint8 or tensor.ndim not in (3, 4) or tensor.shape[-1] not in (1, 3):
@@ -113,7 +123,7 @@ def unpad(state: State, input: str = "crops", sizes: str = "crop_sizes") -> None
 # ---------------------------------------------------------------- per image
 
 
-@op
+@per_image
 def color(state: State, to: str) -> None:
     """Convert between gray, bgr and rgb (images are bgr or gray when decoded)."""
     if to not in ("gray", "bgr", "rgb"):
@@ -121,7 +131,7 @@ def color(state: State, to: str) -> None:
     _each(state, lambda im: imgs.convert(im, to))
 
 
-@op
+@per_image
 def resize(
     state: State,
     width: int | None = None,
@@ -170,7 +180,7 @@ def _pad_to(img: np.ndarray, height: int, width: int, value: float, center: bool
     return out
 
 
-@op
+@per_image
 def pad(
     state: State,
     width: int | None = None,
@@ -187,12 +197,12 @@ def pad(
     )
 
 
-@op
+@per_image
 def pad_to_square(state: State, value: float = 0) -> None:
     _each(state, lambda im: _pad_to(im, max(im.shape[:2]), max(im.shape[:2]), value, True))
 
 
-@op
+@per_image
 def crop(state: State, x: int, y: int, width: int, height: int) -> None:
     def one(img: np.ndarray) -> np.ndarray:
         if x < 0 or y < 0 or x + width > img.shape[1] or y + height > img.shape[0]:
@@ -204,12 +214,12 @@ def crop(state: State, x: int, y: int, width: int, height: int) -> None:
     _each(state, one)
 
 
-@op
+@per_image
 def invert(state: State) -> None:
     _each(state, lambda im: 255 - im)
 
 
-@op
+@per_image
 def rotate(state: State, angle: int) -> None:
     codes = {90: cv2.ROTATE_90_CLOCKWISE, 180: cv2.ROTATE_180, 270: cv2.ROTATE_90_COUNTERCLOCKWISE}
     if angle not in codes:
@@ -217,7 +227,7 @@ def rotate(state: State, angle: int) -> None:
     _each(state, lambda im: cv2.rotate(im, codes[angle]))
 
 
-@op
+@per_image
 def normalize(
     state: State,
     scale: float = 1.0,
@@ -230,7 +240,7 @@ def normalize(
     _each(state, lambda im: (im.astype(np.float32) * np.float32(scale) - m) / s)
 
 
-@op
+@per_image
 def layout(state: State, order: str = "CHW") -> None:
     if order != "CHW":
         raise ValueError("layout: only CHW is supported (images are HWC)")

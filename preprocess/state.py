@@ -17,6 +17,9 @@ class State:
     limits: ImageLimits
     images: list[np.ndarray] = field(default_factory=list)
     """The images being transformed, one per batch row."""
+    first: int = 0
+    """The batch row of `images[0]`: a recipe may run a few rows at a time, and errors
+    name the row of the whole request."""
 
     def tensor(self, name: str) -> np.ndarray:
         try:

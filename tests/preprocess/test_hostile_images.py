@@ -86,3 +86,36 @@ def test_deep_images_within_the_limit_decode_to_8_bits(ext: str, channels: int) 
     if channels == 1:
         expected = np.repeat(expected, 3, axis=2)
     assert out.dtype == np.uint8 and np.array_equal(out, expected[..., :3])
+
+
+def test_a_call_of_many_large_photos_holds_one_decoded_image_at_a_time() -> None:
+    """A `digits_input` call of 12 digit photos of 4000x4000 (~80 KiB each as PNG, 48 MB
+    decoded): decoded together, the call held every decoded image at once (+240 MiB here,
+    2.3 GB for 64 photos of 36 Mpx); in groups under `decode_group_bytes`, about one. The
+    answers are the same as each photo's alone."""
+    import subprocess
+    import sys
+
+    from tests.procs import ROOT
+
+    code = """
+import resource, numpy as np
+from preprocess import recipes
+from preprocess.settings import DEFAULT_RECIPES
+from samples import hostile
+digits = recipes.load(DEFAULT_RECIPES)["digits_input"]
+photos = [hostile.huge_digit(4000) for _ in range(12)]
+batch = np.empty(12, object)
+batch[:] = photos
+alone = digits.run({"image": batch[:1]})["input"][0]
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+out = digits.run({"image": batch})["input"]
+assert out.shape == (12, 64) and np.array_equal(out, np.tile(alone, (12, 1)))
+print(len(photos[0]), (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    upload, grown = (int(v) for v in done.stdout.split())
+    assert upload < 200_000
+    assert grown < 3 * 4000 * 4000 * 3 // 2, f"the call took {grown / 2**20:.0f} MiB more"

@@ -91,3 +91,24 @@ def test_images_without_ink_are_refused_with_the_reason(digits: Recipe) -> None:
         batch[0] = blob
         with pytest.raises(InvalidInput, match="has no ink"):
             digits.run({"image": batch})
+
+
+def test_a_call_decoded_a_few_rows_at_a_time_answers_as_decoded_together(
+    digits: Recipe, samples: np.ndarray
+) -> None:
+    """With a group budget of one byte every row is decoded and reduced alone: the features
+    are those of the whole call decoded at once, and a refused row is named by its place
+    in the call, not in its group."""
+    rng = np.random.default_rng(4)
+    photos = [encode(draw(s, Look(), rng), None) for s in samples[:6]]
+    alone = Recipe("digits_input", digits.config, replace(digits.limits, decode_group_bytes=1))
+    batch = np.empty(6, dtype=object)
+    batch[:] = photos
+    together = digits.run({"image": batch})["input"]
+    assert np.array_equal(alone.run({"image": batch})["input"], together)
+    batch[4] = blank_images(1, seed=2)[0]
+    with pytest.raises(InvalidInput, match=r"^image 4 has no ink"):
+        alone.run({"image": batch})
+    batch[4], batch[2] = photos[4], b"not an image"
+    with pytest.raises(InvalidInput, match=r"^input 'image' element 2 is"):
+        alone.run({"image": batch})
