@@ -40,16 +40,25 @@ MODELS = {
     "ocr_rec": "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
 }
 CONFIGS = {
-    # Detection runs one image of its own size at a time.
-    "ocr_det": {"max_batch_size": 1, "warmup": {"x": [1, 64, 64, 3]}},
+    # Detection runs one image of its own size at a time. Its sides must be multiples of 32
+    # (other sizes failed deep in the graph), and its memory grows ~150 MiB a megapixel: at
+    # most 2560 a side (~1 GB; the pipeline sends 2016 at most, ocr_det_prepare's max_side).
+    "ocr_det": {
+        "max_batch_size": 1,
+        "warmup": {"x": [1, 64, 64, 3]},
+        "inputs": [{"name": "x", "max_shape": [1, 2560, 2560, 3], "multiple_of": [1, 32, 32, 1]}],
+    },
     "ocr_cls": {
         "max_batch_size": 256,
         "dynamic_batching": {"max_queue_delay_ms": 1.0},
         "warmup": {"x": [1, 48, 192, 3]},
     },
-    # Each line alone at its own width (predictors/ragged.py).
+    # Each line alone at its own width (predictors/ragged.py), at most 8192 wide: the
+    # recogniser's memory grows with the square of the width past ~6400 (+95 MiB at 8192,
+    # +986 MiB at 25600, 21 GB at 140000: one 20 MiB request). ocr_rec_batch's max_width.
     "ocr_rec": {
         "max_batch_size": 256,
+        "inputs": [{"name": "x", "max_shape": [-1, 48, 8192, 3]}],
         "warmup": {"x": [1, 48, 320, 3]},
         "ragged": {
             "input": "x",

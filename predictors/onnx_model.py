@@ -57,6 +57,7 @@ def _specs(
             raise ValueError(f"{where}: tensor '{node.name}' has unsupported type {node.type}")
         shape = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in node.shape)
         override = by_name.get(node.name)
+        bounds: dict[str, tuple[int, ...]] = {}
         if override is not None:
             field = f"{where}: {kind} '{node.name}'"
             if override.datatype is not None and override.datatype != datatype:
@@ -74,8 +75,27 @@ def _specs(
             elif override.shape is not None:
                 _check_dims(field, "dims", override.shape, shape)
             shape = tuple(override.shape) if override.shape is not None else shape
-        specs.append(TensorSpec(node.name, datatype, shape))
+            bounds = _bounds(field, override, len(shape), kind)
+        specs.append(TensorSpec(node.name, datatype, shape, **bounds))
     return tuple(specs)
+
+
+def _bounds(field: str, override: ModelTensor, rank: int, kind: str) -> dict[str, tuple[int, ...]]:
+    """An input's max_shape and multiple_of, one entry a dimension of its shape."""
+    out = {}
+    for what in ("max_shape", "multiple_of"):
+        given = getattr(override, what)
+        if given is None:
+            continue
+        if kind != "input":
+            raise ValueError(f"{field}: {what} bounds what callers send; an {kind} has none")
+        if len(given) != rank:
+            raise ValueError(
+                f"{field}: {what} {given} in the config has {len(given)} dimensions, "
+                f"the input has {rank} (batch dimension included)"
+            )
+        out[what] = tuple(given)
+    return out
 
 
 def _check_dims(field: str, what: str, declared: list[int], graph: tuple[int, ...]) -> None:

@@ -139,14 +139,17 @@ def ocr_rec_batch(
     widths_output: str = "widths",
     height: int = 48,
     min_width: int = 320,
+    max_width: int = 8192,
     to_image: str | None = None,
 ) -> None:
     """Crops as the recogniser's UINT8 [N,48,W,3] input, W fitting the widest crop, and
     each row's own width (INT32 [N], at least `min_width`): the recogniser runs each line
-    at its width (its `ragged` config), not the padded batch's. With `to_image` (each
-    crop's matrix to the image's pixels): made to start from the recogniser's input."""
+    at its width (its `ragged` config), not the padded batch's. A line wider than
+    `max_width` at that height is narrowed to it (the recogniser's largest width: its
+    memory grows with the square of the width). With `to_image` (each crop's matrix to the
+    image's pixels): made to start from the recogniser's input."""
     ratios = [im.shape[1] / im.shape[0] for im in state.images]
-    width = int(height * max([min_width / height, *ratios]))
+    width = min(max_width, int(height * max([min_width / height, *ratios])))
     resized = [ceil_width(im.shape[0], im.shape[1], height, width) for im in state.images]
     if to_image is not None:
         frames = _frames(state, to_image).copy()

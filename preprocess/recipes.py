@@ -26,7 +26,15 @@ INLINE_MAX_BYTES = 64 * 1024
 def _specs(tensors: list[TensorConfig]) -> tuple[TensorSpec, ...]:
     # Both are set in a recipe file (RecipeConfig checks it).
     return tuple(
-        TensorSpec(t.name, t.datatype or "", tuple(t.shape or ()), t.optional) for t in tensors
+        TensorSpec(
+            t.name,
+            t.datatype or "",
+            tuple(t.shape or ()),
+            t.optional,
+            tuple(t.max_shape or ()),
+            tuple(t.multiple_of or ()),
+        )
+        for t in tensors
     )
 
 

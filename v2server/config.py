@@ -17,6 +17,14 @@ class TensorConfig(Strict):
     datatype: str | None = None
     shape: list[int] | None = None
     optional: bool = False
+    max_shape: list[int] | None = None
+    """An input's largest size along each dimension, batch included (-1: no bound): a
+    model whose memory grows faster than its input (a recogniser's attention over a line's
+    width) must not take what one request can make it take. Refused before decoding."""
+    multiple_of: list[int] | None = None
+    """What each dimension of an input must be a multiple of (1 or -1: anything): a
+    detector whose feature maps halve five times needs sides that are multiples of 32, and
+    answered others with an internal error from deep inside its graph."""
 
     @field_validator("datatype")
     @classmethod

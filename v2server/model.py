@@ -29,6 +29,10 @@ class TensorSpec:
     shape: tuple[int, ...]
     """Full shape; -1 marks a variable-size dimension (including the batch one)."""
     optional: bool = False
+    max_shape: tuple[int, ...] = ()
+    """An input's largest size along each dimension (-1: no bound); empty: none."""
+    multiple_of: tuple[int, ...] = ()
+    """What each dimension of an input must be a multiple of (1 or -1: any); empty: none."""
 
 
 class Outputs(dict):

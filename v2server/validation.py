@@ -53,10 +53,29 @@ def check_declared(
                 f"model '{model}' input '{spec.name}': expected shape "
                 f"{list(spec.shape)}, got {list(shape)}"
             )
+        if spec.max_shape or spec.multiple_of:
+            check_bounds(model, spec, shape)
         if max_batch and len(shape) and shape[0] > max_batch:
             raise InvalidInput(
                 f"model '{model}' input '{spec.name}': batch of {shape[0]} rows exceeds "
                 f"max_batch_size {max_batch}"
+            )
+
+
+def check_bounds(model: str, spec: TensorSpec, shape: Sequence[int]) -> None:
+    """An input's dimensions against its declared largest sizes and multiples."""
+    where = f"model '{model}' input '{spec.name}'"
+    for axis, (size, most) in enumerate(zip(shape, spec.max_shape, strict=False)):
+        if most >= 0 and size > most:
+            raise InvalidInput(
+                f"{where}: dimension {axis} is {size}, more than the model takes "
+                f"({most}; largest shape {list(spec.max_shape)})"
+            )
+    for axis, (size, step) in enumerate(zip(shape, spec.multiple_of, strict=False)):
+        if step > 1 and size % step:
+            raise InvalidInput(
+                f"{where}: dimension {axis} is {size}, not a multiple of {step} "
+                f"(the model takes multiples of {list(spec.multiple_of)})"
             )
 
 

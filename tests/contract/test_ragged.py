@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import grpc
@@ -12,7 +13,9 @@ import yaml
 from predictors.config import ConfigError
 from predictors.repository import discover
 from protos import messages, pb, pb_grpc
+from protos.errors import InvalidInput
 from tests.modelgen import build_test_repository
+from v2server.validation import check_declared
 
 TIMEOUT = 10.0
 
@@ -87,3 +90,48 @@ def test_a_ragged_config_that_does_not_fit_the_graph_stops_start_up(
     with pytest.raises(ConfigError, match="ragged") as info:
         discover(root, ["ragged"])
     assert message in str(info.value)
+
+
+def bounded(tmp_path: Path, **x: list[int]) -> Path:
+    """The test repository with bounds on the `ragged` model's input `x` ([-1, -1, 2])."""
+    root = build_test_repository(tmp_path)
+    path = root / "ragged" / "config.yaml"
+    config = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**config, "inputs": [{"name": "x", **x}]}))
+    return root
+
+
+@pytest.mark.parametrize(
+    ("shape", "message"),
+    [
+        ((1, 9, 2), "dimension 1 is 9, more than the model takes (8; largest shape [4, 8, -1]"),
+        ((5, 2, 2), "dimension 0 is 5, more than the model takes (4"),
+        ((1, 3, 2), "dimension 1 is 3, not a multiple of 2"),
+    ],
+)
+def test_an_input_past_its_declared_bounds_is_refused_naming_them(
+    tmp_path: Path, shape: tuple[int, ...], message: str
+) -> None:
+    """`max_shape` and `multiple_of` on an input are checked with its shape, before any
+    of it is decoded; within them the model runs as before."""
+    (model,) = discover(bounded(tmp_path, max_shape=[4, 8, -1], multiple_of=[1, 2, -1]), ["ragged"])
+    spec = next(s for s in model.inputs if s.name == "x")
+    assert (spec.max_shape, spec.multiple_of) == ((4, 8, -1), (1, 2, -1))
+    lengths = ("lengths", "INT32", [shape[0]])
+    with pytest.raises(InvalidInput, match=re.escape(message)):
+        check_declared("ragged", model.inputs, [("x", "FP32", list(shape)), lengths])
+    check_declared("ragged", model.inputs, [("x", "FP32", [4, 8, 2]), ("lengths", "INT32", [4])])
+
+
+@pytest.mark.parametrize(
+    ("bounds", "message"),
+    [
+        ({"max_shape": [4, 8]}, "max_shape [4, 8] in the config has 2 dimensions, the input has 3"),
+        ({"multiple_of": [1, 2, 1, 1]}, "multiple_of [1, 2, 1, 1] in the config has 4"),
+    ],
+)
+def test_bounds_that_do_not_fit_the_input_stop_start_up(
+    tmp_path: Path, bounds: dict, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        discover(bounded(tmp_path, **bounds), ["ragged"])

@@ -444,3 +444,28 @@ def test_every_recipe_refuses_odd_tensors_cleanly(recipes: dict[str, Recipe]) ->
         recipe = recipes[names[int(rng.integers(len(names)))]]
         with contextlib.suppress(InvalidInput):
             recipe.run(_random_inputs(recipe, rng))
+
+
+def test_a_line_wider_than_the_recogniser_takes_is_narrowed_to_its_limit(
+    recipes: dict[str, Recipe],
+) -> None:
+    """A crop 250 times wider than high would be 12,000 wide at the recogniser's height;
+    the recogniser takes 8192 at most (its memory grows with the square of the width), so
+    that line is narrowed to 8192, its matrix back to the image says so, and a short line
+    beside it keeps its own width."""
+    crops = np.full((2, 20, 5000, 3), 255, np.uint8)
+    crops[:, 5:15, ::50] = 0
+    sizes = np.array([[20, 5000], [20, 100]], np.int32)
+    out = recipes["ocr_rotate_rec_input"].run(
+        {
+            "crops": crops,
+            "crop_sizes": sizes,
+            "probs": np.tile(np.array([1, 0], np.float32), (5, 1)),  # 4 windows + 1: upright
+            "boxes": np.zeros((2, 4, 2), np.float32),
+            "to_image": np.tile(np.eye(3, dtype=np.float32), (2, 1, 1)),
+        }
+    )
+    assert out["x"].shape == (2, 48, 8192, 3)
+    assert out["widths"].tolist() == [8192, 320]  # 100 px at 48 high is 240: the minimum
+    assert out["to_image"][0, 0, 0] == pytest.approx(5000 / 8192)
+    assert out["to_image"][1, 0, 0] == pytest.approx(100 / 240)

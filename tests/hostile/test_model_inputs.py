@@ -1,0 +1,82 @@
+"""Inputs a model's own graph cannot bound: shapes that take a predictor's memory far past
+what the request carries, or that fail deep inside the graph (a caller reaches every model
+through the proxy's v2 door, and the services' callers inside the cluster too)."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+
+from tests.conftest import Mesh
+from tests.hostile.probe import Watch
+from tests.report import report
+
+
+def binary_infer(mesh: Mesh, model: str, tensors: dict[str, np.ndarray]) -> httpx.Response:
+    """A v2 REST call with its tensors in the binary extension (the smallest body)."""
+    kinds = {np.dtype(np.uint8): "UINT8", np.dtype(np.int32): "INT32"}
+    header = orjson.dumps(
+        {
+            "inputs": [
+                {
+                    "name": name,
+                    "shape": list(a.shape),
+                    "datatype": kinds[a.dtype],
+                    "parameters": {"binary_data_size": a.nbytes},
+                }
+                for name, a in tensors.items()
+            ]
+        }
+    )
+    body = header + b"".join(a.tobytes() for a in tensors.values())
+    return httpx.post(
+        f"{mesh.url}/v2/models/{model}/infer",
+        content=body,
+        headers={"Inference-Header-Content-Length": str(len(header))},
+        timeout=60,
+    )
+
+
+def line(width: int) -> dict[str, np.ndarray]:
+    x = np.random.default_rng(width).integers(0, 256, (1, 48, width, 3), dtype=np.uint8)
+    return {"x": x, "widths": np.array([width], np.int32)}
+
+
+def test_a_line_too_wide_for_the_recogniser_is_refused_before_it_runs(mesh: Mesh) -> None:
+    """The recogniser's memory grows with the square of a line's width: one 20 MiB request
+    of a line 140,000 wide took its process from 131 MiB to 21 GB (its Kubernetes pod's
+    limit is 608 Mi); this one, 40,000 wide, would take ~2 GB. It takes 8192 at most
+    (`max_shape` in its config), refused before the tensor is decoded."""
+    with Watch(mesh.local.procs["ocr-rec"].pid) as watch:
+        refused = binary_infer(mesh, "ocr_rec", line(40_000))
+    assert refused.status_code == 400, refused.text
+    assert "dimension 2 is 40000, more than the model takes (8192" in refused.text
+    widest = binary_infer(mesh, "ocr_rec", line(8192))
+    assert widest.status_code == 200, widest.text
+    report(
+        f"\nhostile: ocr_rec, a line 40,000 wide (5.8 MB): {refused.status_code}, "
+        f"recogniser peak +{watch.cost.peak_growth_mb:.0f} MiB"
+    )
+    assert watch.cost.peak_growth_mb < 100
+
+
+@pytest.mark.parametrize(
+    ("side", "status", "message"),
+    [
+        (2010, 400, "dimension 1 is 2010, not a multiple of 32"),
+        (2592, 400, "dimension 1 is 2592, more than the model takes (2560"),
+        (640, 200, ""),
+    ],
+)
+def test_the_detector_takes_the_sides_its_graph_can(
+    mesh: Mesh, side: int, status: int, message: str
+) -> None:
+    """Sides that are not multiples of 32 failed inside the detector's graph (a broadcast
+    of 323 by 324): a 500 and a traceback in its log. Sides past 2560 (~1 GB of the
+    detector's memory at 2560; the pipeline sends 2016 at most) are refused too."""
+    x = np.full((1, side, 640, 3), 255, np.uint8)
+    r = binary_infer(mesh, "ocr_det", {"x": x})
+    assert r.status_code == status, r.text
+    assert message in r.text
