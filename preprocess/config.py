@@ -51,6 +51,7 @@ class LimitsConfig(Strict):
     max_encoded_bytes: int = Field(default=20 * 1024 * 1024, ge=1)
     max_pixels: int = Field(default=40_000_000, ge=1)
     max_decoded_bytes: int = Field(default=160_000_000, ge=1)
+    max_batch_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
     decode_group_bytes: int = Field(default=32_000_000, ge=1)
 
 

@@ -30,6 +30,12 @@ class ImageLimits:
     """Largest image once decoded, from its header's pixels and sample layout: 16-bit and
     floating-point PNGs and TIFFs decode to 2-16 bytes a pixel (a 644 KB float TIFF of
     40 megapixels took 1 GB). Four bytes a pixel at `max_pixels`."""
+    max_batch_bytes: int = 64 * 1024 * 1024
+    """Largest batch a recipe makes (padded crops, the classifier's windows, the
+    recogniser's lines), checked before it is allocated: small crops grow hundreds of times
+    on the way (2,000 crops of 2x100, 1.4 MB, made a 691 MB recogniser batch). The
+    services' largest message: a larger answer could not be sent anyway. A dense page of
+    120 lines makes 48 MB."""
     decode_group_bytes: int = 32_000_000
     """A call's images are decoded and reduced together while their decoded size (from
     their headers) stays under this; past it, a few at a time (recipes.py)."""

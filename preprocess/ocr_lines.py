@@ -62,6 +62,8 @@ def ocr_cls_batch(state: State, output: str = "x", height: int = 48, width: int 
         for im in state.images
         for x0, x1 in cls_windows(im.shape[0], im.shape[1], width / height)
     ]
+    shape = (len(windows), height, width, 3)
+    state.check_batch("the direction classifier's input", shape, np.uint8)
     state.tensors[output] = _paddle_batch(windows, height, width)
 
 
@@ -150,6 +152,7 @@ def ocr_rec_batch(
     image's pixels): made to start from the recogniser's input."""
     ratios = [im.shape[1] / im.shape[0] for im in state.images]
     width = min(max_width, int(height * max([min_width / height, *ratios])))
+    state.check_batch("the recogniser's input", (len(state.images), height, width, 3), np.uint8)
     resized = [ceil_width(im.shape[0], im.shape[1], height, width) for im in state.images]
     if to_image is not None:
         frames = _frames(state, to_image).copy()

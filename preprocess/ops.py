@@ -270,6 +270,7 @@ def stack_padded(state: State, output: str, sizes_output: str) -> None:
     channels = ims[0].shape[2] if ims else 3
     h = max((im.shape[0] for im in ims), default=1)
     w = max((im.shape[1] for im in ims), default=1)
+    state.check_batch(f"'{output}'", (len(ims), h, w, channels), np.uint8)
     batch = np.zeros((len(ims), h, w, channels), np.uint8)
     for i, im in enumerate(ims):
         batch[i, : im.shape[0], : im.shape[1]] = im

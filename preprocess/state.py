@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,3 +27,13 @@ class State:
             return self.tensors[name]
         except KeyError:
             raise InvalidInput(f"missing input '{name}'") from None
+
+    def check_batch(self, what: str, shape: tuple[int, ...], dtype: np.dtype | type) -> None:
+        """Raise InvalidInput when a batch of `shape` would pass `limits.max_batch_bytes`,
+        before it is allocated."""
+        size = math.prod(shape) * np.dtype(dtype).itemsize
+        if size > self.limits.max_batch_bytes:
+            raise InvalidInput(
+                f"{what} would be {list(shape)} {np.dtype(dtype)} = {size} bytes, more than "
+                f"the limit of {self.limits.max_batch_bytes}"
+            )

@@ -16,7 +16,7 @@ from tests.report import report
 
 def binary_infer(mesh: Mesh, model: str, tensors: dict[str, np.ndarray]) -> httpx.Response:
     """A v2 REST call with its tensors in the binary extension (the smallest body)."""
-    kinds = {np.dtype(np.uint8): "UINT8", np.dtype(np.int32): "INT32"}
+    kinds = {np.dtype(np.uint8): "UINT8", np.dtype(np.int32): "INT32", np.dtype(np.float32): "FP32"}
     header = orjson.dumps(
         {
             "inputs": [
@@ -80,3 +80,32 @@ def test_the_detector_takes_the_sides_its_graph_can(
     r = binary_infer(mesh, "ocr_det", {"x": x})
     assert r.status_code == status, r.text
     assert message in r.text
+
+
+def test_tiny_crops_cannot_make_the_preprocessing_build_a_batch_hundreds_of_times_larger(
+    mesh: Mesh,
+) -> None:
+    """2,000 crops of 2x100 (1.4 MB) sent to `ocr_rotate_rec_input`: each line becomes
+    48 high and as wide as the widest at that height, a 691 MB batch (488x what came; a
+    20 MiB request would ask ~10 GB of a pod whose limit is 640 Mi). Batches a recipe makes
+    are checked against `limits.max_batch_bytes` (64 MiB, the services' largest message)
+    before they are allocated; a dense page of 120 lines makes 48 MB."""
+    count = 2000
+    crops = np.full((count, 2, 100, 3), 200, np.uint8)
+    crops[:, :, ::3] = 0
+    tensors = {
+        "crops": crops,
+        "crop_sizes": np.tile(np.array([2, 100], np.int32), (count, 1)),
+        "probs": np.tile(np.array([1, 0], np.float32), (4 * count, 1)),
+        "boxes": np.zeros((count, 4, 2), np.float32),
+        "to_image": np.tile(np.eye(3, dtype=np.float32), (count, 1, 1)),
+    }
+    with Watch(mesh.local.procs["preprocess"].pid) as watch:
+        r = binary_infer(mesh, "ocr_rotate_rec_input", tensors)
+    assert r.status_code == 400, r.text
+    assert "the recogniser's input would be [2000, 48, 2400, 3] uint8" in r.text
+    report(
+        f"\nhostile: 2,000 crops of 2x100 to ocr_rotate_rec_input: {r.status_code}, "
+        f"preprocessing peak +{watch.cost.peak_growth_mb:.0f} MiB"
+    )
+    assert watch.cost.peak_growth_mb < 200
