@@ -177,6 +177,18 @@ def test_the_jobs_queue_is_the_compose_redis_on_a_volume_both_callers_reach() ->
         assert url == f"redis://redis:{port}/0", caller
 
 
+def test_queued_uploads_are_refused_by_the_proxy_before_redis_is_full() -> None:
+    """The queue's bytes bound sits under Redis's maxmemory with room for the results and
+    the keys: with the setting's default (1,024 MB) over the shipped 512mb, a flood of big
+    jobs met Redis's own refusal (503 naming a Lua script) instead of the proxy's 429."""
+    argv = [str(c) for c in _compose("redis")["command"]]
+    maxmemory = argv[argv.index("--maxmemory") + 1]
+    assert maxmemory.endswith("mb")
+    deployments = objects("local", "Deployment")
+    queued_mb = float(env_of(deployments["proxy"])["PROXY_JOBS_MAX_QUEUED_MB"])
+    assert queued_mb <= 0.5 * int(maxmemory[:-2])
+
+
 def test_job_workers_run_the_proxys_engine_without_its_doors() -> None:
     deployments = objects("production-mtls", "Deployment")
     proxy, worker = container(deployments["proxy"]), container(deployments["job-worker"])
