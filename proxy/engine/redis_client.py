@@ -9,6 +9,9 @@ by its caller's timeout."""
 
 from __future__ import annotations
 
+import re
+from urllib.parse import urlsplit, urlunsplit
+
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
@@ -32,7 +35,21 @@ def connect(
     )
 
 
+_SCRIPT = re.compile(r"\.? script: [0-9a-f]{40}, on @user_script:\d+\.?")
+"""Where Redis says which Lua script a refusal came from: noise for a client."""
+
+
 def described(exc: BaseException) -> str:
     """An error of the client for a message: its class and text (redis-py's repr of its
     errors names only their category and class, e.g. `network:ConnectionError`)."""
-    return f"{type(exc).__name__}: {exc}"
+    return f"{type(exc).__name__}: {_SCRIPT.sub('', str(exc))}"
+
+
+def shown(url: str) -> str:
+    """`url` without its user name and password: errors carrying the address reach clients
+    (a 503's body) and the open /readyz, and once showed `redis://user:secret@...` there."""
+    parts = urlsplit(url)
+    if parts.password is None and parts.username is None:
+        return url
+    port = f":{parts.port}" if parts.port else ""
+    return urlunsplit(parts._replace(netloc=f"{parts.hostname or ''}{port}"))

@@ -60,7 +60,8 @@ def _job(job_id: str, f: list[bytes | None]) -> Job | None:
 
 class RedisQueue(JobQueue):
     def __init__(self, url: str, keep_s: float, prefix: str = PREFIX) -> None:
-        self.url = url
+        self.url = redis_client.shown(url)
+        """The store's address without credentials, as errors name it."""
         self.keep_s = keep_s
         self._redis = redis_client.connect(url, 10, retries=3, backoff=True, connect_timeout_s=5)
         self.consumer = f"{socket.gethostname()}-{os.getpid()}-{new_id()[:8]}"

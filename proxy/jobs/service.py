@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
 from proxy import metrics
+from proxy.engine import redis_client
 from proxy.engine.runner import Engine
 from proxy.jobs import callbacks
 from proxy.jobs.model import Claimed, Job, JobsConfig, QueueError, Submission
@@ -51,11 +51,7 @@ class Jobs:
     @property
     def address(self) -> str:
         """The queue's URL without credentials (what /readyz shows)."""
-        parts = urlsplit(self.config.url)
-        if parts.password is None and parts.username is None:
-            return self.config.url
-        port = f":{parts.port}" if parts.port else ""
-        return urlunsplit(parts._replace(netloc=f"{parts.hostname or ''}{port}"))
+        return redis_client.shown(self.config.url)
 
     async def check(self, timeout_s: float) -> tuple[bool, str]:
         """The queue's store answers (for /readyz)."""

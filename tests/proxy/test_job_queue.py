@@ -322,6 +322,7 @@ async def test_a_full_redis_refuses_new_jobs_and_loses_none(tmp_path: Path) -> N
                 refused = exc
                 break
         assert refused is not None and "maxmemory" in str(refused), "Redis never filled up"
+        assert "script:" not in str(refused)  # which Lua script refused is no client's business
         for i, job_id in enumerate(done):  # nothing of theirs evicted
             kept = await queue.get(job_id)
             assert kept is not None and kept.status == "succeeded" and kept.result == {"n": i}
@@ -341,3 +342,18 @@ async def test_a_full_redis_refuses_new_jobs_and_loses_none(tmp_path: Path) -> N
     finally:
         await queue.close()
         server.stop()
+
+
+async def test_a_store_that_fails_is_named_without_its_credentials() -> None:
+    """Its errors reach clients (a submission's 503) and the open /readyz: a password in
+    PROXY_JOBS_URL was shown there whenever Redis could not be reached."""
+    from proxy.jobs.model import QueueError
+
+    queue = open_queue("redis://mesh:s3cret@127.0.0.1:1/0", keep_s=60)
+    try:
+        with pytest.raises(QueueError) as info:
+            await queue.ping()
+    finally:
+        await queue.close()
+    assert "redis://127.0.0.1:1/0" in str(info.value)
+    assert "s3cret" not in str(info.value) and "mesh@" not in str(info.value)
