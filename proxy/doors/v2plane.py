@@ -209,7 +209,15 @@ class ProxyPlane(DataPlane):
             return await super().run(request)
         signature = await self.signature(request.model, request.version)
         if signature is not None:
-            check_declared(request.model, signature.inputs, request.declared, signature.max_batch)
+            # Metadata cannot say which inputs are optional (Triton's config can): the service
+            # judges a missing one; names, types, shapes and rows are checked here, undecoded.
+            check_declared(
+                request.model,
+                signature.inputs,
+                request.declared,
+                signature.max_batch,
+                complete=False,
+            )
             if signature.outputs:
                 requested_outputs(request.model, signature.outputs, request.requested)
         inputs = request.decode()
