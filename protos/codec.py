@@ -133,6 +133,16 @@ def checked_shape(
     return dims, count
 
 
+def content_bytes(array: np.ndarray, per_element: int = 0) -> int:
+    """The bytes a tensor's contents take: its buffer, or for BYTES each element's own
+    length plus `per_element` (4 on the wire: its length prefix; 8 for a non-bytes one)."""
+    if array.dtype == object:
+        # Over a list: an array's iteration ends in an IndexError, formatted each time.
+        elements = array.reshape(-1).tolist()
+        return sum(len(v) + per_element if isinstance(v, bytes | str) else 8 for v in elements)
+    return array.nbytes
+
+
 # ---------------------------------------------------------------- encoding
 
 

@@ -102,11 +102,8 @@ class GrpcFront:
         ):
             await _answer(send, grpc.StatusCode.UNAUTHENTICATED, "missing or wrong API key")
             return
-        ledger = self.admission.ledger()
-        try:
+        with self.admission.ledger() as ledger:
             await self._call(scope, receive, send, raw, call, ledger)
-        finally:
-            ledger.close()
 
     async def _call(
         self,

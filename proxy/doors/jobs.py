@@ -106,8 +106,7 @@ class JobEndpoints:
             raise Problem(400, f"Idempotency-Key must be 1 to {MAX_KEY} characters")
         # The upload gets the request's budget, as /infer's does.
         deadline = asyncio.get_running_loop().time() + budget
-        ledger = state.engine.admission.ledger()
-        try:
+        with state.engine.admission.ledger() as ledger:
             state.engine.admission.check_room()
             if plan.pipeline.inputs is None:
                 payload = await read_image(request, state.uploads, deadline, ledger)
@@ -117,8 +116,6 @@ class JobEndpoints:
                 inputs = await read_tensors(request, plan, state.uploads, deadline, ledger)
                 check_tensors(plan, inputs)
                 payload, kind = pack(Stored(inputs)), "tensors"
-        finally:
-            ledger.close()
         job, new = await enqueue(jobs, name, kind, payload, budget, callback, key)
         headers = {"Location": f"/v1/jobs/{job.id}"}
         if not new:

@@ -84,14 +84,12 @@ class V2Endpoints:
     async def repository_index(self, request: Request) -> Response:
         """POST /v2/repository/index: `{"ready": true}` lists the ready models only."""
         deadline = asyncio.get_running_loop().time() + self.state.settings.v2_timeout_ms / 1000
-        ledger = self.state.engine.admission.ledger()  # any body counts while it is read
         try:
-            raw = await read_body(request, self.state.uploads, deadline, ledger)
-            body = orjson.loads(raw) if raw.strip() else {}  # none: every model
+            with self.state.engine.admission.ledger() as ledger:  # counts while it is read
+                raw = await read_body(request, self.state.uploads, deadline, ledger)
+                body = orjson.loads(raw) if raw.strip() else {}  # none: every model
         except ValueError:
             raise Problem(400, 'the body must be JSON, e.g. {"ready": true}') from None
-        finally:
-            ledger.close()
         if not isinstance(body, dict) or not isinstance(body.get("ready", False), bool):
             raise Problem(400, "the body must be an object whose 'ready' is true or false")
         ready = body.get("ready", False)
@@ -110,11 +108,8 @@ class V2Endpoints:
         """POST /v2/models/{model}[/versions/{version}]/infer."""
         # The body counts in the proxy's bytes in flight as it arrives, until the answer is
         # made: uncounted, 64 bodies of 17.7 MiB at once took it to 2 GiB.
-        ledger = self.state.engine.admission.ledger()
-        try:
+        with self.state.engine.admission.ledger() as ledger:
             return await self._infer(request, model, version, ledger)
-        finally:
-            ledger.close()
 
     async def _infer(self, request: Request, model: str, version: str, ledger: Ledger) -> Response:
         loop = asyncio.get_running_loop()

@@ -220,3 +220,9 @@ class Ledger:
 
     def close(self) -> None:
         self.release(self.held)
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

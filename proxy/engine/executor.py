@@ -18,6 +18,7 @@ import grpc
 import numpy as np
 
 from protos import tracing
+from protos.codec import content_bytes
 from protos.labelled import child
 from proxy import metrics
 from proxy.engine.admission import Ledger
@@ -93,21 +94,21 @@ class Run:
         return self.deadline - asyncio.get_running_loop().time()
 
     def put(self, ref: str, value: np.ndarray) -> None:
-        self.ledger.hold(held_bytes(value))
+        self.ledger.hold(content_bytes(value))
         self.tensors[ref] = value
 
     def put_branches(self, step: str, outputs: dict[str, dict[str, np.ndarray]]) -> None:
-        self.ledger.hold(sum(held_bytes(v) for out in outputs.values() for v in out.values()))
+        self.ledger.hold(sum(content_bytes(v) for out in outputs.values() for v in out.values()))
         self.branches[step] = outputs
 
     def keep_only(self, producers: frozenset[str]) -> None:
         """Drop every tensor no later step or the result reads (its bytes leave the ledger)."""
         for ref in [r for r in self.tensors if r.partition(".")[0] not in producers]:
-            self.ledger.release(held_bytes(self.tensors.pop(ref)))
+            self.ledger.release(content_bytes(self.tensors.pop(ref)))
         for step in [s for s in self.branches if s not in producers]:
             outputs = self.branches.pop(step)
             self.ledger.release(
-                sum(held_bytes(v) for out in outputs.values() for v in out.values())
+                sum(content_bytes(v) for out in outputs.values() for v in out.values())
             )
 
     def resolve(self, ref: str, step: str) -> np.ndarray:
@@ -277,11 +278,3 @@ class Executor:
         since = ms(time.perf_counter() - run.origin)
         run.steps.append(StepStatus(step.name, "ok", 0.0, start_ms=since))
         await self._steps(chosen, run)
-
-
-def held_bytes(value: np.ndarray) -> int:
-    """What a tensor holds in memory (the ledger's measure; a BYTES element's own bytes)."""
-    if value.dtype == object:
-        elements = value.reshape(-1).tolist()  # a list iterates without an IndexError
-        return sum(len(v) if isinstance(v, bytes | str) else 8 for v in elements)
-    return value.nbytes

@@ -26,6 +26,7 @@ import numpy as np
 import orjson
 
 from protos import media, tracing
+from protos.codec import content_bytes
 from protos.errors import InvalidInput
 from protos.labelled import child
 from protos.logs import REQUEST_ID
@@ -33,7 +34,7 @@ from proxy import metrics
 from proxy.engine.admission import Admission, Ledger
 from proxy.engine.cache.caches import Caches
 from proxy.engine.cache.keys import pipeline_key
-from proxy.engine.executor import Executor, Run, StepStatus, held_bytes, ms
+from proxy.engine.executor import Executor, Run, StepStatus, ms
 from proxy.engine.plan import Plan
 from proxy.engine.recent import Recent
 from proxy.errors import ClientGone, Problem, StepError
@@ -173,7 +174,7 @@ class Ticket:
         """A pipeline's declared `inputs` through it: each checked against its declaration
         (400 naming the tensor), then held on the ledger."""
         check_tensors(self.plan, inputs)
-        self.ledger.hold(sum(held_bytes(a) for a in inputs.values()))
+        self.ledger.hold(sum(content_bytes(a) for a in inputs.values()))
         return await self._run(inputs, 0, request_id)
 
     async def _run(self, inputs: dict[str, np.ndarray], pixels: int, request_id: str) -> Run:

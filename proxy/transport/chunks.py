@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping
 import grpc
 import numpy as np
 
+from protos.codec import content_bytes
 from proxy.errors import StepError
 
 PARALLEL = 4
@@ -29,11 +30,8 @@ Call = Callable[[Mapping[str, np.ndarray]], Awaitable[dict[str, np.ndarray]]]
 
 
 def nbytes(array: np.ndarray) -> int:
-    if array.dtype == object:
-        # Over a list: an array's iteration ends in an IndexError, formatted each time.
-        elements = array.reshape(-1).tolist()
-        return sum(len(v) + 4 if isinstance(v, bytes | str) else 8 for v in elements)
-    return array.nbytes
+    """A tensor's size on the wire (a BYTES element with its 4-byte length prefix)."""
+    return content_bytes(array, 4)
 
 
 def plan(
