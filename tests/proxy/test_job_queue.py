@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import subprocess
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -357,3 +359,55 @@ async def test_a_store_that_fails_is_named_without_its_credentials() -> None:
         await queue.close()
     assert "redis://127.0.0.1:1/0" in str(info.value)
     assert "s3cret" not in str(info.value) and "mesh@" not in str(info.value)
+
+
+@contextlib.contextmanager
+def small_disk(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` mounted at `path` (root only)."""
+    if os.geteuid() != 0:
+        if os.environ.get("CI"):
+            pytest.fail("CI must run the full-disk test: it mounts a tmpfs (root)")
+        pytest.skip("needs root to mount a tmpfs")
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def fill(path: Path) -> None:
+    """Write `path` until its disk has no room left."""
+    with path.open("wb") as filler, contextlib.suppress(OSError):
+        while True:
+            filler.write(bytes(1 << 16))
+            filler.flush()
+
+
+async def test_a_full_disk_refuses_new_jobs_and_loses_none(tmp_path: Path) -> None:
+    """The jobs' SQLite file on a disk that fills up (with something else): a new job is
+    refused (QueueError: the door's 503 + Retry-After, never a 202 for a job not written);
+    nothing already accepted is lost, and once there is room again every queued job is taken
+    and ends, and new ones are accepted."""
+    from proxy.jobs.model import QueueError
+
+    with small_disk(tmp_path / "disk", "4m") as disk:
+        queue = open_queue(f"sqlite:///{disk / 'jobs.sqlite3'}", keep_s=60)
+        try:
+            accepted = []
+            for _ in range(3):
+                accepted.append((await queue.submit(job(payload=os.urandom(100_000)), 100))[0])
+            fill(disk / "filler")
+            with pytest.raises(QueueError, match="disk is full"):
+                await queue.submit(job(payload=os.urandom(100_000)), 100)
+            (disk / "filler").unlink()
+            finished = []
+            for _ in accepted:
+                claimed = await queue.claim(lease_s=60.0, wait_s=0.5)
+                assert claimed is not None
+                assert await queue.finish(claimed, "succeeded", {"ok": True}, None, 600)
+                finished.append(claimed.job.id)
+            assert sorted(finished) == sorted(j.id for j in accepted)
+            await queue.submit(job(payload=b"after"), 100)
+        finally:
+            await queue.close()
