@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-import aiohttp
 import orjson
-from yarl import URL
 
+from batch import http1
 from batch.sinks import Row
 from batch.sources import Input
 
@@ -99,21 +98,24 @@ def _error(status: int, body: bytes) -> dict:
 class RestDoor:
     """POST /v1/pipelines/{name}/infer, the image as the body."""
 
-    def __init__(self, session: aiohttp.ClientSession, pipeline: str) -> None:
-        self.session = session
-        self.path = URL(f"/v1/pipelines/{quote(pipeline)}/infer", encoded=True)
+    def __init__(self, client: http1.Client, pipeline: str) -> None:
+        self.client = client
+        self.path = f"/v1/pipelines/{quote(pipeline)}/infer"
 
     async def send(self, item: Input, data: bytes) -> Attempt:
         headers = {"Content-Type": "application/octet-stream", "X-Request-Id": request_id(item)}
         try:
-            async with self.session.post(self.path, data=data, headers=headers) as answer:
-                status, body = answer.status, await answer.read()
-                retry_after = answer.headers.get("Retry-After")
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            return Attempt(None, error={"status": None, "error": f"{type(exc).__name__}: {exc}"})
-        if status == 200:
-            return Attempt(200, result=orjson.loads(body))
-        return Attempt(status, error=_error(status, body), retry_after=retry_after)
+            answer = await self.client.request("POST", self.path, data, headers)
+        except (http1.NoAnswer, TimeoutError) as exc:
+            reason = str(exc) or f"no answer within {self.client.timeout_s:g} s"
+            return Attempt(None, error={"status": None, "error": reason})
+        if answer.status == 200:
+            return Attempt(200, result=orjson.loads(answer.body))
+        return Attempt(
+            answer.status,
+            error=_error(answer.status, answer.body),
+            retry_after=answer.headers.get("retry-after"),
+        )
 
     async def close(self) -> None:
-        """Nothing of its own: the session is the run's."""
+        self.client.close()

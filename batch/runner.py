@@ -11,10 +11,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-import aiohttp
 import orjson
 
-from batch import calls
+from batch import calls, http1
 from batch.progress import Progress
 from batch.sinks import Sink
 from batch.sources import Input, Source
@@ -60,17 +59,15 @@ class _Pace:
             await asyncio.sleep(slot - now)
 
 
-async def check_pipeline(session: aiohttp.ClientSession, url: str, pipeline: str) -> None:
+async def check_pipeline(client: http1.Client, url: str, pipeline: str) -> None:
     try:
-        async with session.get("/v1/pipelines") as answer:
-            status, body = answer.status, await answer.read()
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        # str, not repr: aiohttp's repr of a refused connection is its whole connection key.
-        reason = str(exc) or type(exc).__name__  # a timeout's str is empty
+        answer = await client.request("GET", "/v1/pipelines")
+    except (http1.NoAnswer, TimeoutError) as exc:
+        reason = str(exc) or f"no answer within {client.timeout_s:g} s"
         raise MeshError(f"the mesh at {url} cannot be reached: {reason}") from None
-    if status != 200:
-        raise MeshError(f"{url}/v1/pipelines answered {status}")
-    pipelines = orjson.loads(body)
+    if answer.status != 200:
+        raise MeshError(f"{url}/v1/pipelines answered {answer.status}")
+    pipelines = orjson.loads(answer.body)
     if pipeline not in pipelines:
         known = ", ".join(sorted(pipelines))
         raise MeshError(f"the mesh has no pipeline '{pipeline}' (it has: {known})")
@@ -90,47 +87,43 @@ async def _run(source: Source, sink: Sink, options: Options) -> Progress:
     progress = Progress(await asyncio.to_thread(source.count), every_s=options.progress_every_s)
     queue: asyncio.Queue[Input | None] = asyncio.Queue(maxsize=2 * options.concurrency)
     pace = _Pace(options.rate)
-    # aiohttp, not httpx: 1.3-1.4x the throughput at c=32 on the same photos (bench batch);
-    # every request's CPU in this process is CPU the mesh beside it does not get.
-    connector = aiohttp.TCPConnector(limit=options.concurrency, ttl_dns_cache=300)
-    timeout = aiohttp.ClientTimeout(total=options.timeout_s, connect=10.0)
-    headers = {"Authorization": f"Bearer {options.api_key}"} if options.api_key else None
-    async with aiohttp.ClientSession(
-        options.url,
-        connector=connector,
-        timeout=timeout,
-        raise_for_status=False,
-        headers=headers,
-        cookie_jar=aiohttp.DummyCookieJar(),  # the mesh sets none: nothing to look up per call
-    ) as session:
-        door: calls.RestDoor | GrpcDoor
-        if options.door == "grpc":
-            door = await _grpc_door(options)
-        else:
-            await check_pipeline(session, options.url, options.pipeline)
-            door = calls.RestDoor(session, options.pipeline)
-
-        async def feed() -> None:
-            for item in source:
-                if item.key in done:  # answered by an earlier run, or listed twice
-                    progress.skipped()
-                    continue
-                done.add(item.key)
-                await queue.put(item)
-            for _ in range(options.concurrency):
-                await queue.put(None)
-
-        async def call() -> None:
-            while (item := await queue.get()) is not None:
-                await pace.wait()
-                row = await calls.infer(door.send, item, options.retry)
-                sink.write(row)
-                progress.answered(row.status)
-
+    door: calls.RestDoor | GrpcDoor
+    if options.door == "grpc":
+        door = await _grpc_door(options)
+    else:
+        headers = {"Authorization": f"Bearer {options.api_key}"} if options.api_key else None
         try:
-            await asyncio.gather(feed(), *(call() for _ in range(options.concurrency)))
-        finally:
-            await door.close()
+            client = http1.Client(options.url, options.timeout_s, headers)
+        except ValueError as exc:
+            raise MeshError(str(exc)) from None
+        try:
+            await check_pipeline(client, options.url, options.pipeline)
+        except MeshError:
+            client.close()
+            raise
+        door = calls.RestDoor(client, options.pipeline)
+
+    async def feed() -> None:
+        for item in source:
+            if item.key in done:  # answered by an earlier run, or listed twice
+                progress.skipped()
+                continue
+            done.add(item.key)
+            await queue.put(item)
+        for _ in range(options.concurrency):
+            await queue.put(None)
+
+    async def call() -> None:
+        while (item := await queue.get()) is not None:
+            await pace.wait()
+            row = await calls.infer(door.send, item, options.retry)
+            sink.write(row)
+            progress.answered(row.status)
+
+    try:
+        await asyncio.gather(feed(), *(call() for _ in range(options.concurrency)))
+    finally:
+        await door.close()
     return progress
 
 

@@ -9,12 +9,11 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from batch import calls, sources
+from batch import calls, http1, sources
 from batch.sinks import CsvSink, JsonlSink, Row
 from batch.sources import Files, Input, Manifest, SourceError
 
@@ -121,8 +120,11 @@ async def _mesh(answers: list[tuple[int, dict, dict]], seen: list[bytes]) -> Asy
 
 
 async def _infer(url: str, item: Input, retry: calls.Retry) -> Row:
-    async with aiohttp.ClientSession(url) as session:
-        return await calls.infer(calls.RestDoor(session, "digits").send, item, retry)
+    door = calls.RestDoor(http1.Client(url, timeout_s=10), "digits")
+    try:
+        return await calls.infer(door.send, item, retry)
+    finally:
+        await door.close()
 
 
 async def test_transient_refusals_are_retried_and_a_bad_input_never(tmp_path: Path) -> None:
