@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 
 from protos.codec import DATATYPE_TO_DTYPE
 from protos.strict import Strict
@@ -32,3 +32,14 @@ class TensorConfig(Strict):
         if value is not None and value not in DATATYPE_TO_DTYPE:
             raise ValueError(f"unknown datatype '{value}'")
         return value
+
+    @model_validator(mode="after")
+    def _bounds_fit_the_shape(self) -> TensorConfig:
+        for what in ("max_shape", "multiple_of"):
+            given = getattr(self, what)
+            if given is not None and self.shape is not None and len(given) != len(self.shape):
+                raise ValueError(
+                    f"tensor '{self.name}': {what} {given} has {len(given)} dimensions, its "
+                    f"shape {self.shape} has {len(self.shape)}"
+                )
+        return self

@@ -469,3 +469,17 @@ def test_a_line_wider_than_the_recogniser_takes_is_narrowed_to_its_limit(
     assert out["widths"].tolist() == [8192, 320]  # 100 px at 48 high is 240: the minimum
     assert out["to_image"][0, 0, 0] == pytest.approx(5000 / 8192)
     assert out["to_image"][1, 0, 0] == pytest.approx(100 / 240)
+
+
+def test_bounds_of_another_rank_than_the_shape_stop_the_file(tmp_path: Path) -> None:
+    """A recipe's `max_shape` / `multiple_of` name each dimension of its input's shape: one
+    of another length would bound the wrong dimensions, and is refused when the file loads."""
+    bad = tmp_path / "recipes.yaml"
+    bad.write_text(
+        "recipes:\n  r:\n    inputs: [{name: i, datatype: FP32, shape: [-1, -1], "
+        "max_shape: [1, 2, 3]}]\n"
+        "    outputs: [{name: o, datatype: FP32, shape: [-1]}]\n"
+        "    steps: [{color: {to: gray}}]\n"
+    )
+    with pytest.raises(cfg.RecipeFileError, match=r"max_shape \[1, 2, 3\] has 3 dimensions"):
+        cfg.parse(bad)
