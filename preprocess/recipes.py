@@ -16,11 +16,13 @@ from preprocess.ops import OPS, PER_IMAGE, decode
 from preprocess.state import State
 from v2server.config import TensorConfig
 from v2server.model import Scheduling, TensorSpec
+from v2server.policy import payload_bytes
 from v2server.registry import Registry
 from v2server.served import ServedModel
 
-INLINE_MAX_BYTES = 64 * 1024
-"""Small uploads of quick recipes skip the thread hand-off."""
+INLINE_MAX_BYTES = 1 << 20
+"""Quick recipes on small work skip the thread hand-off: work weighed with the images as
+decoded (Recipe.work_bytes), ~5 ms of decoding at most on the event loop."""
 
 
 def _specs(tensors: list[TensorConfig]) -> tuple[TensorSpec, ...]:
@@ -59,7 +61,10 @@ class Recipe:
         self.outputs = _specs(config.outputs)
         self.scheduling = replace(scheduling or Scheduling(), max_batch_size=config.max_batch_size)
         self._steps = [next(iter(step.items())) for step in config.steps]
-        self._grouped, self._group_input = _per_image_prefix(self._steps)
+        self._decodes = _decoded_input(self._steps)
+        """The input of encoded images the recipe starts by decoding ('' if it does not)."""
+        self._grouped = _per_image_prefix(self._steps) if self._decodes else 0
+        """How many first steps may run a few images at a time (0: none)."""
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         state = State(dict(inputs), self.limits)
@@ -79,7 +84,7 @@ class Recipe:
         """The rows of the encoded images input, in runs whose images take at most
         `limits.decode_group_bytes` decoded (read from their headers; one image alone may
         take more): one run when there are no such images."""
-        tensor = state.tensors.get(self._group_input)
+        tensor = state.tensors.get(self._decodes)
         if tensor is None or tensor.dtype != object or tensor.size < 2:
             return []
         groups, start, held = [], 0, 0
@@ -95,7 +100,7 @@ class Recipe:
         """Decode and transform a few images at a time, keeping only what the per-image
         steps leave of them: a call of 64 photos of 36 Mpx (160 KiB each as PNG) decoded
         together took the service to 2.3 GB; in groups it holds one or two."""
-        name = self._group_input
+        name = self._decodes
         items = state.tensors[name].reshape(-1)
         images: list[np.ndarray] = []
         for rows in groups:
@@ -105,21 +110,35 @@ class Recipe:
             images += group.images
         state.images = images
 
+    def work_bytes(self, inputs: Mapping[str, np.ndarray]) -> int:
+        """What a request weighs for running on the event loop (v2server/policy.py): its
+        tensors, its encoded images as decoded (from their headers). By its upload alone, a
+        16 KB bilevel PNG of 6000x6000 was decoded on the loop and held it 0.76 s."""
+        total = payload_bytes(inputs)
+        images = inputs.get(self._decodes) if self._decodes else None
+        if images is not None and images.dtype == object:
+            for item in images.reshape(-1).tolist():
+                total += imgs.declared_bytes(item) if isinstance(item, bytes) else 0
+        return total
+
     def warmup_inputs(self) -> None:
         return None  # a recipe needs an image; the first request pays OpenCV's set-up
 
 
-def _per_image_prefix(steps: list[tuple[str, dict]]) -> tuple[int, str]:
-    """How many first steps may run a few batch rows at a time (a decode followed by
-    per-image operations; 0 when the recipe does not start that way), and the input the
-    decode reads."""
+def _decoded_input(steps: list[tuple[str, dict]]) -> str:
+    """The input a recipe's first step decodes; '' when it does not start with `decode`."""
     if not steps or steps[0][0] != "decode":
-        return 0, ""
+        return ""
+    return steps[0][1].get("input", inspect.signature(decode).parameters["input"].default)
+
+
+def _per_image_prefix(steps: list[tuple[str, dict]]) -> int:
+    """How many first steps of a recipe that starts with `decode` may run a few batch rows
+    at a time: the decode and the per-image operations after it (0 when none follow)."""
     count = 1
     while count < len(steps) and steps[count][0] in PER_IMAGE:
         count += 1
-    source = steps[0][1].get("input", inspect.signature(decode).parameters["input"].default)
-    return (count if count > 1 else 0), source
+    return count if count > 1 else 0
 
 
 def load(path: Path, scheduling: Scheduling | None = None) -> dict[str, Recipe]:

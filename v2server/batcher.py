@@ -48,6 +48,7 @@ class Batcher:
         instances: int = 1,
         inline_below_s: float = 0.0,
         inline_max_bytes: int = 1 << 16,
+        weigh: Callable[[dict[str, np.ndarray]], int] | None = None,
         statistics: ModelStatistics | None = None,
     ) -> None:
         self._run = run
@@ -59,7 +60,7 @@ class Batcher:
         self._max_queue = max_queue
         self._instances = instances
         self._queue = RequestQueue(name)
-        self._policy = AdaptivePolicy(max_delay_s, inline_below_s, inline_max_bytes)
+        self._policy = AdaptivePolicy(max_delay_s, inline_below_s, inline_max_bytes, weigh)
         self._slots = asyncio.Semaphore(instances)
         self._workers: list[asyncio.Task[None]] = []
         self._closed = False

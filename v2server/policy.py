@@ -15,14 +15,25 @@ from collections.abc import Callable
 
 import numpy as np
 
+from protos.codec import content_bytes
+
 Tensors = dict[str, np.ndarray]
 
 
 class AdaptivePolicy:
-    def __init__(self, max_delay_s: float, inline_below_s: float, inline_max_bytes: int) -> None:
+    def __init__(
+        self,
+        max_delay_s: float,
+        inline_below_s: float,
+        inline_max_bytes: int,
+        weigh: Callable[[Tensors], int] | None = None,
+    ) -> None:
         self.max_delay_s = max_delay_s
         self._inline_below = inline_below_s
         self._inline_max_bytes = inline_max_bytes
+        self._weigh = weigh or payload_bytes
+        """A request's bytes of work, against `inline_max_bytes`: what it carries, unless
+        the model says more (a recipe counts its images as decoded)."""
         self._mean_s = float("inf")
         """Moving average of one execution's duration, measured where it runs."""
         self._company = 1.0
@@ -49,7 +60,7 @@ class AdaptivePolicy:
             self._mean_s = elapsed if mean == float("inf") else 0.9 * mean + 0.1 * elapsed
 
     def runs_inline(self, inputs: Tensors) -> bool:
-        return self._mean_s < self._inline_below and payload_bytes(inputs) <= self._inline_max_bytes
+        return self._mean_s < self._inline_below and self._weigh(inputs) <= self._inline_max_bytes
 
     def arrived(self, now: float) -> None:
         """A request came at `now` (time.perf_counter(): uvloop's clock counts whole
@@ -68,10 +79,4 @@ class AdaptivePolicy:
 
 def payload_bytes(inputs: Tensors) -> int:
     """Bytes a request carries (for BYTES tensors, their elements' lengths)."""
-    total = 0
-    for arr in inputs.values():
-        if arr.dtype == object:
-            total += sum(len(x) if isinstance(x, bytes | str) else 8 for x in arr.reshape(-1))
-        else:
-            total += arr.nbytes
-    return total
+    return sum(content_bytes(arr) for arr in inputs.values())

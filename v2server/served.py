@@ -49,6 +49,8 @@ class ServedModel:
             instances=s.instances,
             inline_below_s=s.inline_below_s,
             inline_max_bytes=s.inline_max_bytes,
+            # Optional: what a request weighs for running on the event loop, beyond its bytes.
+            weigh=getattr(runnable, "work_bytes", None),
         )
         self._ready = False
 

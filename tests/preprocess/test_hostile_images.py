@@ -119,3 +119,53 @@ print(len(photos[0]), (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - befo
     upload, grown = (int(v) for v in done.stdout.split())
     assert upload < 200_000
     assert grown < 3 * 4000 * 4000 * 3 // 2, f"the call took {grown / 2**20:.0f} MiB more"
+
+
+async def test_a_small_upload_of_a_huge_image_is_not_decoded_on_the_event_loop() -> None:
+    """Quick recipes on small requests run on the service's event loop (no thread hand-off).
+    "Small" was the upload's size: a 16 KB bilevel PNG of 6000x6000 was decoded there and
+    held the loop 0.76 s (every other call and health check waited). A recipe weighs its
+    images as decoded (Recipe.work_bytes): that one goes to a worker thread, a small digit
+    photo still runs on the loop."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import cv2
+    import numpy as np
+
+    from preprocess import recipes
+    from preprocess.settings import DEFAULT_RECIPES
+    from v2server.model import Scheduling
+    from v2server.served import ServedModel
+
+    page = np.full((6000, 6000), 255, np.uint8)
+    cv2.putText(page, "7", (2000, 4000), cv2.FONT_HERSHEY_SIMPLEX, 100, 0, 150)
+    bilevel = [cv2.IMWRITE_PNG_COMPRESSION, 9, cv2.IMWRITE_PNG_BILEVEL, 1]
+    huge = cv2.imencode(".png", page, bilevel)[1].tobytes()
+    small = cv2.imencode(".png", cv2.resize(page, (64, 64), interpolation=cv2.INTER_AREA))[1]
+    assert len(huge) < 20_000
+
+    scheduling = Scheduling(
+        instances=2, inline_below_s=0.01, inline_max_bytes=recipes.INLINE_MAX_BYTES
+    )
+    digits = recipes.load(DEFAULT_RECIPES, scheduling)["digits_input"]
+    threads: list[str] = []
+    run = digits.run
+
+    def recorded(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        threads.append(threading.current_thread().name)
+        return run(inputs)
+
+    digits.run = recorded  # type: ignore[method-assign]
+    served = ServedModel(digits, ThreadPoolExecutor(2))
+    await served.start()
+    try:
+        for blob in [small.tobytes()] * 4 + [huge]:
+            batch = np.empty(1, object)
+            batch[0] = blob
+            await served.infer({"image": batch}, None)
+    finally:
+        await served.stop()
+    loop = threading.current_thread().name
+    assert threads[3] == loop  # a small photo, once the recipe is known to be quick
+    assert threads[4] != loop
