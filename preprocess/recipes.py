@@ -20,9 +20,10 @@ from v2server.policy import payload_bytes
 from v2server.registry import Registry
 from v2server.served import ServedModel
 
-INLINE_MAX_BYTES = 1 << 20
-"""Quick recipes on small work skip the thread hand-off: work weighed with the images as
-decoded (Recipe.work_bytes), ~5 ms of decoding at most on the event loop."""
+INLINE_MAX_BYTES = 64 * 1024
+"""Small uploads of quick recipes skip the thread hand-off..."""
+INLINE_MAX_DECODED = 1 << 20
+"""...when their images take at most this once decoded (~5 ms of decoding on the loop)."""
 
 
 def _specs(tensors: list[TensorConfig]) -> tuple[TensorSpec, ...]:
@@ -111,15 +112,19 @@ class Recipe:
         state.images = images
 
     def work_bytes(self, inputs: Mapping[str, np.ndarray]) -> int:
-        """What a request weighs for running on the event loop (v2server/policy.py): its
-        tensors, its encoded images as decoded (from their headers). By its upload alone, a
-        16 KB bilevel PNG of 6000x6000 was decoded on the loop and held it 0.76 s."""
-        total = payload_bytes(inputs)
+        """What a request weighs for running on the event loop (v2server/policy.py): the
+        bytes it carries, or more than any limit when its images take more than
+        INLINE_MAX_DECODED once decoded (from their headers). By its upload alone, a 16 KB
+        bilevel PNG of 6000x6000 was decoded on the loop and held it 0.76 s."""
+        carried = payload_bytes(inputs)
         images = inputs.get(self._decodes) if self._decodes else None
-        if images is not None and images.dtype == object:
+        if carried <= INLINE_MAX_BYTES and images is not None and images.dtype == object:
+            decoded = 0
             for item in images.reshape(-1).tolist():
-                total += imgs.declared_bytes(item) if isinstance(item, bytes) else 0
-        return total
+                decoded += imgs.declared_bytes(item) if isinstance(item, bytes) else 0
+            if decoded > INLINE_MAX_DECODED:
+                return max(carried, decoded)
+        return carried
 
     def warmup_inputs(self) -> None:
         return None  # a recipe needs an image; the first request pays OpenCV's set-up

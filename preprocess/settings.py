@@ -25,8 +25,8 @@ class PreprocessSettings(ServerSettings):
     workers: int = 2
     """Threads running recipes (OpenCV itself runs single-threaded in each)."""
     inline_below_ms: float = 2.0
-    """Recipes averaging less than this, on requests whose images take under 1 MiB decoded
-    (read from their headers), run on the event loop.
+    """Recipes averaging less than this, on uploads under 64 KiB whose images take under
+    1 MiB decoded (read from their headers), run on the event loop.
     At low load every run is cold (the 0.1 ms `digits_input` recipe takes 0.5-1 ms after a few
     idle milliseconds on a 2-core VM) and a hand-off to a worker thread costs ~0.5 ms more
     (A/B at c=1: digits pipeline p50 -0.4 ms against 0.5 here)."""
