@@ -106,9 +106,8 @@ class RestDoor:
         headers = {"Content-Type": "application/octet-stream", "X-Request-Id": request_id(item)}
         try:
             answer = await self.client.request("POST", self.path, data, headers)
-        except (http1.NoAnswer, TimeoutError) as exc:
-            reason = str(exc) or f"no answer within {self.client.timeout_s:g} s"
-            return Attempt(None, error={"status": None, "error": reason})
+        except http1.NoAnswer as exc:
+            return Attempt(None, error={"status": None, "error": str(exc)})
         if answer.status == 200:
             return Attempt(200, result=orjson.loads(answer.body))
         return Attempt(

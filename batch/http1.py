@@ -109,29 +109,36 @@ class Client:
     async def request(
         self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
     ) -> Answer:
-        """The answer; NoAnswer when the connection failed first, TimeoutError after
-        `timeout_s` (both leave nothing behind)."""
+        """The answer; NoAnswer when the connection failed first or no answer came within
+        `timeout_s` (either leaves nothing behind)."""
         lines = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         length = f"Content-Length: {len(body)}\r\n" if body or method == "POST" else ""
         head = f"{method} {self.prefix}{path} HTTP/1.1\r\n{self._common}{length}{lines}\r\n"
-        async with asyncio.timeout(self.timeout_s):
-            while True:
-                connection = self._idle.pop() if self._idle else await self._open()
-                try:
-                    answer = await connection.exchange(head.encode("latin-1"), body)
-                except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
-                    connection.close()
-                    if connection.used:  # closed by the server while idle: once more
-                        continue
-                    raise NoAnswer(_reason(exc)) from None
-                except BaseException:  # a timeout or a cancellation mid-exchange
-                    connection.close()
-                    raise
-                if answer.keep_alive:
-                    self._idle.append(connection)
-                else:
-                    connection.close()
-                return answer
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await self._exchange(head.encode("latin-1"), body)
+        except TimeoutError:
+            raise NoAnswer(f"no answer within {self.timeout_s:g} s") from None
+
+    async def _exchange(self, head: bytes, body: bytes) -> Answer:
+        """On an idle connection, or a new one."""
+        while True:
+            connection = self._idle.pop() if self._idle else await self._open()
+            try:
+                answer = await connection.exchange(head, body)
+            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+                connection.close()
+                if connection.used:  # closed by the server while idle: once more
+                    continue
+                raise NoAnswer(_reason(exc)) from None
+            except BaseException:  # a timeout or a cancellation mid-exchange
+                connection.close()
+                raise
+            if answer.keep_alive:
+                self._idle.append(connection)
+            else:
+                connection.close()
+            return answer
 
     async def _open(self) -> Connection:
         try:

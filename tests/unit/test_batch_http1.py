@@ -130,7 +130,7 @@ async def test_a_server_that_never_answers_times_out_and_its_connection_is_dropp
 
     _, url = await serve(silent)
     client = http1.Client(url, timeout_s=0.2)
-    with pytest.raises(TimeoutError):
+    with pytest.raises(http1.NoAnswer, match=r"^no answer within 0\.2 s$"):
         await client.request("GET", "/")
     assert not client._idle
 
