@@ -2,9 +2,9 @@
 
 A ModelStreamInfer stream may have 128 requests running or unsent; 40 large ones written
 without reading the answers made a service hold ~2 GB. Each stream therefore also has a
-window in bytes, and the whole service one more: while it is full, a stream is not read
-(gRPC's flow control holds its sender back) and a unary request is refused at once with
-RESOURCE_EXHAUSTED (its bytes have arrived already; its outputs have not been made).
+window in bytes, and the whole service one more: while it is full, neither a stream nor a
+unary call is read (gRPC's flow control holds the sender back; v2server/servicer.py,
+ModelInferRead).
 """
 
 from __future__ import annotations
@@ -54,6 +54,13 @@ class ByteWindow:
                 with contextlib.suppress(ValueError):  # gone if a give came first
                     self._waiters.remove(entry)
             raise
+
+    def resize(self, held: int, nbytes: int) -> None:
+        """Hold `nbytes` in place of `held` (a reservation that turned out smaller or
+        larger), whether or not they fit."""
+        self.used += nbytes - held
+        if nbytes < held and self._waiters:
+            self._grant()
 
     def give(self, nbytes: int) -> None:
         self.used -= nbytes

@@ -1,6 +1,7 @@
 """The one place where service errors become gRPC statuses.
 
-Every unary handler is wrapped: MeshError -> its status and message; anything
+Every unary handler is wrapped (ModelInfer, served as a client-streaming handler, wraps
+itself with the same `answer_unary`): MeshError -> its status and message; anything
 else -> INTERNAL with a bare message (the traceback goes to the log, not to
 the caller). The same wrapper records metrics and binds the request id.
 Streamed inferences (ModelStreamInfer) answer each message on their own, with the
@@ -162,26 +163,38 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):
             return handler
         method = handler_call_details.method.rsplit("/", 1)[-1]
         inner = handler.unary_unary
+        in_flight = self.in_flight
 
         async def wrapped(request: Any, context: aio.ServicerContext) -> Any:
-            request_id = request_id_of(context)
-            with CallScope(self.in_flight, method, request, request_id, context) as call:
-                try:
-                    return await inner(request, context)
-                except asyncio.CancelledError:
-                    call.code = grpc.StatusCode.CANCELLED
-                    raise
-                except aio.AbortError:
-                    call.code = context.code() or grpc.StatusCode.UNKNOWN
-                    raise
-                except Exception as exc:
-                    call.code, text = error_status(exc, method)
-                    http = getattr(exc, "http_status", None)
-                    trailer = () if http is None else ((HTTP_STATUS_METADATA, str(http)),)
-                    await context.abort(call.code, text, trailing_metadata=trailer)
+            return await answer_unary(in_flight, method, inner, request, context)
 
         return grpc.unary_unary_rpc_method_handler(
             wrapped,
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
+
+
+async def answer_unary(
+    in_flight: InFlight,
+    method: str,
+    inner: Callable[[Any, aio.ServicerContext], Awaitable[Any]],
+    request: Any,
+    context: aio.ServicerContext,
+) -> Any:
+    """One unary call's answer from `inner`, in its CallScope, its errors as statuses (also
+    for ModelInfer, which reads its own message: v2server/servicer.py, ModelInferRead)."""
+    with CallScope(in_flight, method, request, request_id_of(context), context) as call:
+        try:
+            return await inner(request, context)
+        except asyncio.CancelledError:
+            call.code = grpc.StatusCode.CANCELLED
+            raise
+        except aio.AbortError:
+            call.code = context.code() or grpc.StatusCode.UNKNOWN
+            raise
+        except Exception as exc:
+            call.code, text = error_status(exc, method)
+            http = getattr(exc, "http_status", None)
+            trailer = () if http is None else ((HTTP_STATUS_METADATA, str(http)),)
+            await context.abort(call.code, text, trailing_metadata=trailer)

@@ -20,7 +20,7 @@ from protos.errors import Overloaded
 from protos.mailbox import Mailbox
 from v2server.bytewindow import ByteWindow
 from v2server.dataplane import DataPlane
-from v2server.interceptors import CallScope, InFlight, error_status, request_id_of
+from v2server.interceptors import CallScope, InFlight, answer_unary, error_status, request_id_of
 
 STREAM_WINDOW = 128
 """Requests of one stream that may be running or answered but not yet sent; beyond
@@ -39,9 +39,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         stream_window_bytes: int = 64 << 20,
         max_inflight_bytes: int = 1 << 30,
         max_message_bytes: int = 64 << 20,
+        max_receive_bytes: int | None = None,
     ) -> None:
         self.plane = plane
         self._max_message = max_message_bytes
+        self._max_receive = max_message_bytes if max_receive_bytes is None else max_receive_bytes
         self._streams: set[Mailbox[_Answer]] = set()
         """The answer queues of open streams (told when the server drains)."""
         self._in_flight = in_flight or InFlight()
@@ -101,6 +103,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def ModelInfer(self, request: wire.ParsedInferRequest, context: Context) -> bytes:
+        """A unary call whose message is held already (the proxy's native front, where the
+        proxy's own upload bound has counted it): refused when the window is full."""
         if not self._held.take(request.size):
             raise Overloaded(
                 f"server holds {self._held.used >> 20} MiB of requests "
@@ -110,6 +114,32 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             return await self.plane.infer(request, context.time_remaining())
         finally:
             self._held.give(request.size)
+
+    async def ModelInferRead(
+        self, requests: AsyncIterator[wire.ParsedInferRequest], context: Context
+    ) -> bytes:
+        """ModelInfer as grpc.aio serves it: a client-streaming handler (the same call on the
+        wire) that reads its one message only once the window has room for the largest
+        message. A unary handler is given its message already received, so calls that
+        arrived together were all held before any could be refused (40 of 18.9 MB took a
+        recogniser bounded at 128 MB to 1.1 GB); unread, a call costs gRPC's flow-control
+        window (the server does not probe for larger ones: V2Server._build). Once read, the
+        call holds its message's own size. A sender that streams more than one message has
+        the first answered and the rest ignored."""
+        reserved = min(self._max_receive, self._held.limit)
+        await self._held.wait_take(reserved)
+        try:
+            request = await context.read()
+            if request is aio.EOF:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "ModelInfer sent no request")
+            self._held.resize(reserved, request.size)
+            reserved = request.size
+            return await answer_unary(self._in_flight, "ModelInfer", self._infer, request, context)
+        finally:
+            self._held.give(reserved)
+
+    async def _infer(self, request: wire.ParsedInferRequest, context: Context) -> bytes:
+        return await self.plane.infer(request, context.time_remaining())
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[wire.ParsedInferRequest], context: Context
@@ -262,10 +292,14 @@ def rpc_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
             )
             continue
         if method.name == "ModelInfer":
-            deserialize, serialize = wire.parse_infer_request, wire.serialize_response
-        else:
-            deserialize = getattr(pb, method.input_type.name).FromString
-            serialize = getattr(pb, method.output_type.name).SerializeToString
+            handlers[method.name] = grpc.stream_unary_rpc_method_handler(
+                servicer.ModelInferRead,
+                request_deserializer=wire.parse_infer_request,
+                response_serializer=wire.serialize_response,
+            )
+            continue
+        deserialize = getattr(pb, method.input_type.name).FromString
+        serialize = getattr(pb, method.output_type.name).SerializeToString
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
             getattr(servicer, method.name),
             request_deserializer=deserialize,

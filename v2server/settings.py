@@ -65,8 +65,10 @@ class ServerSettings(BaseSettings):
     """Bytes of requests one ModelStreamInfer stream may have running or unanswered;
     beyond, the stream is not read until answers go out."""
     max_inflight_mb: float = 1024.0
-    """Bytes of requests the whole service may hold; beyond, unary requests get
-    RESOURCE_EXHAUSTED and streams wait."""
+    """Bytes of requests the whole service may hold; beyond, no request is read (unary or
+    streamed) until some are answered, and senders are held back by gRPC's flow control.
+    A unary call is read only while there is room for the largest message
+    (min(max_receive, this)), then holds its own size."""
     max_connection_age_s: float | None = None
     """Close each client connection (GOAWAY) after this long, so that clients look the
     name up again and reach new replicas behind a load-balanced address (a Kubernetes
@@ -80,6 +82,15 @@ class ServerSettings(BaseSettings):
     """PEM private key of tls_cert."""
     tls_client_ca: Path | None = None
     """When set, callers must present a certificate this CA signed (mutual TLS)."""
+
+    def max_receive_bytes(self) -> int:
+        """The largest message accepted."""
+        largest = self.max_message_mb * 2**20
+        return (
+            largest
+            if self.max_receive_mb is None
+            else min(largest, int(self.max_receive_mb * 2**20))
+        )
 
     def tensor_limits(self) -> TensorLimits:
         return TensorLimits(max_elements=self.max_tensor_elements, max_inputs=self.max_inputs)

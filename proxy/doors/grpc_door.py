@@ -48,6 +48,8 @@ class ApiKeyInterceptor(aio.ServerInterceptor):
 
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(refuse)
+        if handler.stream_unary is not None:  # ModelInfer (v2server/servicer.py)
+            return grpc.stream_unary_rpc_method_handler(refuse)
         return grpc.stream_stream_rpc_method_handler(refuse)
 
 

@@ -83,3 +83,38 @@ def test_a_stream_written_without_reading_holds_a_bounded_number_of_bytes(
     assert messages.response_outputs(answer)["y"].shape == (1, 3)
     assert len(sent) < 20
     assert peak < 1024
+
+
+def test_unary_calls_sent_together_are_read_only_while_the_bound_has_room(
+    test_repository: Path, workdir: Path
+) -> None:
+    """24 unary calls of 32 MB sent at once to a service bounded at 64 MB: each is read only
+    when the bound has room for it, so the service holds about one at a time and answers them
+    all in turn. A unary handler was given its message already received: 40 calls of 19 MB
+    took a recogniser bounded at 128 MB from 133 to 1,093 MiB, and most were refused."""
+    bounded = start_service(
+        "predictors",
+        ["--repository", str(test_repository), "--max-inflight-mb", "64"],
+        workdir,
+    )
+    rows, length = 8, 500_000  # the `ragged` model: x [8, 500000, 2] FP32 = 32 MB
+    x = np.ones((rows, length, 2), np.float32)
+    big = messages.build_request(
+        "ragged", {"x": x, "lengths": np.full(rows, length, np.int32)}, outputs=["total"]
+    )
+    small = messages.build_request("linear", {"x": np.ones((1, 4), np.float32)})
+    try:
+        before = memory_mb(bounded.proc.pid)[1]
+        with grpc.insecure_channel(bounded.address, options=channel_options(64)) as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            calls = [stub.ModelInfer.future(big, timeout=120) for _ in range(24)]
+            time.sleep(1)  # the calls have been sent; most wait to be read
+            answer = stub.ModelInfer(small, timeout=30)  # waits its turn, like the others
+            totals = [messages.response_outputs(c.result())["total"] for c in calls]
+        peak = memory_mb(bounded.proc.pid)[1] - before
+    finally:
+        bounded.stop()
+    report(f"\nhostile: 24 unary calls of 32 MB at once, bound 64 MB: peak +{peak:.0f} MiB")
+    assert messages.response_outputs(answer)["y"].shape == (1, 3)
+    assert all(np.array_equal(t, np.full((rows, 2), length, np.float32)) for t in totals)
+    assert peak < 400  # each call held on arrival: 24 x 32 MB = 768 MB and more
