@@ -80,6 +80,25 @@ once into a bound of 256 MiB took a proxy from 93 to 631 MiB (2.1x: the upload, 
 serialised for the preprocessing call, gRPC's own buffers)."""
 
 
+SERVICE_RESIDENT_PER_INFLIGHT = 1.4
+"""A service's resident bytes per byte of requests it holds, at the worst measured: 40 calls
+of 18.9 MB sent at once to the OCR recogniser took it from 132 to 303 MiB bounded at 128 MB
+(1.34x), to 423 MiB at 256 (1.14x): the messages held, and the one batch running's work (what
+a model's work costs beyond that is in its measured peak)."""
+SERVICE_MIN_INFLIGHT_MB = 64
+"""The services' largest message, which is read alone whatever the bound."""
+
+
+def service_inflight_mb(peak_mib: float, size: Size) -> int:
+    """--max-inflight-mb in a service's manifest: what its pod's memory limit leaves above
+    its measured peak, as resident; so that a flood of calls waits to be read (gRPC's flow
+    control) rather than the kernel ending the pod. The setting's default (1,024) suits one
+    host without a memory limit: bounded at it, the recogniser reached 1,110 MiB, past its
+    pod's 608 Mi."""
+    room = (size.memory_limit_mi - peak_mib) / SERVICE_RESIDENT_PER_INFLIGHT
+    return max(SERVICE_MIN_INFLIGHT_MB, 16 * math.floor(room / 16))
+
+
 def proxy_memory_limit_mi(peak_mib: float, pipelines: dict) -> int:
     """The proxy's memory limit: what it measured at its peak, what its caches may hold
     (each pipeline's `cache.max_mb`, the steps' outputs at PROXY_CACHE_STEPS_MB's default,

@@ -65,7 +65,9 @@ def _component(command: list[str]) -> str:
     return {"proxy": "proxy", "preprocess": "preprocess"}.get(command[2], "predictor")
 
 
-def _env(name: str, spec: dict) -> dict[str, str]:
+def _env(name: str, spec: dict, inflight_mb: int | None = None) -> dict[str, str]:
+    """The container's environment from compose's; `inflight_mb`: a service's bound on the
+    bytes of requests it holds (capacity.service_inflight_mb)."""
     raw = spec.get("environment") or {}
     env = {str(k): interpolate(str(v), {}) for k, v in raw.items()}
     env = {k: v for k, v in env.items() if v}  # unset in compose: the setting's default
@@ -76,6 +78,9 @@ def _env(name: str, spec: dict) -> dict[str, str]:
         env["PROXY_PIPELINES"] = PIPELINES_PATH
         # Within its pod's memory limit (capacity.proxy_memory_limit_mi), not the default's.
         env["PROXY_MAX_INFLIGHT_MB"] = str(capacity.PROXY_INFLIGHT_MB)
+    elif inflight_mb is not None:
+        prefix = next(k for k in env if k.endswith("_PORT")).split("_", 1)[0]
+        env[f"{prefix}_MAX_INFLIGHT_MB"] = str(inflight_mb)
     return env
 
 
@@ -115,9 +120,9 @@ def _restricted() -> dict:
     }
 
 
-def deployment(name: str, spec: dict, size: capacity.Size) -> dict:
+def deployment(name: str, spec: dict, size: capacity.Size, inflight_mb: int | None = None) -> dict:
     command = [str(c) for c in spec["command"]]
-    env = _env(name, spec)
+    env = _env(name, spec, inflight_mb)
     ports = _ports(name, env)
     probes = _probes(name)
     if name != "proxy":
@@ -349,7 +354,9 @@ def render() -> dict[str, str]:
         if name == queue.NAME:
             files[f"base/{name}.yaml"] = _dump(queue.redis(spec, _labels(name), _restricted()))
             continue
-        made = deployment(name, spec, sized[name])
+        peak = measured["peak_memory_mib"][name]
+        inflight = None if name == "proxy" else capacity.service_inflight_mb(peak, sized[name])
+        made = deployment(name, spec, sized[name], inflight)
         files[f"base/{name}.yaml"] = _dump([made, service(name, spec)])
         deployed.append(name)
         if name == "proxy" and queue.shares_a_queue(made):

@@ -21,6 +21,8 @@ from compose.topology import interpolate, merged_specs
 from deploy import capacity
 from deploy.kubernetes import generate
 from deploy.observability import dashboard, operator
+from predictors.settings import PredictorSettings
+from preprocess.settings import PreprocessSettings
 from proxy.engine import plan
 from tests.pki import PKI
 from tests.procs import ROOT, start_service
@@ -101,7 +103,8 @@ def test_each_compose_service_has_its_deployment(name: str) -> None:
         endpoint = key.endswith("_URL") and not key.startswith("PROXY_")
         assert got[key] == (f"dns:///{value}" if endpoint else value), key
     # The pipelines' file as mounted; the bytes in flight its pod's memory holds (below).
-    assert set(got) - set(want) <= {"PROXY_PIPELINES", "PROXY_MAX_INFLIGHT_MB"}
+    bounds = {"PROXY_MAX_INFLIGHT_MB", "PREDICTOR_MAX_INFLIGHT_MB", "PREPROCESS_MAX_INFLIGHT_MB"}
+    assert set(got) - set(want) <= {"PROXY_PIPELINES", *bounds}
     ports = {p["containerPort"] for p in main["ports"]}
     assert ports == {int(v) for k, v in want.items() if k.endswith("_PORT")}
     service = objects("local", "Service")[name]
@@ -397,6 +400,29 @@ def test_the_production_overlay_scrapes_every_pod_with_the_rules_and_the_dashboa
     board = objects("production", "ConfigMap")["inference-mesh-dashboard"]
     assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert board["data"]["inference-mesh.json"] == dashboard.DASHBOARD.read_text()
+
+
+@pytest.mark.parametrize("name", [n for n in SERVICES if n != "proxy"])
+def test_a_service_pod_holds_what_its_bound_lets_in(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bytes of requests a service may hold (read only while they fit), as resident
+    (capacity.SERVICE_RESIDENT_PER_INFLIGHT, measured), and its measured peak fit under its
+    memory limit: a flood of calls waits to be read, not ended by the kernel. At the
+    setting's default (1,024 MB), 40 calls of 18.9 MB took the recogniser to 1,110 MiB, past
+    its pod's 608 Mi; at 128 MB to 303 MiB."""
+    deployment = objects("production", "Deployment")[name]
+    env = env_of(deployment)
+    (key,) = [k for k in env if k.endswith("_MAX_INFLIGHT_MB")]
+    settings = PreprocessSettings if key.startswith("PREPROCESS_") else PredictorSettings
+    monkeypatch.setenv(key, env[key])
+    inflight = settings().max_inflight_mb  # the name the service reads
+    assert inflight == float(env[key])
+    limit = container(deployment)["resources"]["limits"]["memory"]
+    assert limit.endswith("Mi")
+    peak = capacity.load()["peak_memory_mib"][name]
+    assert int(limit[:-2]) >= peak + capacity.SERVICE_RESIDENT_PER_INFLIGHT * inflight
+    assert capacity.SERVICE_MIN_INFLIGHT_MB <= inflight < 1024
 
 
 @pytest.mark.parametrize("name", ["proxy", "job-worker"])
