@@ -80,11 +80,12 @@ once into a bound of 256 MiB took a proxy from 93 to 631 MiB (2.1x: the upload, 
 serialised for the preprocessing call, gRPC's own buffers)."""
 
 
-SERVICE_RESIDENT_PER_INFLIGHT = 1.4
+SERVICE_RESIDENT_PER_INFLIGHT = 1.5
 """A service's resident bytes per byte of requests it holds, at the worst measured: 40 calls
-of 18.9 MB sent at once to the OCR recogniser took it from 132 to 303 MiB bounded at 128 MB
-(1.34x), to 423 MiB at 256 (1.14x): the messages held, and the one batch running's work (what
-a model's work costs beyond that is in its measured peak)."""
+of 18.9 MB sent at once to the OCR recogniser took it from 132 to 322 MiB bounded at 128 MB
+(1.48x; 303 MiB with gRPC's 64 KB lookahead, not the services' 1 MB), to 423 MiB at 256
+(1.14x): the messages held, the unread calls' windows, and the one batch running's work
+(what a model's work costs beyond that is in its measured peak)."""
 SERVICE_MIN_INFLIGHT_MB = 64
 """The services' largest message, which is read alone whatever the bound."""
 

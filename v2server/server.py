@@ -28,6 +28,10 @@ from v2server.settings import ServerSettings
 
 log = logging.getLogger("v2server")
 
+LOOKAHEAD_BYTES = 1 << 20
+"""What gRPC lets a caller send on one call before the service reads it (its HTTP/2 window
+when bandwidth probing is off)."""
+
 
 class V2Server:
     """A grpc.aio server hosting the v2 servicer and grpc.health.v1 for one registry."""
@@ -95,10 +99,12 @@ class V2Server:
             ("grpc.keepalive_permit_without_calls", 1),
             # A message is received only once the service reads it (the byte window): with
             # bandwidth probing on, gRPC widened the windows of calls not read yet and took
-            # their messages all the same (40 of 19 MB unread: +700 MiB; off: +146 MiB). A
-            # message being read still gets a window as large as it needs (one of 19 MB
-            # arrived as fast either way, over loopback).
+            # their messages all the same (40 of 19 MB unread: +700 MiB; off: +146 MiB).
+            # Off, a call not read holds at most the lookahead; 1 MB keeps large messages as
+            # fast as probing did at 1 ms of round trip (19 MB: 74 against 82 ms; 64 KB, the
+            # default: 98 ms), at 10 ms 1.5x slower (bench/README, 2026-11-28, night).
             ("grpc.http2.bdp_probe", 0),
+            ("grpc.http2.lookahead_bytes", LOOKAHEAD_BYTES),
         ]
         if s.max_connections is not None:
             options += [("grpc.max_allowed_incoming_connections", s.max_connections)]

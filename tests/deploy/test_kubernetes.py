@@ -410,7 +410,7 @@ def test_a_service_pod_holds_what_its_bound_lets_in(
     (capacity.SERVICE_RESIDENT_PER_INFLIGHT, measured), and its measured peak fit under its
     memory limit: a flood of calls waits to be read, not ended by the kernel. At the
     setting's default (1,024 MB), 40 calls of 18.9 MB took the recogniser to 1,110 MiB, past
-    its pod's 608 Mi; at 128 MB to 303 MiB."""
+    its pod's 608 Mi; at 128 MB to 322 MiB."""
     deployment = objects("production", "Deployment")[name]
     env = env_of(deployment)
     (key,) = [k for k in env if k.endswith("_MAX_INFLIGHT_MB")]
