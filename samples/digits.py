@@ -264,8 +264,11 @@ def suite(images: np.ndarray, labels: np.ndarray, per_category: int, seed: int =
     return out
 
 
-def blank_images(count: int, seed: int = 0) -> list[bytes]:
-    """Images without a digit: uniform, noisy, textured, coloured, at odd sizes."""
+def blank_images(
+    count: int, seed: int = 0, texture: float = 8.0, noise: float = 6.0
+) -> list[bytes]:
+    """Images without a digit: uniform, noisy, textured, coloured, at odd sizes (half of
+    them textured up to `texture` grey levels, all with pixel noise of sigma up to `noise`)."""
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(count):
@@ -273,8 +276,8 @@ def blank_images(count: int, seed: int = 0) -> list[bytes]:
         img = np.empty((h, w, 3), np.float32)
         img[:] = rng.integers(0, 256, 3)
         if rng.random() < 0.5:
-            img += _texture(h, w, float(rng.uniform(0, 8)), rng)[..., np.newaxis]
-        img += rng.normal(0, float(rng.uniform(0, 6)), img.shape)
+            img += _texture(h, w, float(rng.uniform(0, texture)), rng)[..., np.newaxis]
+        img += rng.normal(0, float(rng.uniform(0, noise)), img.shape)
         out.append(encode(np.clip(img, 0, 255).astype(np.uint8), None))
     return out
 
