@@ -118,14 +118,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInferRead(
         self, requests: AsyncIterator[wire.ParsedInferRequest], context: Context
     ) -> bytes:
-        """ModelInfer as grpc.aio serves it: a client-streaming handler (the same call on the
-        wire) that reads its one message only once the window has room for the largest
-        message. A unary handler is given its message already received, so calls that
-        arrived together were all held before any could be refused (40 of 18.9 MB took a
-        recogniser bounded at 128 MB to 1.1 GB); unread, a call costs gRPC's flow-control
-        window (the server does not probe for larger ones: V2Server._build). Once read, the
-        call holds its message's own size. A sender that streams more than one message has
-        the first answered and the rest ignored."""
+        """ModelInfer as grpc.aio serves it: client-streaming (the same call on the wire), so
+        that its message is read only once the window has room for the largest one, then
+        holds its own size. Given a unary handler, gRPC had received every call that came
+        together before any could be refused (40 of 18.9 MB: a recogniser bounded at 128 MB
+        at 1.1 GB); unread, a call holds its lookahead (V2Server._build). Messages after a
+        call's first are ignored."""
         reserved = min(self._max_receive, self._held.limit)
         await self._held.wait_take(reserved)
         try:
@@ -282,27 +280,19 @@ SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 
 def rpc_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
     """The service's method handlers; inference uses the zero-copy wire codec."""
-    handlers = {}
+    inference: dict = {"request_deserializer": wire.parse_infer_request}
+    inference["response_serializer"] = wire.serialize_response
+    handlers = {
+        "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(
+            servicer.ModelStreamInfer, **inference
+        ),
+        "ModelInfer": grpc.stream_unary_rpc_method_handler(servicer.ModelInferRead, **inference),
+    }
     for method in SERVICE.methods:
-        if method.name == "ModelStreamInfer":
-            handlers[method.name] = grpc.stream_stream_rpc_method_handler(
-                servicer.ModelStreamInfer,
-                request_deserializer=wire.parse_infer_request,
-                response_serializer=wire.serialize_response,
+        if method.name not in handlers:
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+                getattr(servicer, method.name),
+                request_deserializer=getattr(pb, method.input_type.name).FromString,
+                response_serializer=getattr(pb, method.output_type.name).SerializeToString,
             )
-            continue
-        if method.name == "ModelInfer":
-            handlers[method.name] = grpc.stream_unary_rpc_method_handler(
-                servicer.ModelInferRead,
-                request_deserializer=wire.parse_infer_request,
-                response_serializer=wire.serialize_response,
-            )
-            continue
-        deserialize = getattr(pb, method.input_type.name).FromString
-        serialize = getattr(pb, method.output_type.name).SerializeToString
-        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            getattr(servicer, method.name),
-            request_deserializer=deserialize,
-            response_serializer=serialize,
-        )
     return grpc.method_handlers_generic_handler(SERVICE.full_name, handlers)
