@@ -43,13 +43,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> None:
         self.plane = plane
         self._max_message = max_message_bytes
-        self._max_receive = max_message_bytes if max_receive_bytes is None else max_receive_bytes
         self._streams: set[Mailbox[_Answer]] = set()
         """The answer queues of open streams (told when the server drains)."""
         self._in_flight = in_flight or InFlight()
         self._stream_window_bytes = stream_window_bytes
         self._held = ByteWindow(max_inflight_bytes)
         """Bytes of inference requests this service holds (unary and streamed)."""
+        largest = max_message_bytes if max_receive_bytes is None else max_receive_bytes
+        self._read_room = min(largest, max_inflight_bytes)
+        """What a unary call takes from the window before its message is read."""
 
     def drain_streams(self) -> None:
         for answers in self._streams:
@@ -124,7 +126,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         together before any could be refused (40 of 18.9 MB: a recogniser bounded at 128 MB
         at 1.1 GB); unread, a call holds its lookahead (V2Server._build). Messages after a
         call's first are ignored."""
-        reserved = min(self._max_receive, self._held.limit)
+        reserved = self._read_room
         await self._held.wait_take(reserved)
         try:
             request = await context.read()

@@ -86,11 +86,9 @@ class ServerSettings(BaseSettings):
     def max_receive_bytes(self) -> int:
         """The largest message accepted."""
         largest = self.max_message_mb * 2**20
-        return (
-            largest
-            if self.max_receive_mb is None
-            else min(largest, int(self.max_receive_mb * 2**20))
-        )
+        if self.max_receive_mb is None:
+            return largest
+        return min(largest, int(self.max_receive_mb * 2**20))
 
     def tensor_limits(self) -> TensorLimits:
         return TensorLimits(max_elements=self.max_tensor_elements, max_inputs=self.max_inputs)

@@ -79,7 +79,7 @@ def _env(name: str, spec: dict, inflight_mb: int | None = None) -> dict[str, str
         # Within its pod's memory limit (capacity.proxy_memory_limit_mi), not the default's.
         env["PROXY_MAX_INFLIGHT_MB"] = str(capacity.PROXY_INFLIGHT_MB)
     elif inflight_mb is not None:
-        prefix = next(k for k in env if k.endswith("_PORT")).split("_", 1)[0]
+        prefix = _component([str(c) for c in spec["command"]]).upper()  # PREDICTOR, PREPROCESS
         env[f"{prefix}_MAX_INFLIGHT_MB"] = str(inflight_mb)
     return env
 
