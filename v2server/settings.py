@@ -68,7 +68,8 @@ class ServerSettings(BaseSettings):
     """Bytes of requests the whole service may hold; beyond, no request is read (unary or
     streamed) until some are answered, and senders are held back by gRPC's flow control.
     A unary call is read only while there is room for the largest message
-    (min(max_receive, this)), then holds its own size."""
+    (min(max_receive, this)), then holds its own size; a stream reads its next message, then
+    waits for room (one message each beyond the bound: docs/services.md)."""
     max_connection_age_s: float | None = None
     """Close each client connection (GOAWAY) after this long, so that clients look the
     name up again and reach new replicas behind a load-balanced address (a Kubernetes
