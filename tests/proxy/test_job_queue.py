@@ -110,6 +110,31 @@ async def test_an_idempotency_key_names_one_job(queue: JobQueue) -> None:
         await queue.submit(job("q", idempotency_key="k", digest="d1"), 10)
 
 
+async def test_submissions_stored_together_keep_the_keys_and_the_bound(queue: JobQueue) -> None:
+    """Submissions that arrive together are stored as one group: a key repeated inside the
+    group still names one job, another body under it is refused, and the bound counts the
+    group's own jobs as they are taken."""
+    outcomes = await asyncio.gather(
+        queue.submit(job(idempotency_key="k", digest="d1"), 4),
+        queue.submit(job(idempotency_key="k", digest="d1"), 4),
+        queue.submit(job(idempotency_key="k", digest="d2"), 4),
+        *(queue.submit(job(payload=bytes([i])), 4) for i in range(4)),
+        return_exceptions=True,
+    )
+    (first, new), (same, again) = outcomes[0], outcomes[1]
+    assert new and not again and same.id == first.id
+    assert isinstance(outcomes[2], IdempotencyConflict)
+    taken = [o for o in outcomes[3:] if not isinstance(o, BaseException)]
+    refused = [o for o in outcomes[3:] if isinstance(o, QueueFull)]
+    assert len(taken) == 3 and len(refused) == 1 and all(new for _, new in taken)
+    depth = await queue.depth()
+    assert (depth.queued, depth.running) == (4, 0)
+    claimed = [await queue.claim(lease_s=10.0, wait_s=0.5) for _ in range(4)]
+    assert {c.job.id for c in claimed if c is not None} == {first.id, *(j.id for j, _ in taken)}
+    with pytest.raises(QueueFull):
+        await queue.submit(job(payload=b"more"), 4)
+
+
 async def test_the_bound_counts_unfinished_jobs(queue: JobQueue) -> None:
     ids = [(await queue.submit(job(payload=bytes([i])), 3))[0].id for i in range(3)]
     with pytest.raises(QueueFull):
