@@ -52,11 +52,11 @@ end
 redis.call('INCRBY', KEYS[7], size)
 local created = 0
 for i = 4, #ARGV, 2 do
-  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
   if ARGV[i] == 'created' then created = tonumber(ARGV[i + 1]) end
 end
 local entry = redis.call('XADD', KEYS[5], '*', 'id', ARGV[1])
-redis.call('HSET', KEYS[1], 'entry', entry)
+-- One HSET for every field (a call per field was most of the script's calls).
+redis.call('HSET', KEYS[1], 'entry', entry, unpack(ARGV, 4))
 redis.call('ZADD', KEYS[2], created, ARGV[1])
 redis.call('ZADD', KEYS[4], created, ARGV[1])
 if KEYS[6] ~= '' then
