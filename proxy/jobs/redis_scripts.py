@@ -125,11 +125,10 @@ local status, token, entry, created = unpack(redis.call('HMGET', KEYS[1], 'statu
                                                        'entry', 'created'))
 if status ~= 'running' and not (ARGV[2] == '' and status == 'queued') then return 0 end
 if ARGV[2] ~= '' and token ~= ARGV[2] then return 0 end
-redis.call('HSET', KEYS[1], 'status', ARGV[3], 'updated', ARGV[4], 'finished', ARGV[4])
-for i = 7, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+redis.call('HSET', KEYS[1], 'status', ARGV[3], 'updated', ARGV[4], 'finished', ARGV[4],
+           'expires', tonumber(ARGV[4]) + tonumber(ARGV[5]) / 1000, unpack(ARGV, 7))
 redis.call('DECRBY', KEYS[9], redis.call('HSTRLEN', KEYS[1], 'payload'))
 redis.call('HDEL', KEYS[1], 'token', 'payload', 'entry')
-redis.call('HSET', KEYS[1], 'expires', tonumber(ARGV[4]) + tonumber(ARGV[5]) / 1000)
 redis.call('SREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[5], ARGV[1])
 redis.call('ZREM', KEYS[6], ARGV[1])
