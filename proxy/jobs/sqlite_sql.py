@@ -72,6 +72,8 @@ def submit_many(
     unfinished, held = counts["unfinished"], max(0, counts["queued_bytes"])
     outcomes: list[tuple[Job, bool] | Exception] = []
     rows: list[tuple] = []
+    taken = 0
+    """The bytes of this group's uploads."""
     keyed: dict[str, tuple[Submission, Job]] = {}
     """This group's new jobs by Idempotency-Key (not in the table until the group is)."""
     for job, max_queued, max_bytes in batch:
@@ -89,6 +91,7 @@ def submit_many(
             continue
         unfinished += 1
         held += len(job.payload)
+        taken += len(job.payload)
         rows.append(
             (job.id, job.pipeline, job.created, job.created, job.created, job.max_attempts,
              job.budget_ms, job.kind, job.payload, job.callback, job.idempotency_key,
@@ -107,7 +110,7 @@ def submit_many(
             rows,
         )
         _ended(db, -len(rows))
-        _held(db, sum(len(row[8]) for row in rows))
+        _held(db, taken)
     return outcomes
 
 
