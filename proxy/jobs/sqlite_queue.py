@@ -24,6 +24,7 @@ from proxy.jobs import sqlite_sql as sql
 from proxy.jobs.grouping import Grouped
 from proxy.jobs.model import Claimed, Job, QueueError, Submission
 from proxy.jobs.queue import Depth, JobQueue, Page
+from proxy.jobs.sqlite_schema import SCHEMA
 
 T = TypeVar("T")
 CHECKPOINT_S = 0.5
@@ -50,7 +51,7 @@ class SqliteQueue(JobQueue):
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
             db.execute("PRAGMA wal_autocheckpoint=0")  # _checkpoint_soon's thread does it
-            db.executescript(sql.SCHEMA)
+            db.executescript(SCHEMA)
             self._db = db
         return self._db
 

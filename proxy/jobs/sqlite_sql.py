@@ -18,34 +18,6 @@ from proxy.jobs.model import (
 )
 from proxy.jobs.queue import Depth, Page
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    id TEXT PRIMARY KEY, pipeline TEXT NOT NULL, status TEXT NOT NULL,
-    created REAL NOT NULL, updated REAL NOT NULL,
-    due REAL NOT NULL,  -- queued: when it may run; running: when its lease runs out
-    token TEXT, attempts INTEGER NOT NULL DEFAULT 0, max_attempts INTEGER NOT NULL,
-    budget_ms REAL NOT NULL, kind TEXT NOT NULL, payload BLOB,
-    result BLOB, error BLOB, callback TEXT, callback_status TEXT,
-    idem TEXT UNIQUE, digest TEXT, finished REAL, expires REAL
-);
-CREATE INDEX IF NOT EXISTS jobs_due ON jobs (status, due);
-CREATE INDEX IF NOT EXISTS jobs_created ON jobs (created, id);
--- A page of one status or one pipeline read in order (without them, every job of the status
--- was sorted for each page).
-CREATE INDEX IF NOT EXISTS jobs_status_created ON jobs (status, created, id);
-CREATE INDEX IF NOT EXISTS jobs_pipeline_created ON jobs (pipeline, created, id);
-CREATE INDEX IF NOT EXISTS jobs_expires ON jobs (expires) WHERE expires IS NOT NULL;
--- Unfinished jobs, kept beside them in the same transactions: the bound's check is then one
--- row, not a count over a backlog (that count grew with it: 1 ms at 7,500 queued).
-CREATE TABLE IF NOT EXISTS counts (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
-INSERT OR IGNORE INTO counts
-    SELECT 'unfinished', COUNT(*) FROM jobs WHERE status IN ('queued', 'running');
--- Their uploads' bytes, kept the same way (an upload is dropped when its job ends).
-INSERT OR IGNORE INTO counts
-    SELECT 'queued_bytes', COALESCE(SUM(length(payload)), 0) FROM jobs
-    WHERE status IN ('queued', 'running');
-"""
-
 COLUMNS = (
     "id, pipeline, status, created, updated, attempts, max_attempts, budget_ms, result, error,"
     " callback, callback_status, finished"
