@@ -6,7 +6,6 @@ that cannot run is refused now, not failed later; then it is stored and 202 answ
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
@@ -19,6 +18,7 @@ from proxy.doors.responses import json_response
 from proxy.doors.route import Route
 from proxy.doors.uploads import read_image
 from proxy.engine.cache.entries import Stored, pack
+from proxy.engine.cache.keys import digest_of
 from proxy.engine.plan import Plan
 from proxy.engine.runner import check_format, check_tensors
 from proxy.errors import Problem
@@ -52,7 +52,8 @@ async def enqueue(
     key: str | None = None,
 ) -> tuple[Job, bool]:
     """A checked request stored as a job; the queue's refusals as the doors answer them."""
-    digest = hashlib.sha256(f"{pipeline}\0{kind}\0".encode() + payload).hexdigest()
+    # Off the loop for a big upload (an OCR page's job), as the caches' keys are.
+    digest = (await digest_of([f"{pipeline}\0{kind}\0".encode(), payload], len(payload))).hex()
     attempts = jobs.config.attempts
     submission = Submission(
         pipeline, kind, payload, attempts, budget_s * 1000, callback, key, digest

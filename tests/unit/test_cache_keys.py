@@ -4,6 +4,7 @@ off the event loop with the same key it would have had on it."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 
 import numpy as np
 import pytest
@@ -88,6 +89,20 @@ async def test_a_big_input_is_hashed_off_the_loop_with_the_same_key(monkeypatch)
     beside.cancel()
     assert off_loop == on_loop
     assert ran_meanwhile > 0  # the loop went on serving while the big input was hashed
+
+
+async def test_parts_digest_as_their_join_and_off_the_loop_when_big(monkeypatch) -> None:
+    """The helper the keys and the jobs' door (an Idempotency-Key's body) digest with: the
+    same SHA-256 as over the joined bytes, and a big upload's on a worker thread."""
+    monkeypatch.setattr(keys, "HASH_IN_THREAD", 1 << 20)
+    for size in (1 << 10, 3 << 20):
+        parts = [b"ocr\0image\0", np.random.default_rng(size).bytes(size)]
+        ticked = asyncio.Event()
+        beside = asyncio.get_running_loop().call_soon(ticked.set)
+        found = await keys.digest_of(parts, size)
+        beside.cancel()
+        assert found == hashlib.sha256(b"".join(parts)).digest()
+        assert ticked.is_set() == (size > keys.HASH_IN_THREAD)  # the loop ran meanwhile
 
 
 @pytest.mark.parametrize("datatype", [np.float32, np.int64, np.uint8, np.bool_])

@@ -115,6 +115,14 @@ def _hashed(parts: list[bytes | memoryview]) -> bytes:
     return digest.digest()
 
 
+async def digest_of(parts: list[bytes | memoryview], size: int) -> bytes:
+    """SHA-256 over `parts` in order (`size` bytes in all): on a worker thread past
+    HASH_IN_THREAD; below it in one call over their join (updates cost more)."""
+    if size > HASH_IN_THREAD:
+        return await asyncio.to_thread(_hashed, parts)
+    return hashlib.sha256(b"".join(parts)).digest()
+
+
 _digests: dict[int, tuple[weakref.ref, bytes]] = {}
 """id(array) -> (the array, its digest), for read-only arrays while they live: a request's
 input digested for the pipeline's key is not digested again for its first step's (the
@@ -133,10 +141,7 @@ async def _digest(array: np.ndarray) -> bytes:
     if known is not None and known[0]() is array:
         return known[1]
     parts, size = _contents(array)
-    if size > HASH_IN_THREAD:
-        digest = await asyncio.to_thread(_hashed, parts)
-    else:
-        digest = hashlib.sha256(b"".join(parts)).digest()  # one call: updates cost more
+    digest = await digest_of(parts, size)
     if not array.flags.writeable:
         if len(_digests) >= _MAX_DIGESTS:
             _digests.clear()
