@@ -324,6 +324,51 @@ async def test_sqlite_copies_the_wal_back_off_the_writers_path(tmp_path: Path) -
     assert not wal.exists() or wal.stat().st_size == 0
 
 
+async def test_sqlite_keeps_its_wal_bounded_under_a_flood(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Submissions that never pause: a PASSIVE checkpoint never catches up with them, and
+    # the WAL grew by all that was written (1 GB in 40 s of a flood at the door) and kept
+    # that size. Here a 1 MB bound, checkpoints every 50 ms and 2 s of 32 clients.
+    from proxy.jobs import sqlite_queue
+
+    monkeypatch.setattr(sqlite_queue, "WAL_MB", 1)
+    monkeypatch.setattr(sqlite_queue, "_WAL_FRAMES", 2**20 // 4120)
+    monkeypatch.setattr(sqlite_queue, "CHECKPOINT_S", 0.05)
+    path = tmp_path / "jobs.sqlite3"
+    wal = path.with_name(path.name + "-wal")
+    queue = open_queue(f"sqlite:///{path}", keep_s=60)
+    upload = os.urandom(4096)  # a page of its own: each job writes at least that much
+    largest, jobs = 0, 0
+    until = time.monotonic() + 2.0
+
+    async def client() -> None:
+        nonlocal jobs
+        while time.monotonic() < until:
+            await queue.submit(job(payload=upload + jobs.to_bytes(4, "big")), 10**6)
+            jobs += 1
+            await asyncio.sleep(0.005)
+
+    async def watch() -> None:
+        nonlocal largest
+        while True:
+            largest = max(largest, wal.stat().st_size if wal.exists() else 0)
+            await asyncio.sleep(0.01)
+
+    watching = asyncio.create_task(watch())
+    await asyncio.gather(*(client() for _ in range(32)))
+    watching.cancel()
+    written = jobs * 4096  # what a WAL never started over would hold, at least
+    assert written > 6 * 2**20, "too few jobs to tell"
+    bound = max(written / 4, 4 * 2**20)
+    assert 0 < largest < bound, f"the WAL reached {largest / 2**20:.1f} MB"
+    assert (await queue.depth()).queued == jobs
+    await asyncio.sleep(0.2)  # a last checkpoint; the next writer starts the WAL over
+    await queue.submit(job(payload=b"last"), 10**6)
+    assert wal.stat().st_size <= 2**20  # and cuts it back to the bound
+    await queue.close()
+
+
 async def test_a_full_redis_refuses_new_jobs_and_loses_none(tmp_path: Path) -> None:
     """Uploads fill Redis to its maxmemory (volatile-lru, as shipped, for caches sharing it):
     nothing of the queue is evicted (ended jobs keep their results, keys their jobs); new
