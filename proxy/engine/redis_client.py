@@ -13,9 +13,15 @@ import re
 from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio import BlockingConnectionPool
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+
+MAX_CONNECTIONS = 128
+"""A client's connections at most; a call beyond them waits for one (up to its timeout).
+redis-py's own pool refuses the 101st at once ("Too many connections"): 600 cancels at once
+failed, and so would a cache's lookups under more than 100 requests in flight."""
 
 
 def connect(
@@ -26,13 +32,16 @@ def connect(
     up to `retries` times when theirs was closed (with a short jittered back-off, 10 ms
     doubling to 1 s, if `backoff`: a Redis that is restarting)."""
     wait = ExponentialWithJitterBackoff(base=0.01, cap=1.0) if backoff else NoBackoff()
-    return aioredis.Redis.from_url(
+    pool = BlockingConnectionPool.from_url(
         url,
+        max_connections=MAX_CONNECTIONS,
+        timeout=timeout_s,
         socket_timeout=timeout_s,
         socket_connect_timeout=connect_timeout_s or timeout_s,
         health_check_interval=0,
         retry=Retry(wait, retries, supported_errors=(RedisConnectionError,)),
     )
+    return aioredis.Redis.from_pool(pool)
 
 
 _SCRIPT = re.compile(r"\.? script: [0-9a-f]{40}, on @user_script:\d+\.?")

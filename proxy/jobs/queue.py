@@ -83,8 +83,8 @@ class JobQueue(abc.ABC):
         """Record how the callback went ("delivered", or the last failure)."""
 
     @abc.abstractmethod
-    async def sweep(self, now: float) -> int:
-        """Remove jobs past their time to keep; how many."""
+    async def sweep(self, now: float, most: int) -> int:
+        """Remove up to `most` jobs past their time to keep; how many."""
 
     @abc.abstractmethod
     async def depth(self) -> Depth: ...

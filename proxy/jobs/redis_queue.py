@@ -254,8 +254,9 @@ class RedisQueue(JobQueue):
         key = self._job + job_id
         await self._call(self._redis.hset(key, "callback_status", outcome))
 
-    async def sweep(self, now: float) -> int:
-        gone = await self._call(self._redis.zrangebyscore(self._k["expiry"], "-inf", now))
+    async def sweep(self, now: float, most: int) -> int:
+        expiry = self._k["expiry"]
+        gone = await self._call(self._redis.zrangebyscore(expiry, "-inf", now, 0, most))
         if gone:
             forget = self._scripts["FORGET"]
             async with self._redis.pipeline(transaction=False) as pipe:

@@ -149,8 +149,8 @@ class SqliteQueue(JobQueue):
     async def callback_done(self, job_id: str, outcome: str) -> None:
         await self._run(sql.callback_done, job_id, outcome)
 
-    async def sweep(self, now: float) -> int:
-        return await self._run(sql.sweep, now)
+    async def sweep(self, now: float, most: int) -> int:
+        return await self._run(sql.sweep, now, most)
 
     async def depth(self) -> Depth:
         return await self._run(sql.depth, time.time())

@@ -249,8 +249,11 @@ def callback_done(db: sqlite3.Connection, job_id: str, outcome: str) -> None:
     db.execute("UPDATE jobs SET callback_status = ? WHERE id = ?", (outcome, job_id))
 
 
-def sweep(db: sqlite3.Connection, now: float) -> int:
-    return db.execute("DELETE FROM jobs WHERE expires <= ?", (now,)).rowcount
+def sweep(db: sqlite3.Connection, now: float, most: int) -> int:
+    return db.execute(
+        "DELETE FROM jobs WHERE rowid IN (SELECT rowid FROM jobs WHERE expires <= ? LIMIT ?)",
+        (now, most),
+    ).rowcount
 
 
 def depth(db: sqlite3.Connection, now: float) -> Depth:

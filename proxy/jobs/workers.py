@@ -27,6 +27,11 @@ log = logging.getLogger("proxy")
 
 SWEEP_S = 60.0
 """How often ended jobs past their time to keep are removed."""
+SWEEP_STEP = 500
+"""Jobs removed in one step of a sweep. A sweep of 500,000 ended jobs in one step held
+SQLite's write lock for 18 s (every submission, claim and read of the process waited, and
+other processes' ran out of their busy timeout); in steps (~50 ms each for SQLite here), the
+rest goes on in between."""
 
 
 Attempt = Callable[[Claimed], Awaitable[Outcome]]
@@ -148,7 +153,7 @@ class Workers:
             with contextlib.suppress(QueueError):
                 if time.monotonic() - swept >= SWEEP_S:
                     swept = time.monotonic()
-                    removed = await self.queue.sweep(time.time())
+                    removed = await sweep(self.queue, time.time())
                     if removed:
                         log.info("jobs: expired removed", extra={"fields": {"removed": removed}})
                 depth = await self.queue.depth()
@@ -156,6 +161,16 @@ class Workers:
                 metrics.JOBS_WAITING.labels("running").set(depth.running)
                 metrics.JOBS_OLDEST_S.set(depth.oldest_queued_s)
             await self._pause(5.0)
+
+
+async def sweep(queue: JobQueue, now: float, step: int = SWEEP_STEP) -> int:
+    """Every job past its time to keep at `now` removed, `step` at a time; how many."""
+    removed = 0
+    while True:
+        gone = await queue.sweep(now, step)
+        removed += gone
+        if gone < step:
+            return removed
 
 
 _STOPPED = {"status": 503, "error": "the worker running the job stopped; it runs again"}

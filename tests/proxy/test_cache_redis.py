@@ -142,3 +142,17 @@ async def test_a_restarted_redis_still_answers_every_lookup(tmp_path: Path) -> N
     finally:
         await store.close()
         own.stop()
+
+
+async def test_lookups_beyond_the_pools_size_wait_for_a_connection(redis_db) -> None:
+    # redis-py's pool refused its 101st call at once: more than 100 requests in flight made
+    # their lookups fail (counted as errors: misses) and their entries go unwritten.
+    from proxy.engine.cache.stores import RedisStore
+
+    store = RedisStore(redis_db.url, timeout_s=GENEROUS_CACHE_MS / 1000)
+    try:
+        await store.put(b"test-pool:key", b"entry", 60)
+        found = await asyncio.gather(*(store.get(b"test-pool:key") for _ in range(300)))
+        assert found == [b"entry"] * 300
+    finally:
+        await store.close()

@@ -17,6 +17,7 @@ import pytest
 
 from proxy.jobs.model import IdempotencyConflict, QueueFull, Submission
 from proxy.jobs.queue import JobQueue, open_queue
+from proxy.jobs.workers import sweep
 from tests.conftest import redis_or_skip
 
 
@@ -200,8 +201,31 @@ async def test_pages_newest_first_filtered_and_ended_jobs_expire(queue: JobQueue
     assert [j.id for j in (await queue.page(None, "cancelled", 10, None)).jobs] == [ids[0]]
     await asyncio.sleep(0.3)
     assert await queue.get(ids[0]) is None
-    await queue.sweep(time.time())
+    assert await sweep(queue, time.time()) == 1
     assert [j.id for j in (await queue.page(None, None, 10, None)).jobs] == ids[:0:-1]
+
+
+async def test_many_calls_at_once_wait_for_a_connection(queue: JobQueue) -> None:
+    # redis-py's pool refused the 101st call at once ("Too many connections").
+    submitted, _ = await queue.submit(job(), 10)
+    found = await asyncio.gather(*(queue.get(submitted.id) for _ in range(500)))
+    assert {j.id for j in found if j is not None} == {submitted.id} and None not in found
+
+
+async def test_a_sweep_goes_in_steps_that_let_submissions_through(queue: JobQueue) -> None:
+    # In one step, 500,000 ended jobs held SQLite's write lock for 18 s.
+    ended = await asyncio.gather(
+        *(queue.submit(job(payload=bytes([i % 256])), 10**6) for i in range(600))
+    )
+    await asyncio.gather(*(queue.cancel(j.id, 0.01) for j, _ in ended))
+    await asyncio.sleep(0.05)
+    assert await queue.sweep(time.time(), 50) == 50  # a step removes no more than asked
+    sweeping = asyncio.create_task(sweep(queue, time.time(), step=50))
+    await asyncio.sleep(0)  # its first step under way
+    late, _ = await queue.submit(job(payload=b"late"), 10**6)
+    assert not sweeping.done()  # stored between two steps, not after the whole sweep
+    assert await sweeping == 550
+    assert [j.id for j in (await queue.page(None, None, 10, None)).jobs] == [late.id]
 
 
 async def _every_status(queue: JobQueue) -> tuple[list[str], dict[str, list[str]]]:
