@@ -37,8 +37,6 @@ CHECKPOINT_S = 0.5
 """How long after a change the WAL is checkpointed (changes in between share it)."""
 WAL_MB = 64
 """The WAL's size past which a checkpoint makes it start over, and to which it is cut then."""
-_WAL_FRAMES = WAL_MB * 2**20 // (4096 + 24)
-"""WAL_MB in frames of SQLite's default 4 KiB page (each with its 24-byte header)."""
 
 
 class SqliteQueue(JobQueue):
@@ -61,7 +59,7 @@ class SqliteQueue(JobQueue):
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
             db.execute("PRAGMA wal_autocheckpoint=0")  # _checkpoint_soon's thread does it
-            db.execute(f"PRAGMA journal_size_limit={WAL_MB * 2**20}")
+            _limit_wal(db)
             db.executescript(SCHEMA)
             self._db = db
         return self._db
@@ -74,9 +72,10 @@ class SqliteQueue(JobQueue):
         def copy() -> None:
             if self._checkpoint_db is None:
                 self._checkpoint_db = sqlite3.connect(self.path, timeout=10, isolation_level=None)
-                self._checkpoint_db.execute(f"PRAGMA journal_size_limit={WAL_MB * 2**20}")
+                _limit_wal(self._checkpoint_db)
             _, frames, _ = self._checkpoint_db.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
-            if mode == "PASSIVE" and frames > _WAL_FRAMES:
+            # Frames of SQLite's default 4 KiB page, each with its 24-byte header.
+            if mode == "PASSIVE" and frames > WAL_MB * 2**20 // (4096 + 24):
                 self._checkpoint_db.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
 
         await asyncio.sleep(CHECKPOINT_S if delay_s is None else delay_s)
@@ -180,3 +179,8 @@ class SqliteQueue(JobQueue):
         self._checkpointer.shutdown(wait=True)
         await asyncio.get_running_loop().run_in_executor(self._thread, shut)
         self._thread.shutdown(wait=True)
+
+
+def _limit_wal(db: sqlite3.Connection) -> None:
+    """The WAL cut back to WAL_MB whenever it starts over."""
+    db.execute(f"PRAGMA journal_size_limit={WAL_MB * 2**20}")

@@ -357,7 +357,6 @@ async def test_sqlite_keeps_its_wal_bounded_under_a_flood(
     from proxy.jobs import sqlite_queue
 
     monkeypatch.setattr(sqlite_queue, "WAL_MB", 1)
-    monkeypatch.setattr(sqlite_queue, "_WAL_FRAMES", 2**20 // 4120)
     monkeypatch.setattr(sqlite_queue, "CHECKPOINT_S", 0.05)
     path = tmp_path / "jobs.sqlite3"
     wal = path.with_name(path.name + "-wal")
