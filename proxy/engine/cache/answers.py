@@ -132,6 +132,9 @@ class Answers(Generic[T]):
     async def _race(self, key: bytes, compute: Callable[[], Awaitable[T]]) -> tuple[T, str]:
         """The remote lookup beside the run: a hit cancels the run; a miss, or a store that
         fails or is slow, leaves the run's value (stored in the background)."""
+        if self.store.skipping():  # failing lately: neither looked up nor stored
+            self._count("error")
+            return await compute(), "miss"
         lookup = asyncio.ensure_future(self._lookup(key))
         running = asyncio.ensure_future(compute())
         try:
@@ -153,9 +156,8 @@ class Answers(Generic[T]):
     async def _lookup(self, key: bytes) -> T | None:
         try:
             blob = await self.store.get(key)
-        except StoreError as exc:
+        except StoreError:  # counted; the store says when it fails and when it is back
             self._count("error")
-            log.warning("cache lookup failed", extra={"fields": {"error": str(exc)}})
             return None
         return self._found(blob, unpack)
 
@@ -184,6 +186,9 @@ class Answers(Generic[T]):
                 blob = pack(entry)
                 size = len(blob)
                 await self.store.put(key, blob, self.ttl_s)
+        except StoreError:
+            self._count("error")
+            return
         except Exception as exc:  # a cache that cannot keep an answer never fails it
             self._count("error")
             log.warning("cache write failed", extra={"fields": {"error": repr(exc)}})
