@@ -9,7 +9,7 @@ What differs from compose, on purpose: the proxy's endpoints are `dns:///<servic
 (each Service is headless, so the name resolves to every ready pod and the proxy spreads
 calls and streams over them, proxy/transport/balancing.py); the pipeline file comes from a
 ConfigMap; the model repository from an init container (below); healthchecks become
-native probes (grpc.health.v1 for the services, /readyz and /healthz for the proxy).
+native probes (grpc.health.v1 for the services, /healthz for the proxy).
 
 The model repository: a second image, `inference-mesh-models` (deploy/kubernetes/
 models.Dockerfile: the built `models/repository`, ~30 MB), copied by an init container into
@@ -98,10 +98,12 @@ def _ports(name: str, env: dict[str, str]) -> list[dict]:
 
 def _probes(name: str) -> dict:
     if name == "proxy":
-        ready, live = (
-            {"httpGet": {"path": "/readyz", "port": "http"}},
-            {"httpGet": {"path": "/healthz", "port": "http"}},
-        )
+        # Ready when it answers, not when everything it calls does: every replica sees the
+        # same services and queue, so a /readyz probe would take them all out of the Service
+        # at once when one model's pods or Redis are down (a broken OCR roll-out then stops
+        # digits too, and clients get refused connections instead of a 503 naming the cause).
+        # Draining is the preStop pause's job. /readyz stays the report to look at.
+        ready = live = {"httpGet": {"path": "/healthz", "port": "http"}}
     else:
         ready = live = {"grpc": {"port": 0}}  # the port is set below (grpc probes take a number)
     # compose: every 5 s, 3 s timeout; start-up (loading models) up to 3 minutes.

@@ -128,9 +128,12 @@ def test_probes_check_what_the_compose_healthcheck_checks(name: str) -> None:
         port = int(test[4].rsplit(":", 1)[1])
         assert main["readinessProbe"]["grpc"] == {"port": port} == {"port": ports["grpc"]}
     else:
+        # compose shows the whole mesh's state (`docker compose ps`, `--wait`): /readyz; the
+        # kubelet keeps a proxy in its Service while it answers (below): /healthz.
         assert test[2:4] == ["-m", "proxy.healthcheck"]
         url = test[4]
-        assert main["readinessProbe"]["httpGet"]["path"] == url[url.index("/", 8) :]
+        assert url[url.index("/", 8) :] == "/readyz"
+        assert main["readinessProbe"]["httpGet"]["path"] == "/healthz"
         assert int(url.split(":")[2].split("/")[0]) == ports["http"]
 
 
@@ -207,8 +210,17 @@ def test_job_workers_run_the_proxys_engine_without_its_doors() -> None:
     assert env_of(deployments["job-worker"])["OTEL_SERVICE_NAME"] == "job-worker"
     assert env_of(deployments["job-worker"])["PROXY_TLS_CA"] == "/etc/mesh/tls/ca.crt"
     assert [p["name"] for p in worker["ports"]] == ["metrics"]
-    assert worker["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert worker["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert worker["volumeMounts"] == proxy["volumeMounts"]
+
+
+def test_a_proxy_stays_in_its_service_while_what_it_calls_is_down() -> None:
+    # Every replica sees the same services and queue: a probe of /readyz (everything it calls)
+    # would take every proxy out of the Service at once when one model's pods or Redis are
+    # down, and digits would stop with OCR. Ready when it answers; /readyz is the report.
+    for overlay in ("local", "production"):
+        proxy = container(objects(overlay, "Deployment")["proxy"])
+        assert proxy["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
 
 
 def test_pods_run_unprivileged_and_outlive_their_drain() -> None:
