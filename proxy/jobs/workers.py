@@ -27,6 +27,8 @@ log = logging.getLogger("proxy")
 
 SWEEP_S = 60.0
 """How often ended jobs past their time to keep are removed."""
+SAY_AGAIN_S = 30.0
+"""How often a queue that stays unreachable is said again."""
 SWEEP_STEP = 500
 """Jobs removed in one step of a sweep. A sweep of 500,000 ended jobs in one step held
 SQLite's write lock for 18 s (every submission, claim and read of the process waited, and
@@ -51,6 +53,9 @@ class Workers:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._stopped = asyncio.Event()
+        self._down_since = 0.0
+        """When the queue stopped answering the loops' claims (0: it answers)."""
+        self._said = 0.0
 
     def start(self) -> None:
         loops = [self._loop() for _ in range(self.config.workers)]
@@ -81,15 +86,28 @@ class Workers:
             try:
                 claimed = await self.queue.claim(self.config.lease_s, wait_s=1.0)
             except QueueError as exc:
-                log.warning(
-                    "jobs: the queue cannot be reached", extra={"fields": {"error": str(exc)}}
-                )
+                self._unreachable(exc)
                 await self._pause(1.0)
                 continue
+            if self._down_since:
+                log.warning("jobs: the queue answers again")
+                self._down_since = 0.0
             if claimed is not None and self._stopping:
                 await self._write(self.queue.requeue(claimed, _STOPPED, 0.0))
             elif claimed is not None:
                 await self._run(claimed)
+
+    def _unreachable(self, exc: QueueError) -> None:
+        """Said once for all the loops, and again every SAY_AGAIN_S while it lasts (every
+        loop tries again each second: 8 lines a second before)."""
+        now = time.monotonic()
+        if not self._down_since or now - self._said >= SAY_AGAIN_S:
+            self._said = now
+            self._down_since = self._down_since or now
+            log.warning(
+                "jobs: the queue cannot be reached",
+                extra={"fields": {"error": str(exc), "for_s": round(now - self._down_since)}},
+            )
 
     async def _run(self, claimed: Claimed) -> None:
         job = claimed.job

@@ -504,3 +504,40 @@ async def test_a_full_disk_refuses_new_jobs_and_loses_none(tmp_path: Path) -> No
             await queue.submit(job(payload=b"after"), 100)
         finally:
             await queue.close()
+
+
+async def test_workers_say_once_that_the_queue_is_unreachable_and_when_it_answers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Each loop tries again every second: 8 workers logged 8 lines a second while Redis was
+    # down.
+    from proxy.jobs.model import JobsConfig, QueueError
+    from proxy.jobs.workers import Workers
+
+    real = open_queue(f"sqlite:///{tmp_path / 'jobs.sqlite3'}", keep_s=60)
+    refusals = iter(range(12))  # three claims of each of four loops
+
+    class Unreachable:
+        def __getattr__(self, name: str):
+            return getattr(real, name)
+
+        async def claim(self, lease_s: float, wait_s: float):
+            if next(refusals, None) is not None:
+                raise QueueError("redis redis://127.0.0.1:6380/1: ConnectionError: refused")
+            return await real.claim(lease_s, wait_s)
+
+    config = JobsConfig(
+        f"sqlite:///{tmp_path / 'jobs.sqlite3'}", 4, 10, 0, 60, 30, 3, 0.5, frozenset()
+    )
+    workers = Workers(Unreachable(), None, config, None)  # type: ignore[arg-type]
+    workers.start()
+    try:
+        for _ in range(100):
+            if "the queue answers again" in caplog.text:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        await workers.stop()
+        await real.close()
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("jobs:")]
+    assert said == ["jobs: the queue cannot be reached", "jobs: the queue answers again"]
