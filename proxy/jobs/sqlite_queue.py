@@ -97,7 +97,7 @@ class SqliteQueue(JobQueue):
 
         try:
             out = await asyncio.get_running_loop().run_in_executor(self._thread, inside)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, OSError) as exc:  # OSError: its folder cannot be made
             raise QueueError(f"the jobs' database {self.path}: {exc}") from exc
         self._checkpoint_soon()
         return out

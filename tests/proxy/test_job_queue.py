@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.jobs.model import IdempotencyConflict, QueueFull, Submission
+from proxy.jobs.model import IdempotencyConflict, QueueError, QueueFull, Submission
 from proxy.jobs.queue import JobQueue, open_queue
 from proxy.jobs.workers import sweep
 from tests.conftest import redis_or_skip
@@ -511,7 +511,7 @@ async def test_workers_say_once_that_the_queue_is_unreachable_and_when_it_answer
 ) -> None:
     # Each loop tries again every second: 8 workers logged 8 lines a second while Redis was
     # down.
-    from proxy.jobs.model import JobsConfig, QueueError
+    from proxy.jobs.model import JobsConfig
     from proxy.jobs.workers import Workers
 
     real = open_queue(f"sqlite:///{tmp_path / 'jobs.sqlite3'}", keep_s=60)
@@ -541,3 +541,17 @@ async def test_workers_say_once_that_the_queue_is_unreachable_and_when_it_answer
         await real.close()
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("jobs:")]
     assert said == ["jobs: the queue cannot be reached", "jobs: the queue answers again"]
+
+
+async def test_a_database_whose_folder_cannot_be_made_is_a_queue_error(tmp_path: Path) -> None:
+    # A path under a file (or a read-only filesystem) raised OSError, not QueueError: the door
+    # answered 500 "internal error", /readyz 500, and the workers' loops died.
+    (tmp_path / "data").write_text("a file, not a folder")
+    queue = open_queue(f"sqlite:///{tmp_path / 'data' / 'jobs.sqlite3'}", keep_s=60)
+    with pytest.raises(QueueError, match=r"jobs\.sqlite3"):
+        await queue.submit(job(), 10)
+    with pytest.raises(QueueError):
+        await queue.ping()
+    with pytest.raises(QueueError):
+        await queue.claim(lease_s=1.0, wait_s=0.1)
+    await queue.close()
