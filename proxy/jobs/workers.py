@@ -89,6 +89,10 @@ class Workers:
                 self._unreachable(exc)
                 await self._pause(1.0)
                 continue
+            except Exception:  # a loop that died would leave its jobs to the others, unsaid
+                log.exception("jobs: a worker's claim failed")
+                await self._pause(1.0)
+                continue
             if self._down_since:
                 log.warning("jobs: the queue answers again")
                 self._down_since = 0.0
