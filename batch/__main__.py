@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import uvloop
 
 from batch.calls import Retry
+from batch.progress import Progress
 from batch.runner import MeshError, Options, run
 from batch.sinks import Sink, open_sink
 from batch.sources import Source, SourceError, open_source
@@ -93,19 +94,57 @@ def _sink(args: argparse.Namespace, columns: tuple[str, ...]) -> Sink:
     return TableSink(args.output, args.output_table)
 
 
+def _opened(args: argparse.Namespace) -> tuple[Source, Sink]:
+    source = _source(args)
+    sink = _sink(args, source.columns)
+    if _is_url(args.source) and _is_url(args.output):
+        from batch.sql import TableSink, TableSource
+
+        if isinstance(source, TableSource) and isinstance(sink, TableSink):
+            source.skip_answered_in(sink)
+    return source, sink
+
+
+RESUME_WAITS_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
+"""Waits before each resume of a run whose database stopped answering (~1 minute in all): a
+restart or a fail-over of PostgreSQL no longer ends a run of hours."""
+
+
+async def _resuming(
+    args: argparse.Namespace, source: Source, sink: Sink, options: Options
+) -> Progress:
+    """The run, resumed as a rerun would be (what the output holds is skipped) each time its
+    database stops answering, until it answers again or RESUME_WAITS_S run out."""
+    if not (_is_url(args.source) or _is_url(args.output)):
+        return await run(source, sink, options)
+    from batch.sql import Disconnected  # SQLAlchemy only when a database is named
+
+    while True:
+        try:
+            return await run(source, sink, options)
+        except Disconnected as exc:
+            error: Exception = exc
+        waits = iter(RESUME_WAITS_S)  # afresh for each loss: a run of days may meet several
+        while True:  # wait, then open both again, until they open or the waits run out
+            wait = next(waits, None)
+            if wait is None:
+                raise RuntimeError(f"{error} (gave up after {len(RESUME_WAITS_S)} waits)")
+            print(f"mesh batch: {error}; resuming in {wait:g} s", file=sys.stderr)
+            await asyncio.sleep(wait)
+            try:
+                source, sink = _opened(args)
+                break
+            except SourceError as exc:  # still down
+                error = exc
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.concurrency < 1 or args.attempts < 1 or (args.rate is not None and args.rate <= 0):
         print("mesh batch: --concurrency, --attempts and --rate must be positive", file=sys.stderr)
         return 2
     try:
-        source = _source(args)
-        sink = _sink(args, source.columns)
-        if _is_url(args.source) and _is_url(args.output):
-            from batch.sql import TableSink, TableSource
-
-            if isinstance(source, TableSource) and isinstance(sink, TableSink):
-                source.skip_answered_in(sink)
+        source, sink = _opened(args)
     except (SourceError, ValueError, OSError) as exc:
         print(f"mesh batch: {exc}", file=sys.stderr)
         return 2
@@ -129,11 +168,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # SIGTERM (a CronJob's pod stopping) ends the run like Ctrl-C: answered rows kept.
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
         try:
-            progress = await run(source, sink, options)
+            progress = await _resuming(args, source, sink, options)
         except MeshError as exc:
             print(f"mesh batch: {exc}", file=sys.stderr)
             return 2
-        except RuntimeError as exc:  # the output cannot be written
+        except (RuntimeError, SourceError) as exc:  # the output or the source failed
             print(f"mesh batch: {exc}", file=sys.stderr)
             return 1
         except asyncio.CancelledError:

@@ -26,6 +26,18 @@ from batch.sources import Input, Source, SourceError
 YIELD_PER = 200
 
 
+class Disconnected(SourceError):
+    """The database stopped answering mid-run (a restart, a fail-over): the run can resume
+    once it answers again (`mesh batch` does, re-reading what the output holds)."""
+
+
+def _lost(exc: BaseException) -> bool:
+    """An error of the connection, not of the statement."""
+    return isinstance(exc, sa.exc.OperationalError) or (
+        isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated
+    )
+
+
 def _engine(url: str) -> sa.Engine:
     try:
         return sa.create_engine(url, pool_pre_ping=True)
@@ -45,9 +57,9 @@ class TableSource(Source):
             try:
                 found = sa.Table(table, sa.MetaData(), autoload_with=self.engine)
             except sa.exc.NoSuchTableError:
-                raise SourceError(f"{url}: no table '{table}'") from None
+                raise SourceError(f"{_shown(self.engine)}: no table '{table}'") from None
             except sa.exc.OperationalError as exc:
-                raise SourceError(f"{url}: {exc.orig}") from None
+                raise _named(exc, self.engine) from None
             missing = [c for c in (key, image) if c not in found.c]
             if missing:
                 raise SourceError(
@@ -70,17 +82,34 @@ class TableSource(Source):
         self.select = sa.select(source).where(~answered.exists()).order_by(key)
 
     def count(self) -> int:
-        with self.engine.connect() as conn:
-            return conn.execute(
-                sa.select(sa.func.count()).select_from(self.select.subquery())
-            ).scalar_one()
+        try:
+            with self.engine.connect() as conn:
+                return conn.execute(
+                    sa.select(sa.func.count()).select_from(self.select.subquery())
+                ).scalar_one()
+        except sa.exc.SQLAlchemyError as exc:
+            raise _named(exc, self.engine) from None
 
     def __iter__(self) -> Iterator[Input]:
-        with self.engine.connect().execution_options(
-            stream_results=True, yield_per=YIELD_PER
-        ) as conn:
-            for key, value in conn.execute(self.select):
-                yield _input(str(key), value)
+        try:
+            with self.engine.connect().execution_options(
+                stream_results=True, yield_per=YIELD_PER
+            ) as conn:
+                for key, value in conn.execute(self.select):
+                    yield _input(str(key), value)
+        except sa.exc.SQLAlchemyError as exc:
+            raise _named(exc, self.engine) from None
+
+
+def _named(exc: sa.exc.SQLAlchemyError, engine: sa.Engine) -> Exception:
+    """Disconnected when the connection was lost, else SourceError; both name the database
+    (without its password) and the driver's reason (without the SQL)."""
+    reason = str(getattr(exc, "orig", None) or exc).strip()
+    return (Disconnected if _lost(exc) else SourceError)(f"{_shown(engine)}: {reason}")
+
+
+def _shown(engine: sa.Engine) -> str:
+    return engine.url.render_as_string(hide_password=True)
 
 
 def _input(key: str, value: object) -> Input:
@@ -107,7 +136,7 @@ class TableSink(Sink):
         try:
             self.table.create(self.engine, checkfirst=True)
         except sa.exc.OperationalError as exc:
-            raise SourceError(f"{url}: {exc.orig}") from None
+            raise _named(exc, self.engine) from None
         self._rows: queue.Queue[Row | None] = queue.Queue()
         self._failure: BaseException | None = None
         self._writer = threading.Thread(target=self._write_all, name="batch-sql-sink", daemon=True)
@@ -118,9 +147,15 @@ class TableSink(Sink):
             return {key for (key,) in conn.execute(sa.select(self.table.c.key))}
 
     def write(self, row: Row) -> None:
-        if self._failure is not None:
-            raise RuntimeError(f"the output table cannot be written: {self._failure}")
+        self._raise_failure()
         self._rows.put(row)
+
+    def _raise_failure(self) -> None:
+        failure = self._failure
+        if failure is not None:
+            kind = Disconnected if _lost(failure) else RuntimeError
+            reason = str(getattr(failure, "orig", None) or failure).strip()  # not its SQL
+            raise kind(f"the output table cannot be written: {reason}")
 
     def _write_all(self) -> None:
         insert = self.table.insert()
@@ -145,8 +180,7 @@ class TableSink(Sink):
         self._rows.put(None)
         self._writer.join()
         self.engine.dispose()
-        if self._failure is not None:
-            raise RuntimeError(f"the output table cannot be written: {self._failure}")
+        self._raise_failure()
 
 
 def _values(row: Row) -> dict[str, object]:

@@ -48,43 +48,75 @@ class PostgresServer:
         stop_process(self.process)  # SIGTERM, smart shutdown: connections end, then it stops
         shutil.rmtree(self.folder, ignore_errors=True)
 
+    def restart(self, down_s: float = 0.0) -> None:
+        """A fast shutdown (`pg_ctl stop -m fast`: its sessions are ended, as a restart or a
+        fail-over ends them), `down_s` without a server, then the same cluster on the same port."""
+        bin_dir = _bin_dir()
+        assert bin_dir is not None
+        subprocess.run(
+            [*_as_user(), str(bin_dir / "pg_ctl"), "stop", "-D", str(self.folder / "data"),
+             "-m", "fast", "-w"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        self.process.wait(30)
+        time.sleep(down_s)
+        self.process = _launch(self.folder, self.port)
+        _wait_ready(self)
+
 
 def start() -> PostgresServer:
     bin_dir = _bin_dir()
     if bin_dir is None:
         raise Unavailable("PostgreSQL is missing (apt-get install postgresql)")
     folder = Path(tempfile.mkdtemp(prefix="mesh-postgres-"))
-    as_user: list[str] = []
     if os.geteuid() == 0:
         user = pwd.getpwnam("postgres")
         os.chown(folder, user.pw_uid, user.pw_gid)
-        as_user = ["runuser", "-u", "postgres", "--"]
-    data = folder / "data"
     subprocess.run(
-        [*as_user, str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres",
+        [*_as_user(), str(bin_dir / "initdb"), "-D", str(folder / "data"), "-U", "postgres",
          "--auth=trust", "--encoding=UTF8", "--no-sync"],
         check=True, capture_output=True,
     )  # fmt: skip
     port = free_port()
-    log = (folder / "postgres.log").open("wb")
+    server = PostgresServer(_launch(folder, port), port, folder)
+    try:
+        _wait_ready(server)
+    except RuntimeError:
+        server.stop()
+        raise
+    return server
+
+
+def _as_user() -> list[str]:
+    return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+
+
+def _launch(folder: Path, port: int) -> subprocess.Popen:
+    bin_dir = _bin_dir()
+    assert bin_dir is not None
+    log = (folder / "postgres.log").open("ab")
     process = subprocess.Popen(
-        [*as_user, str(bin_dir / "postgres"), "-D", str(data), "-p", str(port),
+        [*_as_user(), str(bin_dir / "postgres"), "-D", str(folder / "data"), "-p", str(port),
          "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={folder}",
          "-c", "fsync=off"],
         stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     log.close()  # the server holds its own copy
-    server = PostgresServer(process, port, folder)
+    return process
+
+
+def _wait_ready(server: PostgresServer) -> None:
+    bin_dir = _bin_dir()
+    assert bin_dir is not None
     deadline = time.monotonic() + 30
     while True:
         ready = subprocess.run(
-            [str(bin_dir / "pg_isready"), "-h", "127.0.0.1", "-p", str(port)],
+            [str(bin_dir / "pg_isready"), "-h", "127.0.0.1", "-p", str(server.port)],
             capture_output=True,
         )
         if ready.returncode == 0:
-            return server
-        if process.poll() is not None or time.monotonic() > deadline:
-            text = (folder / "postgres.log").read_text(errors="replace")[-2000:]
-            server.stop()
+            return
+        if server.process.poll() is not None or time.monotonic() > deadline:
+            text = (server.folder / "postgres.log").read_text(errors="replace")[-2000:]
             raise RuntimeError(f"postgres did not start:\n{text}")
         time.sleep(0.1)

@@ -412,3 +412,51 @@ def test_an_sqlite_query_naming_files(mesh: Mesh, tmp_path: Path) -> None:
     assert set(answers) == {"0", "1", "2", "7"}  # row 8 is not selected
     assert all(answers[k]["status"] == "ok" for k in ("0", "1", "2"))
     assert answers["7"]["error"]["error"].startswith("no such file: ")
+
+
+def test_a_postgresql_restart_mid_run_is_resumed_not_fatal(mesh: Mesh, scans: Scans) -> None:
+    """PostgreSQL (source and output) restarted half-way, down 2 s: the run waits, opens both
+    again and goes on as a rerun would (the output's rows skipped), and ends with every scan
+    answered once, as /infer answers it. Before, the run died with a traceback."""
+    import sqlalchemy as sa
+
+    server = postgres_or_skip()
+    engine = sa.create_engine(server.url)
+    blobs = dict(list(scans.images["digits"].items())[:600])
+    try:
+        table = sa.Table(
+            "scans", sa.MetaData(),
+            sa.Column("id", sa.Text, primary_key=True), sa.Column("image", sa.LargeBinary),
+        )  # fmt: skip
+        table.create(engine)
+        with engine.begin() as conn:
+            conn.execute(table.insert(), [{"id": k, "image": b} for k, b in blobs.items()])
+
+        def written() -> int:
+            try:
+                with engine.connect() as conn:
+                    return conn.execute(sa.text("SELECT count(*) FROM answers")).scalar_one()
+            except sa.exc.SQLAlchemyError:  # not made yet, or the server restarting
+                return 0
+
+        argv = batch(
+            "digits", server.url, "--table", "scans", "--key", "id", "-o", server.url,
+            "--output-table", "answers", "--url", mesh.url, "-c", "8", "--rate", "300",
+        )  # fmt: skip
+        run = subprocess.Popen(argv, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while written() < 200:
+            assert run.poll() is None, run.stderr.read() if run.stderr else ""
+            assert time.monotonic() < deadline, "the batch never got going"
+            time.sleep(0.05)
+        engine.dispose()
+        server.restart(down_s=2.0)
+        _, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err
+        assert "resuming in" in err, err
+        with engine.connect() as conn:
+            answers = [dict(r._mapping) for r in conn.execute(sa.text("SELECT * FROM answers"))]
+        assert_answers_equal_infer(answers, {k: scans.expected["digits"][k] for k in blobs})
+    finally:
+        engine.dispose()
+        server.stop()
