@@ -149,14 +149,14 @@ class RedisStore:
             async with asyncio.timeout(self.timeout_s):
                 out = await work()
         except self._errors as exc:
-            raise self._failed(exc) from None
+            raise self._note_failure(exc) from None
         if self._failures:
             if self._skip_until:
                 log.warning("cache: redis answers again")
             self._failures, self._skip_until = 0, 0.0
         return out
 
-    def _failed(self, exc: BaseException) -> StoreError:
+    def _note_failure(self, exc: BaseException) -> StoreError:
         """A failed call; after TRIP_AFTER in a row, calls are skipped for SKIP_S."""
         error = _failed(exc)
         self._failures += 1
