@@ -16,6 +16,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 
 from proxy import metrics
 from proxy.jobs.model import Claimed, Job, JobsConfig, QueueError
@@ -97,7 +98,7 @@ class Workers:
                 log.warning("jobs: the queue answers again")
                 self._down_since = 0.0
             if claimed is not None and self._stopping:
-                await self._write(self.queue.requeue(claimed, _STOPPED, 0.0))
+                await self._write(partial(self.queue.requeue, claimed, _STOPPED, 0.0))
             elif claimed is not None:
                 await self._run(claimed)
 
@@ -124,7 +125,7 @@ class Workers:
             if not task.cancelled():
                 task.cancel()
             if self._stopping:
-                await self._write(self.queue.requeue(claimed, _STOPPED, 0.0))
+                await self._write(partial(self.queue.requeue, claimed, _STOPPED, 0.0))
             return
         finally:
             self._held.pop(job.id, None)
@@ -133,26 +134,36 @@ class Workers:
         elif outcome.retryable and job.attempts < job.max_attempts:
             delay = min(self.config.backoff_s * 2 ** (job.attempts - 1), 60.0)
             delay *= 0.5 + random.random() / 2
-            await self._write(self.queue.requeue(claimed, outcome.error, delay))
+            await self._write(partial(self.queue.requeue, claimed, outcome.error, delay))
         else:
             await self._final(claimed, "failed", outcome)
 
     async def _final(self, claimed: Claimed, status: str, outcome: Outcome) -> None:
-        written = await self._write(
-            self.queue.finish(claimed, status, outcome.result, outcome.error, self.config.keep_s)
-        )
+        result, error, keep_s = outcome.result, outcome.error, self.config.keep_s
+        finish = partial(self.queue.finish, claimed, status, result, error, keep_s)
+        written = await self._write(finish)
         if written:
             metrics.JOBS_FINISHED.labels(claimed.job.pipeline, status).inc()
             await self.finished(claimed.job)
 
-    async def _write(self, change: Awaitable[bool]) -> bool:
-        """A state change; one the store refuses (the job is no longer this worker's) or
-        cannot take (its lease will run out: the job runs again) writes nothing."""
-        try:
-            return await change
-        except QueueError as exc:
-            log.warning("jobs: a state change was lost", extra={"fields": {"error": str(exc)}})
-            return False
+    async def _write(self, change: Callable[[], Awaitable[bool]]) -> bool:
+        """A state change; one the store refuses (the job is no longer this worker's) writes
+        nothing. One the store cannot take is tried again while half the job's lease is
+        left (its last renewal was just before): a final state lost to a store stalled past
+        its timeout left the job to run again once the lease ran out (30 s later)."""
+        until = time.monotonic() + self.config.lease_s / 2
+        wait = 0.25
+        while True:
+            try:
+                return await change()
+            except QueueError as exc:
+                if time.monotonic() + wait >= until:
+                    log.warning(
+                        "jobs: a state change was lost", extra={"fields": {"error": str(exc)}}
+                    )
+                    return False
+            await asyncio.sleep(wait)
+            wait *= 2
 
     async def _renew(self) -> None:
         while await self._pause(self.config.renew_s):

@@ -76,3 +76,47 @@ async def test_a_workers_loop_outlives_an_unexpected_error(
     await run_until(tmp_path / "jobs.sqlite3", 1, first_fails, lambda: claims >= 3)
     assert claims >= 3  # the one loop claimed again after the error
     assert "a worker's claim failed" in caplog.text and "a bug" in caplog.text
+
+
+async def test_a_final_state_the_store_could_not_take_is_written_again(tmp_path: Path) -> None:
+    # A final write lost to a stalled store left the job to run again once its lease ran out
+    # (30 s later, the model run twice).
+    from proxy.jobs.model import Submission
+    from proxy.jobs.running import Outcome
+
+    path = tmp_path / "jobs.sqlite3"
+    real = open_queue(f"sqlite:///{path}", keep_s=60)
+    submitted, _ = await real.submit(Submission("p", "image", b"x", 3, 1000.0), 10)
+    finishes, runs = 0, 0
+
+    class Stalled(Failing):
+        async def finish(self, *args):
+            nonlocal finishes
+            finishes += 1
+            if finishes <= 2:
+                raise QueueError("the jobs' database: database is locked")
+            return await real.finish(*args)
+
+    async def attempt(claimed) -> Outcome:
+        nonlocal runs
+        runs += 1
+        return Outcome(result={"label": 7})
+
+    async def ended(job) -> None:
+        pass
+
+    config = JobsConfig(f"sqlite:///{path}", 1, 10, 0, 60, 30, 3, 0.5, frozenset())
+    workers = Workers(Stalled(real, lambda: None), attempt, config, ended)  # type: ignore[arg-type]
+    workers.start()
+    try:
+        for _ in range(100):
+            job = await real.get(submitted.id)
+            if job is not None and job.status == "succeeded":
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        await workers.stop()
+    job = await real.get(submitted.id)
+    await real.close()
+    assert job is not None and job.status == "succeeded" and job.result == {"label": 7}
+    assert (runs, finishes, job.attempts) == (1, 3, 1)  # written on its third try, run once
