@@ -104,8 +104,13 @@ class TableSource(Source):
 def _named(exc: sa.exc.SQLAlchemyError, engine: sa.Engine) -> Exception:
     """Disconnected when the connection was lost, else SourceError; both name the database
     (without its password) and the driver's reason (without the SQL)."""
-    reason = str(getattr(exc, "orig", None) or exc).strip()
-    return (Disconnected if _lost(exc) else SourceError)(f"{_shown(engine)}: {reason}")
+    kind = Disconnected if _lost(exc) else SourceError
+    return kind(f"{_shown(engine)}: {_reason(exc)}")
+
+
+def _reason(exc: BaseException) -> str:
+    """The driver's own message (SQLAlchemy's adds the SQL and its parameters)."""
+    return str(getattr(exc, "orig", None) or exc).strip()
 
 
 def _shown(engine: sa.Engine) -> str:
@@ -154,8 +159,7 @@ class TableSink(Sink):
         failure = self._failure
         if failure is not None:
             kind = Disconnected if _lost(failure) else RuntimeError
-            reason = str(getattr(failure, "orig", None) or failure).strip()  # not its SQL
-            raise kind(f"the output table cannot be written: {reason}")
+            raise kind(f"the output table cannot be written: {_reason(failure)}")
 
     def _write_all(self) -> None:
         insert = self.table.insert()
