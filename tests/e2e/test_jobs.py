@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from bench.mesh import free_port
+from bench.redis_server import RedisServer
 from samples.text import suite
 from tests.conftest import TLS, Mesh, redis_or_skip
 from tests.e2e.test_digits import held_out, png
@@ -56,6 +57,18 @@ def process(mesh: Mesh, module: str, **env: str) -> Iterator[subprocess.Popen]:
         if proc.poll() is None:
             proc.kill()
         proc.wait(30)
+
+
+@contextmanager
+def job_store(backend: str, folder: Path) -> Iterator[tuple[RedisServer | None, str]]:
+    """The jobs' store of `backend` in `folder`, and PROXY_JOBS_URL for it: a redis-server with
+    its append-only file (stopped on exit), or `folder`/jobs.sqlite3."""
+    redis = redis_or_skip(folder / "redis", persistent=True) if backend == "redis" else None
+    try:
+        yield redis, redis.url if redis else f"sqlite:///{folder / 'jobs.sqlite3'}"
+    finally:
+        if redis is not None:
+            redis.stop()
 
 
 def wait_live(url: str, proc: subprocess.Popen) -> None:
@@ -198,16 +211,14 @@ def drain(url: str, total: int, events: dict[int, object], timeout_s: float = 30
 def test_workers_killed_and_redis_restarted_lose_nothing(
     mesh: Mesh, tmp_path: Path, backend: str
 ) -> None:
-    redis = redis_or_skip(tmp_path / "redis", persistent=True) if backend == "redis" else None
-    queue = redis.url if redis else f"sqlite:///{tmp_path / 'jobs.sqlite3'}"
-    common = {
-        "PROXY_JOBS_URL": queue,
-        "PROXY_JOBS_LEASE_S": LEASE_S,
-        "PROXY_JOBS_ATTEMPTS": ATTEMPTS,
-    }
-    work = inputs()
-    door_port, ports = free_port(), [free_port(), free_port()]
-    try:
+    with job_store(backend, tmp_path) as (redis, queue):
+        common = {
+            "PROXY_JOBS_URL": queue,
+            "PROXY_JOBS_LEASE_S": LEASE_S,
+            "PROXY_JOBS_ATTEMPTS": ATTEMPTS,
+        }
+        work = inputs()
+        door_port, ports = free_port(), [free_port(), free_port()]
         with process(mesh, "proxy", PROXY_PORT=str(door_port), PROXY_JOBS_WORKERS="0", **common):
             url = f"http://127.0.0.1:{door_port}"
             ids = asyncio.run(submit_all(url, work))
@@ -241,9 +252,6 @@ def test_workers_killed_and_redis_restarted_lose_nothing(
                 for cm in cleanups:
                     cm.__exit__(None, None, None)
             attempts = check(mesh, url, work, ids)
-    finally:
-        if redis is not None:
-            redis.stop()
     report(
         f"jobs ({backend}): 1000 of 1000 succeeded through two worker kills"
         f"{' and a Redis restart' if redis else ''}; attempts {dict(sorted(attempts.items()))}"

@@ -20,9 +20,9 @@ import httpx
 import pytest
 
 from bench.mesh import free_port
-from tests.conftest import TLS, Mesh, redis_or_skip
+from tests.conftest import TLS, Mesh
 from tests.e2e.test_digits import held_out, png
-from tests.e2e.test_jobs import check, drain, process
+from tests.e2e.test_jobs import check, drain, job_store, process
 from tests.report import report
 
 STALL_S = 12.0
@@ -103,17 +103,15 @@ def during(url: str, stall: Callable[[], AbstractContextManager[None]], seen: li
 def test_a_stalled_store_loses_and_doubles_nothing(
     mesh: Mesh, tmp_path: Path, backend: str
 ) -> None:
-    redis = redis_or_skip(tmp_path / "redis", persistent=True) if backend == "redis" else None
-    path = tmp_path / "jobs.sqlite3"
-    queue = redis.url if redis else f"sqlite:///{path}"
+    path = tmp_path / "jobs.sqlite3"  # job_store's SQLite file
     images, _ = held_out()
     work = [("digits", png(images[i % len(images)])) for i in range(300)]
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {"PROXY_PORT": str(port), "PROXY_JOBS_URL": queue, "PROXY_JOBS_WORKERS": "8"}
     refused: list[int] = []
     answered: list[int | str] = []
-    try:
+    with job_store(backend, tmp_path) as (redis, queue):
+        env = {"PROXY_PORT": str(port), "PROXY_JOBS_URL": queue, "PROXY_JOBS_WORKERS": "8"}
         with process(mesh, "proxy", **env):
             ids = asyncio.run(submit_keyed(url, work[:100], 0, refused))  # the workers start
             stall = (lambda: redis_frozen(redis.process.pid)) if redis else (
@@ -130,9 +128,6 @@ def test_a_stalled_store_loses_and_doubles_nothing(
             attempts = check(mesh, url, work, ids)
             with httpx.Client(base_url=url, timeout=30, verify=TLS) as client:
                 listed = client.get("/v1/jobs", params={"limit": "1000"}).json()["jobs"]
-    finally:
-        if redis is not None:
-            redis.stop()
     assert len(set(ids)) == len(ids) == len(listed) == 300  # one job a key, none more
     assert submitting_s > STALL_S / 2, "the submissions did not wait: the store did not stall"
     assert answered and set(answered) == {200}
