@@ -1,6 +1,7 @@
 """The jobs' queue in Redis: shared by proxy replicas and worker processes. A stream with a
 consumer group carries the attempts (redelivered by XAUTOCLAIM when a worker's lease, the
-entry's idle time, runs out); each state change is one Lua script (redis_scripts.py).
+entry's idle time, runs out); each state change is one Lua script (redis_scripts.py); a
+worker's next job is found by redis_claims.py.
 
 Run Redis with persistence (AOF, `appendonly yes`) and an eviction policy that spares keys
 without a TTL (`volatile-lru`, or `noeviction`): unfinished jobs have none."""
@@ -30,15 +31,14 @@ from proxy.jobs.model import (
     new_id,
 )
 from proxy.jobs.queue import Depth, JobQueue, Page
+from proxy.jobs.redis_claims import GROUP, Claims
 from proxy.jobs.redis_pages import ENDED, Pages
 
 T = TypeVar("T")
-GROUP = "workers"
 PREFIX = "{mesh-jobs}"
 """One hash slot (the braces) for every key: the scripts touch several."""
 SHOWN = ("pipeline", "status", "created", "updated", "attempts", "max_attempts", "budget_ms")
 SHOWN += ("result", "error", "callback", "callback_status", "finished", "expires")
-LOST = '{"status": 503, "error": "the worker running the job stopped on its last attempt"}'
 
 
 def _job(job_id: str, f: list[bytes | None]) -> Job | None:
@@ -59,11 +59,15 @@ def _job(job_id: str, f: list[bytes | None]) -> Job | None:
 
 
 class RedisQueue(JobQueue):
-    def __init__(self, url: str, keep_s: float, prefix: str = PREFIX) -> None:
+    def __init__(
+        self, url: str, keep_s: float, prefix: str = PREFIX, timeout_s: float = 10.0
+    ) -> None:
         self.url = redis_client.shown(url)
         """The store's address without credentials, as errors name it."""
         self.keep_s = keep_s
-        self._redis = redis_client.connect(url, 10, retries=3, backoff=True, connect_timeout_s=5)
+        self._redis = redis_client.connect(
+            url, timeout_s, retries=3, backoff=True, connect_timeout_s=min(5.0, timeout_s)
+        )
         self.consumer = f"{socket.gethostname()}-{os.getpid()}-{new_id()[:8]}"
         self._k = {n: f"{prefix}:{n}" for n in ("stream", "queued", "running", "index")}
         self._k |= {n: f"{prefix}:{n}" for n in ("expiry", "delayed", "leases", "bytes")}
@@ -74,15 +78,22 @@ class RedisQueue(JobQueue):
             for name in ("SUBMIT", "TAKE", "FINISH", "REQUEUE", "DUE", "RENEW", "FORGET")
         }
         self._group_made = False
-        self._swept_stranded = 0.0
         self._submit: Grouped[tuple[Submission, int, int], Any] = Grouped(self._submit_many)
         self._pages = Pages(self._redis, prefix, SHOWN, _job, self._call)
+        keys = self._k | {"job": self._job, "failed": self._pages.ended("failed")}
+        self._claims = Claims(
+            self._redis, keys, self._scripts, consumer=self.consumer, keep_s=keep_s,
+            call=self._call, shown=SHOWN, decode=_job,
+        )  # fmt: skip
 
     async def _call(self, work: Awaitable[T]) -> T:
         try:
             return await work
         except (RedisError, OSError) as exc:
             self._group_made = False  # a restarted Redis without AOF lost the group
+            # A read whose reply was lost (a timeout while Redis stalled) was still served
+            # once Redis went on: its entry waits, delivered to this consumer, for nobody.
+            self._claims.reread = True
             raise QueueError(f"redis {self.url}: {redis_client.described(exc)}") from None
 
     async def _group(self) -> None:
@@ -168,60 +179,7 @@ class RedisQueue(JobQueue):
 
     async def claim(self, lease_s: float, wait_s: float) -> Claimed | None:
         await self._call(self._group())
-        until = time.monotonic() + wait_s
-        while True:
-            left = until - time.monotonic()
-            # Blocks a quarter second at most: a job whose back-off ends is seen that soon.
-            claimed = await self._claim_once(lease_s, max(0.001, min(left, 0.25)))
-            if claimed is not None or left <= 0.25:
-                return claimed
-
-    async def _claim_once(self, lease_s: float, block_s: float) -> Claimed | None:
-        k, now = self._k, time.time()
-        keys = [k["delayed"], k["stream"], self._job, k["leases"]]
-        expired = await self._call(self._scripts["DUE"](keys, [now]))
-        if expired:  # a job whose worker died: its lease ran out
-            claimed = await self._take(expired[1].decode(), expired[0].decode(), lease_s)
-            if claimed is not None:
-                return claimed
-        taken: list = []
-        if time.monotonic() - self._swept_stranded > lease_s:
-            # An entry read by a worker that died before it took the job: idle for long.
-            self._swept_stranded = time.monotonic()
-            _, taken, *_ = await self._call(
-                self._redis.xautoclaim(
-                    k["stream"], GROUP, self.consumer, int(lease_s * 2000), "0-0", count=1
-                )
-            )
-        if not taken:
-            read = await self._call(
-                self._redis.xreadgroup(
-                    GROUP, self.consumer, {k["stream"]: ">"}, count=1, block=int(block_s * 1000)
-                )
-            )
-            taken = read[0][1] if read else []
-        for entry, fields in taken:
-            if fields is None:
-                continue
-            claimed = await self._take(entry.decode(), fields[b"id"].decode(), lease_s)
-            if claimed is not None:
-                return claimed
-        return None
-
-    async def _take(self, entry: str, job_id: str, lease_s: float) -> Claimed | None:
-        k, token, now = self._k, new_id(), time.time()
-        keys = [self._job + job_id, k["queued"], k["running"], k["stream"], k["expiry"]]
-        keys += [k["leases"], self._pages.ended("failed"), k["bytes"]]
-        args = [job_id, entry, token, repr(now), GROUP, int(self.keep_s * 1000), LOST]
-        args += [int(lease_s * 1000), self.consumer, *SHOWN, "kind", "payload"]
-        fields = await self._call(self._scripts["TAKE"](keys, args))
-        if not isinstance(fields, list):  # gone, held or exhausted
-            return None
-        job = _job(job_id, fields[: len(SHOWN)])
-        if job is None:
-            return None
-        kind = (fields[-2] or b"image").decode()
-        return Claimed(job, kind, fields[-1] or b"", token)  # type: ignore[arg-type]
+        return await self._claims.claim(lease_s, wait_s)
 
     async def renew(self, held: dict[str, str], lease_s: float) -> set[str]:
         lost = set()

@@ -72,12 +72,13 @@ return {'new', ARGV[1]}
 # worker read, or a job whose lease ran out:
 # run it (the entry now this consumer's), leave it (its lease still runs: its worker lives),
 # drop it (its job ended, or it is an old attempt's), or fail the job (its worker died on
-# its last attempt).
+# its last attempt). A job already running under the token asked with is this worker's own
+# take, sent again because its reply was lost: answered again, the attempt not counted twice.
 TAKE = (
     ALLOW_OOM
     + """
-local status, attempts, most, entry, created = unpack(redis.call('HMGET', KEYS[1], 'status',
-                                                 'attempts', 'max_attempts', 'entry', 'created'))
+local status, attempts, most, entry, created, token = unpack(redis.call('HMGET', KEYS[1],
+                               'status', 'attempts', 'max_attempts', 'entry', 'created', 'token'))
 local function drop()
   redis.call('XACK', KEYS[4], ARGV[5], ARGV[2])
   redis.call('XDEL', KEYS[4], ARGV[2])
@@ -87,6 +88,10 @@ if not status or (status ~= 'queued' and status ~= 'running') or entry ~= ARGV[2
   return 'gone'
 end
 local now = tonumber(ARGV[4])
+if status == 'running' and token == ARGV[3] then
+  redis.call('ZADD', KEYS[6], now + tonumber(ARGV[8]) / 1000, ARGV[1])
+  return redis.call('HMGET', KEYS[1], unpack(ARGV, 10))
+end
 if status == 'running' then
   local lease = redis.call('ZSCORE', KEYS[6], ARGV[1])
   if lease and tonumber(lease) > now then return 'held' end
@@ -117,16 +122,20 @@ return redis.call('HMGET', KEYS[1], unpack(ARGV, 10))
 
 # KEYS: job, running, stream, expiry, queued, delayed, leases, ended:<status>, bytes; ARGV: id,
 # token ('' for a cancel), status, now, keep_ms, group, then fields to set as name, value pairs.
-# The final state, written once: by the worker holding the token, or by a cancel.
+# The final state, written once: by the worker holding the token, or by a cancel. The token
+# stays as `ended_by`: the same worker's FINISH sent again (its first reply lost to a timeout,
+# yet applied) is answered 1 again, so that the worker still calls the job's callback back.
 FINISH = (
     ALLOW_OOM
     + """
-local status, token, entry, created = unpack(redis.call('HMGET', KEYS[1], 'status', 'token',
-                                                       'entry', 'created'))
+local status, token, entry, created, by = unpack(redis.call('HMGET', KEYS[1], 'status', 'token',
+                                                           'entry', 'created', 'ended_by'))
+if ARGV[2] ~= '' and by == ARGV[2] and status == ARGV[3] then return 1 end
 if status ~= 'running' and not (ARGV[2] == '' and status == 'queued') then return 0 end
 if ARGV[2] ~= '' and token ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], 'status', ARGV[3], 'updated', ARGV[4], 'finished', ARGV[4],
            'expires', tonumber(ARGV[4]) + tonumber(ARGV[5]) / 1000, unpack(ARGV, 7))
+if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'ended_by', ARGV[2]) end
 redis.call('DECRBY', KEYS[9], redis.call('HSTRLEN', KEYS[1], 'payload'))
 redis.call('HDEL', KEYS[1], 'token', 'payload', 'entry')
 redis.call('SREM', KEYS[2], ARGV[1])

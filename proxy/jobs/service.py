@@ -96,19 +96,34 @@ class Jobs:
         return await attempt(self.engine, claimed, self.config.share)
 
     async def _ended(self, ended: Job) -> None:
-        """A job's final state was written here: its callback, if it has one (sent as the
-        job now reads; a job without one costs no read)."""
+        """A job's final state was written here: its callback, if it has one. Sent from a
+        task of its own, so that neither the store nor the receiver holds the worker."""
         if not ended.callback or self._client is None:
             return
-        job = await self.queue.get(ended.id)
-        if job is None:
-            return
-        task = asyncio.create_task(self._deliver(job))
+        task = asyncio.create_task(self._deliver(ended.id))
         self._deliveries.add(task)
         task.add_done_callback(self._deliveries.discard)
 
-    async def _deliver(self, job: Job) -> None:
-        assert self._client is not None and job.callback
+    async def _deliver(self, job_id: str) -> None:
+        """The job as it now reads (its result written), POSTed to its callback. A store that
+        cannot be read at once (it stalls, it restarts) is read again on the callback's own
+        back-off: a read that failed once lost the callback, and the worker's loop with it."""
+        assert self._client is not None
+        job: Job | None = None
+        failure = ""
+        for wait in (0.0, *self.config.callback_backoff_s):
+            await asyncio.sleep(wait)
+            try:
+                job = await self.queue.get(job_id)
+                break
+            except QueueError as exc:
+                failure = str(exc)
+        else:
+            unread = f"the job could not be read: {failure}"
+            log.warning("job callback failed", extra={"fields": {"job": job_id, "outcome": unread}})
+            return
+        if job is None or not job.callback:
+            return
         outcome = await callbacks.deliver(
             self._client, job.callback, job.public(), self.config.callback_backoff_s
         )

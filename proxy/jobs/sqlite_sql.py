@@ -222,16 +222,21 @@ def finish(
     now: float,
 ) -> bool:
     size = _upload(db, claimed.job.id)
+    # The token stays: the same claim's finish sent again (its first answer lost) is then
+    # known for what it is, and answered True again (redis_scripts.FINISH does the same).
     done = db.execute(
         "UPDATE jobs SET status = ?, result = ?, error = ?, updated = ?, finished = ?,"
-        " expires = ?, token = NULL, payload = NULL"
+        " expires = ?, payload = NULL"
         " WHERE id = ? AND token = ? AND status = 'running'",
         (status, None if result is None else dumps(result), None if error is None else dumps(error),
          now, now, now + keep_s, claimed.job.id, claimed.token),
     )  # fmt: skip
     _ended(db, done.rowcount)
     _held(db, -size * done.rowcount)
-    return done.rowcount == 1
+    if done.rowcount == 1:
+        return True
+    again = "SELECT 1 FROM jobs WHERE id = ? AND token = ? AND status = ?"
+    return db.execute(again, (claimed.job.id, claimed.token, status)).fetchone() is not None
 
 
 def requeue(

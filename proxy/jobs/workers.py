@@ -85,22 +85,24 @@ class Workers:
     async def _loop(self) -> None:
         while not self._stopping:
             try:
-                claimed = await self.queue.claim(self.config.lease_s, wait_s=1.0)
+                await self._next()
             except QueueError as exc:
                 self._unreachable(exc)
                 await self._pause(1.0)
-                continue
             except Exception:  # a loop that died would leave its jobs to the others, unsaid
-                log.exception("jobs: a worker's claim failed")
+                log.exception("jobs: a worker's loop failed")
                 await self._pause(1.0)
-                continue
-            if self._down_since:
-                log.warning("jobs: the queue answers again")
-                self._down_since = 0.0
-            if claimed is not None and self._stopping:
-                await self._write(partial(self.queue.requeue, claimed, _STOPPED, 0.0))
-            elif claimed is not None:
-                await self._run(claimed)
+
+    async def _next(self) -> None:
+        """One job claimed and run (or none within a second)."""
+        claimed = await self.queue.claim(self.config.lease_s, wait_s=1.0)
+        if self._down_since:
+            log.warning("jobs: the queue answers again")
+            self._down_since = 0.0
+        if claimed is not None and self._stopping:
+            await self._write(partial(self.queue.requeue, claimed, _STOPPED, 0.0))
+        elif claimed is not None:
+            await self._run(claimed)
 
     def _unreachable(self, exc: QueueError) -> None:
         """Said once for all the loops, and again every SAY_AGAIN_S while it lasts (every

@@ -6,13 +6,16 @@ key names one job, every job ends once with /infer's answer, and /infer answers 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import aiohttp
@@ -30,11 +33,37 @@ STALL_S = 12.0
 proxy's calls to the store fail, not only wait."""
 
 
+@contextmanager
+def callbacks_received() -> Iterator[tuple[str, Counter]]:
+    """An HTTP server on 127.0.0.1 taking jobs' callbacks: its URL, and how many callbacks
+    each (job id, status) got."""
+    received: Counter = Counter()
+
+    class Taking(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            received[body["id"], body["status"]] += 1
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Taking)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/done", received
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 async def submit_keyed(
-    url: str, work: list[tuple[str, bytes]], first: int, refused: list[int]
+    url: str, work: list[tuple[str, bytes]], first: int, refused: list[int], callback: str
 ) -> list[str]:
-    """Each input submitted under a key of its own, sent again with the same key after a 503
-    (or a connection lost) as a careful client does, until it is accepted."""
+    """Each input submitted under a key of its own, with a callback, sent again with the same
+    key after a 503 (or a connection lost) as a careful client does, until it is accepted."""
     limit = asyncio.Semaphore(16)
     timeout = aiohttp.ClientTimeout(total=30)
     async with aiohttp.ClientSession(url, timeout=timeout) as session:
@@ -46,7 +75,10 @@ async def submit_keyed(
                 while True:
                     try:
                         async with session.post(
-                            "/v1/pipelines/digits/jobs", data=blob, headers=headers
+                            "/v1/pipelines/digits/jobs",
+                            data=blob,
+                            headers=headers,
+                            params={"callback": callback},
                         ) as answer:
                             if answer.status == 202:
                                 return (await answer.json())["id"]
@@ -110,10 +142,11 @@ def test_a_stalled_store_loses_and_doubles_nothing(
     url = f"http://127.0.0.1:{port}"
     refused: list[int] = []
     answered: list[int | str] = []
-    with job_store(backend, tmp_path) as (redis, queue):
+    with job_store(backend, tmp_path) as (redis, queue), callbacks_received() as (to, called):
         env = {"PROXY_PORT": str(port), "PROXY_JOBS_URL": queue, "PROXY_JOBS_WORKERS": "8"}
+        env["PROXY_JOBS_CALLBACK_HOSTS"] = to.split("/")[2]
         with process(mesh, "proxy", **env):
-            ids = asyncio.run(submit_keyed(url, work[:100], 0, refused))  # the workers start
+            ids = asyncio.run(submit_keyed(url, work[:100], 0, refused, to))  # the workers start
             stall = (lambda: redis_frozen(redis.process.pid)) if redis else (
                 lambda: sqlite_locked(path)
             )  # fmt: skip
@@ -121,19 +154,26 @@ def test_a_stalled_store_loses_and_doubles_nothing(
             meanwhile.start()
             time.sleep(0.2)
             started = time.monotonic()
-            ids += asyncio.run(submit_keyed(url, work[100:], 100, refused))
+            ids += asyncio.run(submit_keyed(url, work[100:], 100, refused, to))
             submitting_s = time.monotonic() - started
             meanwhile.join()
             drain(url, len(work), {})
+            print("drained", time.monotonic() - started, flush=True)
             attempts = check(mesh, url, work, ids)
             with httpx.Client(base_url=url, timeout=30, verify=TLS) as client:
                 listed = client.get("/v1/jobs", params={"limit": "1000"}).json()["jobs"]
+            until = time.monotonic() + 30  # a callback goes once its job's end is written
+            while len(called) < len(ids) and time.monotonic() < until:
+                time.sleep(0.2)
+    # Every job's end called back, even one whose final write the store took but could not
+    # acknowledge within the stall (a retry of it was refused: the job was no longer running).
+    assert set(called) == {(job_id, "succeeded") for job_id in ids}, len(called)
     assert len(set(ids)) == len(ids) == len(listed) == 300  # one job a key, none more
     assert submitting_s > STALL_S / 2, "the submissions did not wait: the store did not stall"
     assert answered and set(answered) == {200}
     report(
         f"jobs ({backend}) through a {STALL_S:g} s stall of the store: 300 of 300 succeeded, "
         f"{len(refused)} submissions refused and sent again, {len(answered)} of "
-        f"{len(answered)} /infer calls answered; attempts "
-        f"{dict(sorted(attempts.items()))}"
+        f"{len(answered)} /infer calls answered, {sum(called.values())} callbacks for 300 jobs; "
+        f"attempts {dict(sorted(attempts.items()))}"
     )

@@ -60,6 +60,23 @@ async def test_a_lease_that_runs_out_hands_the_job_on_and_one_final_state_is_wri
     assert await queue.claim(lease_s=1.0, wait_s=0.2) is None
 
 
+async def test_a_final_state_sent_again_by_its_worker_is_taken_as_written(
+    queue: JobQueue,
+) -> None:
+    """A worker whose finish was applied but whose answer was lost (the store stalled past
+    the client's timeout) sends it again: it must hear True, or the job's callback is never
+    sent. Another state, or another worker's, is still refused."""
+    submitted, _ = await queue.submit(job(), 10)
+    claimed = await queue.claim(lease_s=10.0, wait_s=0.5)
+    assert claimed is not None
+    assert await queue.finish(claimed, "succeeded", {"r": 1}, None, 60)
+    assert await queue.finish(claimed, "succeeded", {"r": 1}, None, 60)  # sent again
+    assert not await queue.finish(claimed, "failed", None, {"status": 500}, 60)
+    done = await queue.get(submitted.id)
+    assert done is not None and done.status == "succeeded" and done.result == {"r": 1}
+    assert done.attempts == 1
+
+
 async def test_a_worker_dying_on_the_last_attempt_fails_the_job(queue: JobQueue) -> None:
     submitted, _ = await queue.submit(job(max_attempts=1), 10)
     assert await queue.claim(lease_s=1.0, wait_s=0.5) is not None
@@ -316,6 +333,136 @@ async def test_a_redis_restart_fails_no_call_on_the_connections_it_closed(tmp_pa
         assert [j.id for j in (await queue.page(None, None, 10, None)).jobs] == [submitted.id]
     finally:
         await queue.close()
+        server.stop()
+
+
+async def test_an_entry_delivered_in_a_reply_the_worker_lost_is_taken_at_once(
+    tmp_path: Path,
+) -> None:
+    """A worker's read that timed out while Redis stalled is still served once Redis goes on:
+    the job's entry is then delivered to that worker, which never heard of it. It used to
+    wait for the sweep of dead workers' entries (twice the lease, then one a lease: a 12 s
+    stall left eight jobs queued for four minutes). Now a failed call makes the worker read
+    its own pending entries again first."""
+    import os
+    import signal
+
+    import redis
+
+    from proxy.jobs.redis_claims import GROUP
+    from proxy.jobs.redis_queue import PREFIX, RedisQueue
+
+    server = redis_or_skip(tmp_path / "redis", persistent=True)
+    queue = RedisQueue(server.url, keep_s=60, timeout_s=0.5)
+    client = redis.Redis.from_url(server.url)
+    try:
+        submitted, _ = await queue.submit(job(), 10)
+        # What Redis did with the read whose reply was lost: the entry is this worker's.
+        client.xreadgroup(GROUP, queue.consumer, {f"{PREFIX}:stream": ">"}, count=1)
+        os.kill(server.process.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(QueueError, match="redis"):
+                await queue.get(submitted.id)  # no answer within the client's timeout
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)
+        claimed = await queue.claim(lease_s=30.0, wait_s=0.3)
+        assert claimed is not None and claimed.job.id == submitted.id
+        assert claimed.job.attempts == 1
+        assert await queue.claim(lease_s=30.0, wait_s=0.3) is None  # once
+    finally:
+        await queue.close()
+        client.close()
+        server.stop()
+
+
+class LosingRelay:
+    """A TCP relay to Redis that, once armed, swallows every reply on the connection that
+    carries the next call holding `marker`: the call itself goes through and runs."""
+
+    def __init__(self, upstream_port: int, marker: bytes) -> None:
+        self.upstream_port, self.marker, self.armed = upstream_port, marker, False
+        self.port = 0
+
+    async def __aenter__(self) -> LosingRelay:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._server.close()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        lost = False
+
+        async def up() -> None:
+            nonlocal lost
+            while data := await reader.read(65536):
+                if self.armed and self.marker in data:
+                    self.armed, lost = False, True
+                up_writer.write(data)
+            up_writer.close()
+
+        async def down() -> None:
+            while data := await up_reader.read(65536):
+                if not lost:
+                    writer.write(data)
+            writer.close()
+
+        await asyncio.gather(up(), down(), return_exceptions=True)
+
+
+async def test_a_take_whose_answer_was_lost_is_the_workers_at_once(tmp_path: Path) -> None:
+    """A worker's take of a job ran in Redis but its answer was lost: the job was running
+    under a token nobody held, and ran again (a second attempt) only once its lease ran out.
+    The worker now asks again with the same token and runs it, the attempt counted once."""
+    import redis
+
+    from proxy.jobs import redis_scripts
+    from proxy.jobs.redis_queue import PREFIX, RedisQueue
+
+    server = redis_or_skip(tmp_path / "redis", persistent=True)
+    client = redis.Redis.from_url(server.url)
+    take = client.script_load(redis_scripts.TAKE).encode()  # known: the call runs at once
+    async with LosingRelay(server.port, take) as relay:
+        queue = RedisQueue(f"redis://127.0.0.1:{relay.port}/0", keep_s=60, timeout_s=0.5)
+        try:
+            submitted, _ = await queue.submit(job(), 10)
+            relay.armed = True
+            with pytest.raises(QueueError):
+                await queue.claim(lease_s=30.0, wait_s=0.5)
+            assert not relay.armed, "the take never went through the relay"
+            assert client.hget(f"{PREFIX}:job:{submitted.id}", "status") == b"running"
+            claimed = await queue.claim(lease_s=30.0, wait_s=0.5)
+            assert claimed is not None and claimed.job.id == submitted.id
+            assert claimed.job.attempts == 1 and claimed.payload == b"x"
+            assert await queue.finish(claimed, "succeeded", {"r": 1}, None, 60)
+        finally:
+            await queue.close()
+            client.close()
+            server.stop()
+
+
+async def test_a_dead_workers_entries_are_taken_over_together(tmp_path: Path) -> None:
+    """Entries a dead worker had read but not taken are taken over in one sweep, not one a
+    lease (eight of them took four minutes)."""
+    import redis
+
+    from proxy.jobs.redis_claims import GROUP
+    from proxy.jobs.redis_queue import PREFIX
+
+    server = redis_or_skip(tmp_path / "redis", persistent=True)
+    queue = open_queue(server.url, keep_s=60)
+    client = redis.Redis.from_url(server.url)
+    try:
+        ids = {(await queue.submit(job(payload=bytes([i])), 10))[0].id for i in range(3)}
+        client.xreadgroup(GROUP, "dead-worker", {f"{PREFIX}:stream": ">"}, count=3)
+        await asyncio.sleep(2.2)  # idle past twice the lease below: the worker is gone
+        taken = [await queue.claim(lease_s=1.0, wait_s=0.2) for _ in range(3)]
+        assert {c.job.id for c in taken if c is not None} == ids
+    finally:
+        await queue.close()
+        client.close()
         server.stop()
 
 

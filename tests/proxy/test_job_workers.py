@@ -75,7 +75,7 @@ async def test_a_workers_loop_outlives_an_unexpected_error(
 
     await run_until(tmp_path / "jobs.sqlite3", 1, first_fails, lambda: claims >= 3)
     assert claims >= 3  # the one loop claimed again after the error
-    assert "a worker's claim failed" in caplog.text and "a bug" in caplog.text
+    assert "a worker's loop failed" in caplog.text and "a bug" in caplog.text
 
 
 async def test_a_final_state_the_store_could_not_take_is_written_again(tmp_path: Path) -> None:
@@ -120,3 +120,42 @@ async def test_a_final_state_the_store_could_not_take_is_written_again(tmp_path:
     await real.close()
     assert job is not None and job.status == "succeeded" and job.result == {"label": 7}
     assert (runs, finishes, job.attempts) == (1, 3, 1)  # written on its third try, run once
+
+
+async def test_a_callback_waits_out_a_store_that_cannot_be_read_yet(tmp_path: Path) -> None:
+    # The callback's read of the ended job ran on the worker's own path: a store that stalled
+    # right after a job's end lost its callback (3 of 300 through a 12 s Redis stall) and
+    # ended the worker's loop with it.
+    from proxy.jobs.model import Submission
+    from proxy.jobs.service import Jobs
+    from tests.proxy.test_jobs import receiver
+
+    async with receiver(failures=0) as (port, received):
+        url = f"sqlite:///{tmp_path / 'jobs.sqlite3'}"
+        hosts = frozenset({f"127.0.0.1:{port}"})
+        config = JobsConfig(url, 0, 10, 0, 60, 30, 3, 0.5, hosts, callback_backoff_s=(0.1,) * 3)
+        jobs = Jobs(None, config)  # type: ignore[arg-type]  # no workers: no engine needed
+        real, reads = jobs.queue, 0
+
+        class Stalled(Failing):
+            async def get(self, job_id: str):
+                nonlocal reads
+                reads += 1
+                if reads <= 2:
+                    raise QueueError("redis redis://127.0.0.1:6380/1: TimeoutError")
+                return await real.get(job_id)
+
+        jobs.queue = Stalled(real, lambda: None)  # type: ignore[assignment]
+        jobs.start()
+        try:
+            callback = f"http://127.0.0.1:{port}/done"
+            job, _ = await jobs.submit(Submission("p", "image", b"x", 3, 1000.0, callback=callback))
+            _, ended = await jobs.cancel(job.id)
+            for _ in range(100):
+                if received:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            await jobs.stop()
+    assert ended and reads == 3  # two reads refused, the third taken
+    assert [(r["id"], r["status"]) for r in received] == [(job.id, "cancelled")]
