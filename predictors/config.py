@@ -49,6 +49,9 @@ class VersionPolicy(Strict):
         return ordered[-(self.latest or 1) :]
 
 
+ArenaPolicy = Literal["keep", "outliers", "always"]
+
+
 class OrtOptions(Strict):
     intra_op_threads: int = Field(default=0, ge=0)
     """0 lets ONNX Runtime decide (one per core)."""
@@ -57,6 +60,11 @@ class OrtOptions(Strict):
     allow_spinning: bool = False
     """Idle intra-op threads busy-wait for work; off by default because they would
     steal the cores that gRPC and the other services share."""
+    arena: ArenaPolicy = "keep"
+    """What the memory arena keeps after an execution (predictors/arena.py): `keep` all
+    it grew to (ONNX Runtime's default), `outliers` gives back what an execution with
+    inputs over twice the largest of the last 32 took, `always` gives it back every time
+    (Triton's `memory.enable_memory_arena_shrinkage`)."""
 
 
 class Ragged(Strict):

@@ -9,6 +9,7 @@ import onnxruntime as ort
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
 
 from predictors import ragged, reported
+from predictors.arena import Arena
 from predictors.config import ModelConfig, ModelTensor
 from protos.codec import dtype_of
 from protos.errors import InvalidInput
@@ -141,6 +142,8 @@ class OnnxModel:
         self._session = ort.InferenceSession(
             str(path), session_options(config), providers=["CPUExecutionProvider"]
         )
+        policy = config.onnxruntime.arena
+        self._arena = Arena(policy) if policy != "keep" else None
         batching = config.max_batch_size > 0
         nodes_in, nodes_out = self._session.get_inputs(), self._session.get_outputs()
         self.inputs = _specs(nodes_in, config.inputs, where, "input", batching)
@@ -198,7 +201,10 @@ class OnnxModel:
             for name, arr in inputs.items()
         }
         try:
-            results = self._session.run(self._output_names, feeds)
+            options = None
+            if self._arena is not None:
+                options = self._arena.run_options(sum(a.nbytes for a in feeds.values()))
+            results = self._session.run(self._output_names, feeds, options)
         except OrtInvalidArgument as exc:
             raise InvalidInput(f"model '{self.name}': {exc}") from None
         outputs = dict(zip(self._output_names, results, strict=True))
