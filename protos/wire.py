@@ -125,6 +125,11 @@ class ParsedInferRequest:
         """Bytes of the message as received."""
         """Set when the bytes did not parse; the handler reports it as INVALID_ARGUMENT."""
 
+    def release(self) -> None:
+        """Its tensors' bytes let go once it is answered: a grpc.aio server's stream reader
+        holds the last message it read until the next arrives."""
+        self.raw = self.contents = ()
+
     # The interceptor and logs read these like on a plain message.
     @property
     def model_name(self) -> str:
@@ -180,8 +185,22 @@ def serialize_infer_request(request: pb.ModelInferRequest | ParsedInferRequest |
     return request.SerializeToString()
 
 
-def serialize_response(response: Message | bytes) -> bytes:
+class Handed:
+    """A serialized message handed to gRPC once. Its serializer takes the bytes out: a
+    grpc.aio server's stream writer holds the last message it sent until the next, so every
+    idle stream kept its last answer (an OCR page's tensors are up to 20 MiB)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+def serialize_response(response: Message | bytes | Handed) -> bytes:
     """gRPC response serializer: ready bytes pass through untouched."""
+    if isinstance(response, Handed):
+        data, response.data = response.data, b""
+        return data
     return response if isinstance(response, bytes) else response.SerializeToString()
 
 

@@ -190,6 +190,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     http = getattr(exc, "http_status", None)
                     error = _stream_error(request.message, text, call.code, http)
                     answers.put_nowait((error, request.size))
+                finally:
+                    request.release()
 
         waiting = 0
         """Requests read but not running yet (waiting for room): a draining stream must
@@ -216,6 +218,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     running.add(task)
                     by_id[request.id] = task
                     task.add_done_callback(done)
+                    # Not held while the stream waits for its next request: an OCR page is
+                    # up to 20 MiB, and every idle stream kept its last one.
+                    request = task = None  # type: ignore[assignment]
                 while running:
                     await asyncio.wait(set(running))
             finally:
@@ -238,10 +243,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     continue
                 answer, size = item
                 if answer is not None:
-                    yield answer
+                    yield wire.Handed(answer)
                 window.give(1)
                 stream_bytes.give(size)
                 self._held.give(size)
+                item = answer = None  # nor its last answer (see read)
             await reader  # the caller's half-close or a broken stream surfaces here
         finally:
             self._streams.discard(answers)

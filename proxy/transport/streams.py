@@ -120,10 +120,12 @@ class MuxStream:
         try:
             while True:
                 outgoing = await self._outbox.get()
-                if outgoing.dropped:
-                    continue
-                outgoing.sent = True
-                await self._call.write(outgoing.data)
+                if not outgoing.dropped:
+                    outgoing.sent = True
+                    await self._call.write(outgoing.data)
+                # Not held while the stream idles: an OCR page's request is up to 20 MiB, and
+                # every idle stream kept its last one (~140 MiB a proxy after a crowd).
+                outgoing = None
         except aio.AioRpcError as exc:
             self._end(self._broken(exc.code(), exc.details()))
         except (asyncio.InvalidStateError, aio.UsageError):
@@ -136,6 +138,7 @@ class MuxStream:
         answered = 0
         try:
             while True:
+                answer = future = None  # an idle stream holds no answer (see _write)
                 answer = await self._call.read()
                 if answer is aio.EOF:
                     trailers = await self._call.trailing_metadata() or ()

@@ -449,3 +449,37 @@ async def test_streams_a_draining_server_ends_teach_nothing() -> None:
     assert len({id(s) for s in streams}) == 2, "two streams, one answer each"
     assert codes == [grpc.StatusCode.OK] * 2 and all(s.closed for s in streams)
     assert pool.unfit == "" and pool.short_lived == 0
+
+
+def _big_buffers_held(over: int) -> list[str]:
+    """Buffers over `over` bytes that some live object refers to, by that object's type."""
+    import gc
+
+    gc.collect()
+    held = []
+    for owner in gc.get_objects():
+        for ref in gc.get_referents(owner):
+            size = ref.nbytes if isinstance(ref, (memoryview, np.ndarray)) else -1
+            size = len(ref) if isinstance(ref, (bytes, bytearray)) else size
+            if size > over:
+                held.append(type(owner).__name__)
+    return held
+
+
+@STREAMS
+async def test_an_idle_stream_holds_no_request_or_answer(make_client) -> None:
+    # Every idle stream, at both ends, kept its last request and answer until its next: after
+    # a crowd of OCR photos (up to 20 MiB each), ~140 MiB in a proxy, more in the services.
+    parse, models = await serve(parse_model()), await serve(affine("plus1", 1, 1))
+    env = {"PARSE_URL": f"127.0.0.1:{parse.port}", "MODELS_URL": f"127.0.0.1:{models.port}"}
+    try:
+        async with make_client(PIPES, env) as client:
+            data = body(*range(600_000))  # 2.4 MB, and as much again at every hop
+            answer = await post(client, "p", data)
+            assert answer.json()["result"]["y"][:3] == [1.0, 2.0, 3.0]
+            del data, answer
+            held = _big_buffers_held(2_000_000)
+    finally:
+        await parse.stop(0)
+        await models.stop(0)
+    assert held == []
