@@ -23,7 +23,6 @@ Measured side by side over one mesh: bench/README.md, 2026-11-27 and 2026-11-29.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import gc
 import os
 import threading
@@ -106,8 +105,10 @@ def _libc() -> ctypes.CDLL | None:
     """glibc with malloc_trim and mallinfo2 (2.33 and later), or None (musl, older)."""
     global _LIBC
     if _LIBC is False:
-        name = ctypes.util.find_library("c")
-        libc = ctypes.CDLL(name) if name else None
+        try:  # glibc's name; find_library runs ldconfig, which a slim image may not have
+            libc: ctypes.CDLL | None = ctypes.CDLL("libc.so.6")
+        except OSError:
+            libc = None
         if libc is None or not hasattr(libc, "malloc_trim") or not hasattr(libc, "mallinfo2"):
             _LIBC = None
         else:
