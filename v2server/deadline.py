@@ -39,3 +39,7 @@ async def within(work: Coroutine[Any, Any, T], deadline: float) -> T:
         raise
     finally:
         timer.cancel()
+        # An error of `work` goes on with this frame in its traceback; the frame would hold
+        # the task, which ends up holding the error: a cycle only a full collection frees,
+        # the request's tensors in it (the proxy's gRPC door kept 1.7 GB of refused uploads).
+        task = timer = None  # type: ignore[assignment]

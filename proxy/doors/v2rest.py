@@ -41,7 +41,11 @@ PARSE_IN_THREAD = 256 * 1024
 def problem(exc: MeshError) -> Problem:
     """A data plane error as this door answers it: the status the table gives its code."""
     if isinstance(exc, PipelineFailed):
-        return exc.problem
+        # A copy: raised while `exc` is handled, the Problem's context becomes `exc`, which
+        # holds the Problem itself; the two would be a cycle (with the request's upload in
+        # their tracebacks' frames) that only a full collection frees.
+        known = exc.problem
+        return Problem(known.status, known.message, close=known.close, **known.extra)
     return Problem(http_status(exc.code), str(exc), code=exc.code.name)
 
 
