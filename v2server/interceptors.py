@@ -196,5 +196,13 @@ async def answer_unary(
         except Exception as exc:
             call.code, text = error_status(exc, method)
             http = getattr(exc, "http_status", None)
-            trailer = () if http is None else ((HTTP_STATUS_METADATA, str(http)),)
-            await context.abort(call.code, text, trailing_metadata=trailer)
+            # The status set, not raised with context.abort: grpc.aio keeps the AbortError it
+            # raises on the call's state, which its handler's frames hold, and the error's
+            # traceback holds those frames and the request in them: a cycle only a full
+            # collection frees (19 refused 18 MiB images kept 340 MiB in the preprocessing).
+            # gRPC sends no message with a status that is not OK.
+            context.set_code(call.code)
+            context.set_details(text)
+            if http is not None:
+                context.set_trailing_metadata(((HTTP_STATUS_METADATA, str(http)),))
+            return None
