@@ -122,22 +122,23 @@ return redis.call('HMGET', KEYS[1], unpack(ARGV, 10))
 
 # KEYS: job, running, stream, expiry, queued, delayed, leases, ended:<status>, bytes; ARGV: id,
 # token ('' for a cancel), status, now, keep_ms, group, then fields to set as name, value pairs.
-# The final state, written once: by the worker holding the token, or by a cancel. The token
-# stays as `ended_by`: the same worker's FINISH sent again (its first reply lost to a timeout,
-# yet applied) is answered 1 again, so that the worker still calls the job's callback back.
+# The final state, written once: by the worker holding the token, or by a cancel. A worker's
+# token stays (every other script reads the status first): the same worker's FINISH sent again
+# (its first reply lost to a timeout, yet applied) is answered 1 again, so that the worker
+# still calls the job's callback back (sqlite_sql.finish does the same).
 FINISH = (
     ALLOW_OOM
     + """
-local status, token, entry, created, by = unpack(redis.call('HMGET', KEYS[1], 'status', 'token',
-                                                           'entry', 'created', 'ended_by'))
-if ARGV[2] ~= '' and by == ARGV[2] and status == ARGV[3] then return 1 end
+local status, token, entry, created = unpack(redis.call('HMGET', KEYS[1], 'status', 'token',
+                                                       'entry', 'created'))
+if ARGV[2] ~= '' and token == ARGV[2] and status == ARGV[3] then return 1 end
 if status ~= 'running' and not (ARGV[2] == '' and status == 'queued') then return 0 end
 if ARGV[2] ~= '' and token ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], 'status', ARGV[3], 'updated', ARGV[4], 'finished', ARGV[4],
            'expires', tonumber(ARGV[4]) + tonumber(ARGV[5]) / 1000, unpack(ARGV, 7))
-if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'ended_by', ARGV[2]) end
 redis.call('DECRBY', KEYS[9], redis.call('HSTRLEN', KEYS[1], 'payload'))
-redis.call('HDEL', KEYS[1], 'token', 'payload', 'entry')
+redis.call('HDEL', KEYS[1], 'payload', 'entry')
+if ARGV[2] == '' then redis.call('HDEL', KEYS[1], 'token') end
 redis.call('SREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[5], ARGV[1])
 redis.call('ZREM', KEYS[6], ARGV[1])
