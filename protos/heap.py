@@ -97,8 +97,11 @@ def _trimming() -> None:
 class _MallInfo2(ctypes.Structure):
     _fields_ = [
         (name, ctypes.c_size_t)
-        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks")
-    ] + [(name, ctypes.c_size_t) for name in ("uordblks", "fordblks", "keepcost")]
+        for name in (
+            *("arena", "ordblks", "smblks", "hblks", "hblkhd"),
+            *("usmblks", "fsmblks", "uordblks", "fordblks", "keepcost"),
+        )
+    ]
 
 
 def _libc() -> ctypes.CDLL | None:
