@@ -7,6 +7,7 @@ PostgreSQL refuses to run as root: as root (CI), the cluster is made and run as 
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 import pwd
@@ -25,9 +26,17 @@ class Unavailable(RuntimeError):
     """No PostgreSQL here (`./mesh test` installs Debian's when run as root)."""
 
 
+@functools.cache
 def _bin_dir() -> Path | None:
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/postgres"))
     return Path(found[-1]).parent if found else None
+
+
+def _program(name: str) -> str:
+    """A PostgreSQL program's path (start() has checked that PostgreSQL is there)."""
+    bin_dir = _bin_dir()
+    assert bin_dir is not None
+    return str(bin_dir / name)
 
 
 def available() -> bool:
@@ -51,10 +60,8 @@ class PostgresServer:
     def restart(self, down_s: float = 0.0) -> None:
         """A fast shutdown (`pg_ctl stop -m fast`: its sessions are ended, as a restart or a
         fail-over ends them), `down_s` without a server, then the same cluster on the same port."""
-        bin_dir = _bin_dir()
-        assert bin_dir is not None
         subprocess.run(
-            [*_as_user(), str(bin_dir / "pg_ctl"), "stop", "-D", str(self.folder / "data"),
+            [*_as_user(), _program("pg_ctl"), "stop", "-D", str(self.folder / "data"),
              "-m", "fast", "-w"],
             check=True, capture_output=True,
         )  # fmt: skip
@@ -65,15 +72,14 @@ class PostgresServer:
 
 
 def start() -> PostgresServer:
-    bin_dir = _bin_dir()
-    if bin_dir is None:
+    if _bin_dir() is None:
         raise Unavailable("PostgreSQL is missing (apt-get install postgresql)")
     folder = Path(tempfile.mkdtemp(prefix="mesh-postgres-"))
     if os.geteuid() == 0:
         user = pwd.getpwnam("postgres")
         os.chown(folder, user.pw_uid, user.pw_gid)
     subprocess.run(
-        [*_as_user(), str(bin_dir / "initdb"), "-D", str(folder / "data"), "-U", "postgres",
+        [*_as_user(), _program("initdb"), "-D", str(folder / "data"), "-U", "postgres",
          "--auth=trust", "--encoding=UTF8", "--no-sync"],
         check=True, capture_output=True,
     )  # fmt: skip
@@ -92,11 +98,9 @@ def _as_user() -> list[str]:
 
 
 def _launch(folder: Path, port: int) -> subprocess.Popen:
-    bin_dir = _bin_dir()
-    assert bin_dir is not None
     log = (folder / "postgres.log").open("ab")
     process = subprocess.Popen(
-        [*_as_user(), str(bin_dir / "postgres"), "-D", str(folder / "data"), "-p", str(port),
+        [*_as_user(), _program("postgres"), "-D", str(folder / "data"), "-p", str(port),
          "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={folder}",
          "-c", "fsync=off"],
         stdout=log, stderr=subprocess.STDOUT,
@@ -106,12 +110,10 @@ def _launch(folder: Path, port: int) -> subprocess.Popen:
 
 
 def _wait_ready(server: PostgresServer) -> None:
-    bin_dir = _bin_dir()
-    assert bin_dir is not None
     deadline = time.monotonic() + 30
     while True:
         ready = subprocess.run(
-            [str(bin_dir / "pg_isready"), "-h", "127.0.0.1", "-p", str(server.port)],
+            [_program("pg_isready"), "-h", "127.0.0.1", "-p", str(server.port)],
             capture_output=True,
         )
         if ready.returncode == 0:
