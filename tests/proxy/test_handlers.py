@@ -16,6 +16,7 @@ from proxy.doors.v2rest import V2Endpoints
 from proxy.errors import Problem
 from proxy.settings import ProxySettings
 from proxy.state import ProxyState
+from tests.leaks import Uploads, collector_off
 from tests.proxy.test_pipelines import call, pipeline
 
 
@@ -76,26 +77,18 @@ async def test_pipeline_list_and_unknown_names(tmp_path: Path) -> None:
     await state.channels.close()
 
 
-class Upload:
-    """Stands for a request's upload, held by the frames its error passes through."""
-
-
 def test_a_refused_v2_request_leaves_no_cycle_that_holds_its_upload() -> None:
     # The door raised the Problem a PipelineFailed carries while handling it: the Problem's
     # context became the PipelineFailed, which holds the Problem, a cycle only a full
     # collection frees. Refused OCR photos on v2 REST kept ~170 MiB so.
-    import gc
-    import weakref
-
     from protos.errors import MeshError
     from proxy.doors.pipeline_models import PipelineFailed
     from proxy.doors.v2rest import problem
 
-    seen: list[weakref.ref] = []
+    uploads = Uploads()
 
     def refused() -> None:
-        upload = Upload()
-        seen.append(weakref.ref(upload))
+        _upload = uploads.new()
         raise PipelineFailed(Problem(503, "pipeline 'ocr' at capacity"))
 
     def door() -> None:
@@ -104,12 +97,9 @@ def test_a_refused_v2_request_leaves_no_cycle_that_holds_its_upload() -> None:
         except MeshError as exc:
             raise problem(exc) from None
 
-    gc.disable()
-    try:
+    with collector_off():
         with pytest.raises(Problem, match="at capacity") as raised:
             door()
         assert raised.value.status == 503
         del raised
-        assert seen[0]() is None  # gone with the error, no collection needed
-    finally:
-        gc.enable()
+        assert uploads.alive() == 0  # gone with the error, no collection needed

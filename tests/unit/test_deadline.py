@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from tests.leaks import Uploads, collector_off
 from v2server.deadline import within
 
 
@@ -75,35 +76,24 @@ async def test_an_error_of_the_works_own_passes_through() -> None:
         await within(broken(), _in(5))
 
 
-class Upload:
-    """Stands for a request's tensors, held by the frames its error passes through."""
-
-
 async def test_an_error_leaves_no_cycle_that_holds_the_request() -> None:
     # The error went on with within's frame in its traceback, and that frame held the task,
     # which ends up holding the error: a cycle only a full collection frees. Refused OCR
     # photos at the proxy's gRPC door kept 1.7 GB so, between full collections.
-    import gc
-    import weakref
-
-    seen: list[weakref.ref] = []
+    uploads = Uploads()
 
     async def refused() -> None:
-        upload = Upload()
-        seen.append(weakref.ref(upload))
+        _upload = uploads.new()
         await asyncio.sleep(0)
         raise RuntimeError("at capacity")
 
     async def call() -> None:  # as a door runs it: a task of its own
         await within(refused(), asyncio.get_running_loop().time() + 10)
 
-    gc.disable()
-    try:
+    with collector_off():
         task = asyncio.create_task(call())
         with pytest.raises(RuntimeError, match="at capacity"):
             await task
         del task
         await asyncio.sleep(0)  # this step ran from the task's own wake-up, which held it
-        assert seen[0]() is None  # gone with the error, no collection needed
-    finally:
-        gc.enable()
+        assert uploads.alive() == 0  # gone with the error, no collection needed

@@ -10,6 +10,7 @@ import pytest
 
 from proxy.doors.disconnect import until_disconnect
 from proxy.errors import ClientGone
+from tests.leaks import Uploads, collector_off
 
 
 class Client:
@@ -85,31 +86,20 @@ async def test_a_caller_cancelled_cancels_its_work() -> None:
     assert cancelled.is_set()
 
 
-class Upload:
-    """Stands for a request's upload, held by the frames its error passes through."""
-
-
 @pytest.mark.parametrize("waits", [False, True])
 async def test_an_error_leaves_no_cycle_that_holds_the_request(waits: bool) -> None:
     # The error went on with until_disconnect's frame in its traceback, and that frame held
     # the task, which held the error: a cycle only a full collection frees. 22 OCR photos
     # refused at capacity kept 400 MiB of uploads in a proxy so, between full collections.
-    import gc
-    import weakref
-
-    seen: list[weakref.ref] = []
+    uploads = Uploads()
 
     async def refused() -> None:
-        upload = Upload()
-        seen.append(weakref.ref(upload))
+        _upload = uploads.new()
         if waits:
             await asyncio.sleep(0.01)
         raise RuntimeError("at capacity")
 
-    gc.disable()
-    try:
+    with collector_off():
         with pytest.raises(RuntimeError, match="at capacity"):
             await until_disconnect(Client(), refused())  # type: ignore[arg-type]
-        assert seen[0]() is None  # gone with the error, no collection needed
-    finally:
-        gc.enable()
+        assert uploads.alive() == 0  # gone with the error, no collection needed
