@@ -97,6 +97,12 @@ JOBS_FINISHED = Counter(
     "Jobs whose final state this process wrote, by pipeline and state",
     ["pipeline", "status"],
 )
+JOB_CALLBACKS = Counter(
+    "proxy_job_callbacks_total",
+    "Tries of jobs' callbacks by this process, by outcome (delivered; refused, a 4xx: not "
+    "tried again; failed: tried again later)",
+    ["outcome"],
+)
 JOBS_WAITING = Gauge(
     "proxy_jobs",
     "Unfinished jobs in the queue's store, by state (queued, running)",

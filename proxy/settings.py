@@ -176,6 +176,13 @@ class ProxySettings(BaseSettings):
     jobs_callback_hosts: str = ""
     """Hosts (`host` or `host:port`, comma-separated) a job's callback may be POSTed to;
     empty: callbacks refused."""
+    jobs_callback_most_s: float = Field(default=600.0, gt=0)
+    """Longest wait between two tries of a callback that fails: each wait is as long as the
+    job has been ended (tries at 0, 0.5, 1, 2, 4 ... s after its end), up to this; tried
+    until delivered, refused (a 4xx) or the job is removed (`jobs_keep_s`)."""
+    jobs_callback_hold_s: float = Field(default=30.0, ge=0.1)
+    """How long a callback being tried is left to the process trying it before another one
+    may (after a crash or a restart of that process): one POST's 10 s timeout, with room."""
     tls_ca: Path | None = None
     """PEM CA that signed the services' certificates: calls them over TLS. Unset: plaintext."""
     tls_cert: Path | None = None

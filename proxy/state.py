@@ -93,6 +93,8 @@ def _jobs_config(settings: ProxySettings) -> JobsConfig:
         share=settings.jobs_share,
         callback_hosts=allowed_hosts(settings.jobs_callback_hosts),
         backoff_s=settings.jobs_backoff_s,
+        callback_most_s=settings.jobs_callback_most_s,
+        callback_hold_s=settings.jobs_callback_hold_s,
     )
 
 

@@ -19,7 +19,9 @@ class JobAccepted(BaseModel):
 class JobCallback(BaseModel):
     url: str
     status: str | None = Field(
-        description='null until sent; "delivered", or the last delivery failure'
+        description='null until tried; "delivered", "refused: <why>" (a 4xx answer: not tried '
+        'again) or "retrying: <the last failure>" (tried again until delivered or the job is '
+        "removed)"
     )
 
 

@@ -1,12 +1,10 @@
-"""A job's callback: its final state POSTed to a URL the client gave, retried with back-off,
-and only to hosts the operator allows (PROXY_JOBS_CALLBACK_HOSTS): without the list, a
-client could make the proxy call anything it can reach (server-side request forgery)."""
+"""A job's callback: its final state POSTed to a URL the client gave (tried until delivered:
+outbox.py), and only to hosts the operator allows (PROXY_JOBS_CALLBACK_HOSTS): without the
+list, a client could make the proxy call anything it can reach (server-side request
+forgery)."""
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -15,8 +13,6 @@ import orjson
 
 from protos.errors import capped
 from proxy.errors import Problem
-
-log = logging.getLogger("proxy")
 
 
 def allowed_hosts(setting: str) -> frozenset[str]:
@@ -60,25 +56,17 @@ def _shown(text: str) -> str:
     return repr(capped(text, SHOWN))
 
 
-async def deliver(
-    client: httpx.AsyncClient, url: str, body: dict[str, Any], backoff: Sequence[float]
-) -> str:
-    """POST `body` until a 2xx answer; "delivered", or the last failure."""
-    payload = orjson.dumps(body)
-    outcome = ""
-    for wait in (0.0, *backoff):
-        await asyncio.sleep(wait)
-        try:
-            answer = await client.post(
-                url, content=payload, headers={"Content-Type": "application/json"}
-            )
-        except httpx.HTTPError as exc:
-            outcome = f"{type(exc).__name__}: {exc}"
-            continue
-        if answer.is_success:
-            return "delivered"
-        outcome = f"HTTP {answer.status_code}"
-        if 400 <= answer.status_code < 500 and answer.status_code not in (408, 429):
-            break  # the receiver refuses it: it will again
-    log.warning("job callback failed", extra={"fields": {"url": url, "outcome": outcome}})
-    return outcome
+async def post(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> tuple[str, bool]:
+    """One try of a callback: how it went, and whether that is its end ("delivered", or
+    "refused: ..." for a 4xx other than 408 and 429: the receiver would refuse it again)."""
+    try:
+        answer = await client.post(
+            url, content=orjson.dumps(body), headers={"Content-Type": "application/json"}
+        )
+    except httpx.HTTPError as exc:
+        return capped(f"{type(exc).__name__}: {exc}", SHOWN), False
+    if answer.is_success:
+        return "delivered", True
+    if 400 <= answer.status_code < 500 and answer.status_code not in (408, 429):
+        return f"refused: HTTP {answer.status_code}", True
+    return f"HTTP {answer.status_code}", False

@@ -36,13 +36,20 @@ class JobsConfig:
     callback_hosts: frozenset[str]
     backoff_s: float = 1.0
     """First wait before another attempt; doubled each time, jittered, at most 60 s."""
-    callback_backoff_s: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0)
-    """Waits between a callback's delivery attempts: six tries over ~15 s."""
+    callback_first_s: float = 0.5
+    """Shortest wait before a failed callback is tried again; each wait is as long as the
+    job has been ended (tries at 0, 0.5, 1, 2, 4 ... s), up to `callback_most_s`."""
+    callback_most_s: float = 600.0
+    callback_hold_s: float = 30.0
+    """How long a callback being tried is left to its process before another tries it."""
 
     @property
     def renew_s(self) -> float:
         # Often enough to cancel a job's calls soon after DELETE, and to keep a lease.
         return min(self.lease_s / 3, 0.5)
+
+
+CALLBACK_HOLD_S = JobsConfig.callback_hold_s
 
 
 class QueueFull(Exception):
@@ -97,7 +104,8 @@ class Job:
     """The last error, as /infer gives it: {"status": HTTP status, "error": message, ...}."""
     callback: str | None = None
     callback_status: str | None = None
-    """None (no callback, or not sent yet), "delivered", or the last delivery failure."""
+    """None (no callback, or not tried yet), "delivered", "refused: <why>" (a 4xx answer: not
+    tried again) or "retrying: <the last failure>"."""
     finished: float | None = None
 
     def public(self) -> dict[str, Any]:

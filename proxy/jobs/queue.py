@@ -4,7 +4,11 @@ Redis, shared by proxy replicas and worker processes), chosen by PROXY_JOBS_URL.
 Every state change is one atomic step in the store, and a job's final state is written
 once: a worker writes it only while it holds the job's lease and token, and a cancel writes
 it only while the job is not final. A worker that dies leaves its job running with a lease
-that runs out; then another worker takes it again (an attempt more)."""
+that runs out; then another worker takes it again (an attempt more).
+
+An ended job with a callback stays in the queue's outbox until its callback is delivered or
+refused (proxy/jobs/outbox.py): its final state's write puts it there, held for the writing
+process, which tries it at once."""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import abc
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.jobs.model import Claimed, Job, Submission
+from proxy.jobs.model import CALLBACK_HOLD_S, Claimed, Job, Submission
 
 
 @dataclass(frozen=True)
@@ -79,8 +83,16 @@ class JobQueue(abc.ABC):
         """Back to queued, due in `delay_s`, its last error kept; False when not held."""
 
     @abc.abstractmethod
-    async def callback_done(self, job_id: str, outcome: str) -> None:
-        """Record how the callback went ("delivered", or the last failure)."""
+    async def callback_done(self, job_id: str, outcome: str, retry_at: float | None) -> None:
+        """Record how a try of the job's callback went (its `callback_status`); the callback
+        stays in the outbox until `retry_at` (epoch seconds), or leaves it (None: delivered,
+        refused). Nothing for a job gone."""
+
+    @abc.abstractmethod
+    async def due_callbacks(self, now: float, most: int) -> list[str]:
+        """Up to `most` ended jobs whose callback is due at `now` (its writer's process
+        died, or its last try failed and its wait is over), each held for the queue's
+        `callback_hold_s` by the caller, who tries it now."""
 
     @abc.abstractmethod
     async def sweep(self, now: float, most: int) -> int:
@@ -100,17 +112,18 @@ class JobQueue(abc.ABC):
     async def close(self) -> None: ...
 
 
-def open_queue(url: str, keep_s: float) -> JobQueue:
+def open_queue(url: str, keep_s: float, callback_hold_s: float = CALLBACK_HOLD_S) -> JobQueue:
     """The backend `url` names: `sqlite:///path/jobs.sqlite3` or `redis://host:port/db`;
-    ended jobs are kept `keep_s` seconds."""
+    ended jobs are kept `keep_s` seconds; a callback being tried is left to its process
+    `callback_hold_s` seconds before another may try it."""
     if url.startswith(("redis://", "rediss://", "unix://")):
         from proxy.jobs.redis_queue import RedisQueue
 
-        return RedisQueue(url, keep_s)
+        return RedisQueue(url, keep_s, callback_hold_s=callback_hold_s)
     if url.startswith("sqlite:///"):
         from proxy.jobs.sqlite_queue import SqliteQueue
 
-        return SqliteQueue(url, keep_s)
+        return SqliteQueue(url, keep_s, callback_hold_s)
     raise ValueError(
         f"PROXY_JOBS_URL {url!r}: use sqlite:///path/to/jobs.sqlite3 or redis://host:port/db"
     )

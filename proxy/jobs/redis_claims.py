@@ -131,7 +131,7 @@ class Claims:
     ) -> Claimed | None:
         k, token, now = self._k, token or new_id(), time.time()
         keys = [k["job"] + job_id, k["queued"], k["running"], k["stream"], k["expiry"]]
-        keys += [k["leases"], k["failed"], k["bytes"]]
+        keys += [k["leases"], k["failed"], k["bytes"], k["callbacks"]]
         args = [job_id, entry, token, repr(now), GROUP, self._keep_ms, LOST]
         args += [int(lease_s * 1000), self.consumer, *self._shown, "kind", "payload"]
         try:

@@ -20,6 +20,7 @@ from proxy.engine import redis_client
 from proxy.jobs import redis_scripts as lua
 from proxy.jobs.grouping import Grouped
 from proxy.jobs.model import (
+    CALLBACK_HOLD_S,
     Claimed,
     IdempotencyConflict,
     Job,
@@ -60,23 +61,29 @@ def _job(job_id: str, f: list[bytes | None]) -> Job | None:
 
 class RedisQueue(JobQueue):
     def __init__(
-        self, url: str, keep_s: float, prefix: str = PREFIX, timeout_s: float = 10.0
+        self,
+        url: str,
+        keep_s: float,
+        prefix: str = PREFIX,
+        timeout_s: float = 10.0,
+        callback_hold_s: float = CALLBACK_HOLD_S,
     ) -> None:
         self.url = redis_client.shown(url)
         """The store's address without credentials, as errors name it."""
         self.keep_s = keep_s
+        self.callback_hold_s = callback_hold_s
         self._redis = redis_client.connect(
             url, timeout_s, retries=3, backoff=True, connect_timeout_s=min(5.0, timeout_s)
         )
         self.consumer = f"{socket.gethostname()}-{os.getpid()}-{new_id()[:8]}"
         self._k = {n: f"{prefix}:{n}" for n in ("stream", "queued", "running", "index")}
         self._k |= {n: f"{prefix}:{n}" for n in ("expiry", "delayed", "leases", "bytes")}
+        self._k["callbacks"] = f"{prefix}:callbacks"
         self._job = f"{prefix}:job:"
         self._idem = f"{prefix}:idem:"
-        self._scripts = {
-            name: self._redis.register_script(getattr(lua, name))
-            for name in ("SUBMIT", "TAKE", "FINISH", "REQUEUE", "DUE", "RENEW", "FORGET")
-        }
+        names = ("SUBMIT", "TAKE", "FINISH", "REQUEUE", "DUE", "RENEW", "FORGET")
+        names += ("CALLBACK_DONE", "CALLBACKS_DUE")
+        self._scripts = {name: self._redis.register_script(getattr(lua, name)) for name in names}
         self._group_made = False
         self._submit: Grouped[tuple[Submission, int, int], Any] = Grouped(self._submit_many)
         self._pages = Pages(self._redis, prefix, SHOWN, _job, self._call)
@@ -173,8 +180,10 @@ class RedisQueue(JobQueue):
     async def _end(self, job_id: str, token: str, status: str, keep_s: float, *fields: Any) -> bool:
         k = self._k
         keys = [self._job + job_id, k["running"], k["stream"], k["expiry"], k["queued"]]
-        keys += [k["delayed"], k["leases"], self._pages.ended(status), k["bytes"]]
-        args = [job_id, token, status, repr(time.time()), int(keep_s * 1000), GROUP, *fields]
+        keys += [k["delayed"], k["leases"], self._pages.ended(status), k["bytes"], k["callbacks"]]
+        now = time.time()
+        args = [job_id, token, status, repr(now), int(keep_s * 1000), GROUP]
+        args += [repr(now + self.callback_hold_s), *fields]
         return bool(await self._call(self._scripts["FINISH"](keys, args)))
 
     async def claim(self, lease_s: float, wait_s: float) -> Claimed | None:
@@ -208,9 +217,15 @@ class RedisQueue(JobQueue):
         args = [claimed.job.id, claimed.token, repr(now), repr(now + delay_s), dumps(error), GROUP]
         return bool(await self._call(self._scripts["REQUEUE"](keys, args)))
 
-    async def callback_done(self, job_id: str, outcome: str) -> None:
-        key = self._job + job_id
-        await self._call(self._redis.hset(key, "callback_status", outcome))
+    async def callback_done(self, job_id: str, outcome: str, retry_at: float | None) -> None:
+        keys = [self._job + job_id, self._k["callbacks"]]
+        args = [job_id, outcome, "" if retry_at is None else repr(retry_at)]
+        await self._call(self._scripts["CALLBACK_DONE"](keys, args))
+
+    async def due_callbacks(self, now: float, most: int) -> list[str]:
+        args = [repr(now), repr(now + self.callback_hold_s), most]
+        due = await self._call(self._scripts["CALLBACKS_DUE"]([self._k["callbacks"]], args))
+        return [job_id.decode() for job_id in due]
 
     async def sweep(self, now: float, most: int) -> int:
         expiry = self._k["expiry"]
@@ -221,7 +236,8 @@ class RedisQueue(JobQueue):
                 for key in (self._k["index"], self._k["expiry"], *map(self._pages.ended, ENDED)):
                     pipe.zrem(key, *gone)
                 for job_id in gone:
-                    await forget([self._job + job_id.decode()], [job_id], client=pipe)
+                    keys = [self._job + job_id.decode(), self._k["callbacks"]]
+                    await forget(keys, [job_id], client=pipe)
                 await self._call(pipe.execute())
         return len(gone)
 

@@ -7,7 +7,7 @@ is taken over by XAUTOCLAIM); `P:delayed` a sorted set of jobs waiting out their
 `P:queued` (by creation) and `P:running` the unfinished jobs; `P:index` every kept job by
 creation (the list); `P:ended:<status>` the ended jobs of each status by creation (the list
 filtered by status, redis_pages.py); `P:expiry` ended jobs by when they go; `P:idem:<key>` a
-key's job.
+key's job; `P:callbacks` the outbox: ended jobs whose callback waits for a try, by when.
 
 No key of the queue has a TTL: an ended job keeps an `expires` field and goes in the sweep
 (FORGET), with its idempotency key. Under `maxmemory-policy volatile-lru` (the shipped one,
@@ -66,7 +66,8 @@ end
 return {'new', ARGV[1]}
 """
 
-# KEYS: job, queued, running, stream, expiry, leases, ended:failed, bytes; ARGV: id, entry, token,
+# KEYS: job, queued, running, stream, expiry, leases, ended:failed, bytes, callbacks; ARGV: id,
+# entry, token,
 # now, group,
 # keep_ms, error, lease_ms, consumer, then the fields to answer (once taken). An entry this
 # worker read, or a job whose lease ran out:
@@ -108,6 +109,9 @@ if status == 'running' and attempts >= tonumber(most) then
   redis.call('ZREM', KEYS[6], ARGV[1])
   redis.call('ZADD', KEYS[5], now + tonumber(ARGV[6]) / 1000, ARGV[1])
   redis.call('ZADD', KEYS[7], tonumber(created), ARGV[1])
+  local callback = redis.call('HGET', KEYS[1], 'callback')
+  -- Nobody sends its callback at once: the outbox's next look does.
+  if callback and callback ~= '' then redis.call('ZADD', KEYS[9], now, ARGV[1]) end
   return 'exhausted'
 end
 redis.call('XCLAIM', KEYS[4], ARGV[5], ARGV[9], 0, ARGV[2], 'JUSTID')
@@ -120,8 +124,9 @@ return redis.call('HMGET', KEYS[1], unpack(ARGV, 10))
 """
 )
 
-# KEYS: job, running, stream, expiry, queued, delayed, leases, ended:<status>, bytes; ARGV: id,
-# token ('' for a cancel), status, now, keep_ms, group, then fields to set as name, value pairs.
+# KEYS: job, running, stream, expiry, queued, delayed, leases, ended:<status>, bytes, callbacks;
+# ARGV: id, token ('' for a cancel), status, now, keep_ms, group, the callback's due (held for
+# the writer), then fields to set as name, value pairs.
 # The final state, written once: by the worker holding the token, or by a cancel. A worker's
 # token stays (every other script reads the status first): the same worker's FINISH sent again
 # (its first reply lost to a timeout, yet applied) is answered 1 again, so that the worker
@@ -135,7 +140,9 @@ if ARGV[2] ~= '' and token == ARGV[2] and status == ARGV[3] then return 1 end
 if status ~= 'running' and not (ARGV[2] == '' and status == 'queued') then return 0 end
 if ARGV[2] ~= '' and token ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], 'status', ARGV[3], 'updated', ARGV[4], 'finished', ARGV[4],
-           'expires', tonumber(ARGV[4]) + tonumber(ARGV[5]) / 1000, unpack(ARGV, 7))
+           'expires', tonumber(ARGV[4]) + tonumber(ARGV[5]) / 1000, unpack(ARGV, 8))
+local callback = redis.call('HGET', KEYS[1], 'callback')
+if callback and callback ~= '' then redis.call('ZADD', KEYS[10], ARGV[7], ARGV[1]) end
 redis.call('DECRBY', KEYS[9], redis.call('HSTRLEN', KEYS[1], 'payload'))
 redis.call('HDEL', KEYS[1], 'payload', 'entry')
 if ARGV[2] == '' then redis.call('HDEL', KEYS[1], 'token') end
@@ -206,13 +213,41 @@ return 1
 """
 )
 
-# KEYS: job; ARGV: id. An expired job gone, and its idempotency key if it still names it.
+# KEYS: job, callbacks; ARGV: id. An expired job gone, and its idempotency key if it still
+# names it, and its callback if one was still tried.
 FORGET = (
     ALLOW_OOM
     + """
 local idem = redis.call('HGET', KEYS[1], 'idem')
 if idem and redis.call('GET', idem) == ARGV[1] then redis.call('DEL', idem) end
 redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
 return 1
+"""
+)
+
+# KEYS: job, callbacks; ARGV: id, outcome, retry_at ('' : none). How a try of the callback went;
+# the callback due again then, or out of the outbox. A job gone (expired) is not made again.
+CALLBACK_DONE = (
+    ALLOW_OOM
+    + """
+local kept = redis.call('EXISTS', KEYS[1]) == 1
+if kept then redis.call('HSET', KEYS[1], 'callback_status', ARGV[2]) end
+if kept and ARGV[3] ~= '' then
+  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
+else
+  redis.call('ZREM', KEYS[2], ARGV[1])
+end
+return 1
+"""
+)
+
+# KEYS: callbacks; ARGV: now, until, most. The callbacks due, each held until then.
+CALLBACKS_DUE = (
+    ALLOW_OOM
+    + """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
+for _, id in ipairs(due) do redis.call('ZADD', KEYS[1], ARGV[2], id) end
+return due
 """
 )

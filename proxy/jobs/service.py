@@ -1,19 +1,17 @@
 """Jobs as the doors and the worker process see them: submitted, read, listed, cancelled;
-run by this process's workers when it has any; their callbacks sent."""
+run by this process's workers when it has any; their callbacks sent (outbox.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-
-import httpx
 
 from proxy import metrics
 from proxy.engine import redis_client
 from proxy.engine.runner import Engine
 from proxy.jobs import callbacks
 from proxy.jobs.model import Claimed, Job, JobsConfig, QueueError, Submission
+from proxy.jobs.outbox import Outbox
 from proxy.jobs.queue import JobQueue, Page, open_queue
 from proxy.jobs.running import Outcome, attempt
 from proxy.jobs.workers import Workers
@@ -25,27 +23,26 @@ class Jobs:
     def __init__(self, engine: Engine, config: JobsConfig) -> None:
         self.engine = engine
         self.config = config
-        self.queue: JobQueue = open_queue(config.url, config.keep_s)
+        self.queue: JobQueue = open_queue(config.url, config.keep_s, config.callback_hold_s)
         self.workers = (
             Workers(self.queue, self._attempt, config, self._ended) if config.workers else None
         )
-        self._client: httpx.AsyncClient | None = None
-        self._deliveries: set[asyncio.Task[None]] = set()
+        self.outbox = Outbox(self.queue, config)
+        self._looking: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self._client = httpx.AsyncClient(timeout=10.0, follow_redirects=False)
+        self.outbox.start()
         if self.workers is not None:
             self.workers.start()
+            self._looking = asyncio.create_task(self.outbox.look())
 
     async def stop(self) -> None:
         if self.workers is not None:
             await self.workers.stop()
-        if self._deliveries:  # a callback under way gets a moment; its job stays readable
-            await asyncio.wait(self._deliveries, timeout=2.0)
-        for task in self._deliveries:
-            task.cancel()
-        if self._client is not None:
-            await self._client.aclose()
+        if self._looking is not None:
+            self._looking.cancel()
+            await asyncio.gather(self._looking, return_exceptions=True)
+        await self.outbox.stop()
         await self.queue.close()
 
     @property
@@ -96,36 +93,7 @@ class Jobs:
         return await attempt(self.engine, claimed, self.config.share)
 
     async def _ended(self, ended: Job) -> None:
-        """A job's final state was written here: its callback, if it has one. Sent from a
-        task of its own, so that neither the store nor the receiver holds the worker."""
-        if not ended.callback or self._client is None:
-            return
-        task = asyncio.create_task(self._deliver(ended.id))
-        self._deliveries.add(task)
-        task.add_done_callback(self._deliveries.discard)
-
-    async def _deliver(self, job_id: str) -> None:
-        """The job as it now reads (its result written), POSTed to its callback. A store that
-        cannot be read at once (it stalls, it restarts) is read again on the callback's own
-        back-off: a read that failed once lost the callback, and the worker's loop with it."""
-        assert self._client is not None
-        job: Job | None = None
-        failure = ""
-        for wait in (0.0, *self.config.callback_backoff_s):
-            await asyncio.sleep(wait)
-            try:
-                job = await self.queue.get(job_id)
-                break
-            except QueueError as exc:
-                failure = str(exc)
-        else:
-            unread = f"the job could not be read: {failure}"
-            log.warning("job callback failed", extra={"fields": {"job": job_id, "outcome": unread}})
-            return
-        if job is None or not job.callback:
-            return
-        outcome = await callbacks.deliver(
-            self._client, job.callback, job.public(), self.config.callback_backoff_s
-        )
-        with contextlib.suppress(Exception):
-            await self.queue.callback_done(job.id, outcome)
+        """A job's final state was written here: its callback, if it has one, tried at once
+        (from a task of its own: neither the store nor the receiver holds the worker)."""
+        if ended.callback:
+            self.outbox.send(ended.id)

@@ -26,11 +26,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from proxy.jobs import sqlite_outbox, sqlite_schema
 from proxy.jobs import sqlite_sql as sql
 from proxy.jobs.grouping import Grouped
-from proxy.jobs.model import Claimed, Job, QueueError, Submission
+from proxy.jobs.model import CALLBACK_HOLD_S, Claimed, Job, QueueError, Submission
 from proxy.jobs.queue import Depth, JobQueue, Page
-from proxy.jobs.sqlite_schema import SCHEMA
 
 T = TypeVar("T")
 CHECKPOINT_S = 0.5
@@ -40,9 +40,10 @@ WAL_MB = 64
 
 
 class SqliteQueue(JobQueue):
-    def __init__(self, url: str, keep_s: float) -> None:
+    def __init__(self, url: str, keep_s: float, callback_hold_s: float = CALLBACK_HOLD_S) -> None:
         self.url = url
         self.keep_s = keep_s
+        self.callback_hold_s = callback_hold_s
         self.path = Path(url.removeprefix("sqlite:///"))
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="jobs-sqlite")
         self._db: sqlite3.Connection | None = None
@@ -60,7 +61,7 @@ class SqliteQueue(JobQueue):
             db.execute("PRAGMA synchronous=NORMAL")
             db.execute("PRAGMA wal_autocheckpoint=0")  # _checkpoint_soon's thread does it
             _limit_wal(db)
-            db.executescript(SCHEMA)
+            sqlite_schema.create(db)
             self._db = db
         return self._db
 
@@ -116,7 +117,7 @@ class SqliteQueue(JobQueue):
         return await self._run(sql.page, pipeline, status, limit, cursor, time.time())
 
     async def cancel(self, job_id: str, keep_s: float) -> tuple[Job | None, bool]:
-        return await self._run(sql.cancel, job_id, keep_s, time.time())
+        return await self._run(sql.cancel, job_id, keep_s, time.time(), self.callback_hold_s)
 
     async def claim(self, lease_s: float, wait_s: float) -> Claimed | None:
         loop = asyncio.get_running_loop()
@@ -140,13 +141,17 @@ class SqliteQueue(JobQueue):
     async def finish(
         self, claimed: Claimed, status: str, result: Any, error: Any, keep_s: float
     ) -> bool:
-        return await self._run(sql.finish, claimed, status, result, error, keep_s, time.time())
+        ended = (status, result, error, keep_s)
+        return await self._run(sql.finish, claimed, ended, time.time(), self.callback_hold_s)
 
     async def requeue(self, claimed: Claimed, error: Any, delay_s: float) -> bool:
         return await self._run(sql.requeue, claimed, error, time.time(), delay_s)
 
-    async def callback_done(self, job_id: str, outcome: str) -> None:
-        await self._run(sql.callback_done, job_id, outcome)
+    async def callback_done(self, job_id: str, outcome: str, retry_at: float | None) -> None:
+        await self._run(sqlite_outbox.callback_done, job_id, outcome, retry_at)
+
+    async def due_callbacks(self, now: float, most: int) -> list[str]:
+        return await self._run(sqlite_outbox.due_callbacks, now, now + self.callback_hold_s, most)
 
     async def sweep(self, now: float, most: int) -> int:
         return await self._run(sql.sweep, now, most)

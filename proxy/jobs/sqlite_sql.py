@@ -109,6 +109,10 @@ def _idempotent(
     return found
 
 
+OUTBOX = "callback_due = CASE WHEN callback IS NULL THEN NULL ELSE ? END"
+"""A final state's write puts a job with a callback in the outbox, due then."""
+
+
 def get(db: sqlite3.Connection, job_id: str, now: float | None) -> Job | None:
     row = db.execute(f"SELECT {COLUMNS}, expires FROM jobs WHERE id = ?", (job_id,)).fetchone()
     if row is None or (now is not None and row[-1] is not None and row[-1] <= now):
@@ -146,13 +150,13 @@ def page(
 
 
 def cancel(
-    db: sqlite3.Connection, job_id: str, keep_s: float, now: float
+    db: sqlite3.Connection, job_id: str, keep_s: float, now: float, hold_s: float
 ) -> tuple[Job | None, bool]:
     size = _upload(db, job_id)
     done = db.execute(
         "UPDATE jobs SET status = 'cancelled', updated = ?, finished = ?, token = NULL,"
-        " payload = NULL, expires = ? WHERE id = ? AND status IN ('queued', 'running')",
-        (now, now, now + keep_s, job_id),
+        f" payload = NULL, expires = ?, {OUTBOX} WHERE id = ? AND status IN ('queued', 'running')",
+        (now, now, now + keep_s, now + hold_s, job_id),
     )
     _ended(db, done.rowcount)
     _held(db, -size * done.rowcount)
@@ -179,10 +183,11 @@ def claim(db: sqlite3.Connection, lease_s: float, keep_s: float, now: float) -> 
             # Its worker died on its last attempt: failed, with why.
             error = {**LOST, "error": LOST["error"].format(n=attempts)}
             _held(db, -_upload(db, job_id))
+            # Nobody sends its callback at once: the outbox's next look does.
             db.execute(
                 "UPDATE jobs SET status = 'failed', updated = ?, finished = ?, token = NULL,"
-                " payload = NULL, error = ?, expires = ? WHERE id = ?",
-                (now, now, dumps(error), now + keep_s, job_id),
+                f" payload = NULL, error = ?, expires = ?, {OUTBOX} WHERE id = ?",
+                (now, now, dumps(error), now + keep_s, now, job_id),
             )
             _ended(db, 1)
             continue
@@ -215,21 +220,21 @@ def renew(db: sqlite3.Connection, held: dict[str, str], until: float) -> set[str
 def finish(
     db: sqlite3.Connection,
     claimed: Claimed,
-    status: str,
-    result: Any,
-    error: Any,
-    keep_s: float,
+    ended: tuple[str, Any, Any, float],
     now: float,
+    hold_s: float,
 ) -> bool:
+    """`ended`: the status, result, error and time to keep."""
+    status, result, error, keep_s = ended
     size = _upload(db, claimed.job.id)
     # The token stays: the same claim's finish sent again (its first answer lost) is then
     # known for what it is, and answered True again (redis_scripts.FINISH does the same).
     done = db.execute(
         "UPDATE jobs SET status = ?, result = ?, error = ?, updated = ?, finished = ?,"
-        " expires = ?, payload = NULL"
+        f" expires = ?, payload = NULL, {OUTBOX}"
         " WHERE id = ? AND token = ? AND status = 'running'",
         (status, None if result is None else dumps(result), None if error is None else dumps(error),
-         now, now, now + keep_s, claimed.job.id, claimed.token),
+         now, now, now + keep_s, now + hold_s, claimed.job.id, claimed.token),
     )  # fmt: skip
     _ended(db, done.rowcount)
     _held(db, -size * done.rowcount)
@@ -248,10 +253,6 @@ def requeue(
         (dumps(error), now, now + delay_s, claimed.job.id, claimed.token),
     )
     return done.rowcount == 1
-
-
-def callback_done(db: sqlite3.Connection, job_id: str, outcome: str) -> None:
-    db.execute("UPDATE jobs SET callback_status = ? WHERE id = ?", (outcome, job_id))
 
 
 def sweep(db: sqlite3.Connection, now: float, most: int) -> int:

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ import pytest
 from bench.mesh import free_port
 from bench.redis_server import RedisServer
 from samples.text import suite
+from tests.callbacks import callbacks_received
 from tests.conftest import TLS, Mesh, redis_or_skip
 from tests.e2e.test_digits import held_out, png
 from tests.procs import ROOT
@@ -96,7 +98,9 @@ def inputs() -> list[tuple[str, bytes]]:
     return mixed
 
 
-async def submit_all(url: str, work: list[tuple[str, bytes]]) -> list[str]:
+async def submit_all(
+    url: str, work: list[tuple[str, bytes]], params: dict[str, str] | None = None
+) -> list[str]:
     limit = asyncio.Semaphore(32)
     headers = {"Content-Type": "image/png"}
     async with aiohttp.ClientSession(url) as session:
@@ -105,7 +109,7 @@ async def submit_all(url: str, work: list[tuple[str, bytes]]) -> list[str]:
             async with (
                 limit,
                 session.post(
-                    f"/v1/pipelines/{pipeline}/jobs", data=blob, headers=headers
+                    f"/v1/pipelines/{pipeline}/jobs", data=blob, headers=headers, params=params
                 ) as answer,
             ):
                 assert answer.status == 202, await answer.text()
@@ -259,21 +263,40 @@ def test_workers_killed_and_redis_restarted_lose_nothing(
     assert len(set(ids)) == len(ids) == 1000
 
 
-def test_a_killed_proxy_finishes_its_jobs_after_a_restart(mesh: Mesh, tmp_path: Path) -> None:
+def test_a_killed_proxy_finishes_its_jobs_and_their_callbacks_after_a_restart(
+    mesh: Mesh, tmp_path: Path
+) -> None:
+    """Killed with jobs running, and with callbacks of ended jobs still to go (the receiver
+    refusing them until then): the next proxy runs the jobs again and sends every callback,
+    once. The callbacks were lost with the process before the outbox."""
     queue = f"sqlite:///{tmp_path / 'jobs.sqlite3'}"
     env = {"PROXY_JOBS_URL": queue, "PROXY_JOBS_LEASE_S": LEASE_S, "PROXY_JOBS_WORKERS": "4"}
     work = inputs()[:300]
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    with process(mesh, "proxy", PROXY_PORT=str(port), **env) as proxy:
-        ids = asyncio.run(submit_all(url, work))
-        with httpx.Client(base_url=url, timeout=30, verify=TLS) as client:
-            while final_count(client) < 20:  # some ended, some running, most queued
-                time.sleep(0.05)
-        proxy.send_signal(signal.SIGKILL)
-        proxy.wait(10)
-    with process(mesh, "proxy", PROXY_PORT=str(port), **env):
-        drain(url, len(ids), {})
-        attempts = check(mesh, url, work, ids)
-    report(f"jobs (sqlite): a killed proxy's 300 jobs all succeeded; attempts {dict(attempts)}")
+    refusing = threading.Event()
+    refusing.set()
+    with callbacks_received(refusing=refusing) as hook:
+        env["PROXY_JOBS_CALLBACK_HOSTS"] = hook.host
+        env["PROXY_JOBS_CALLBACK_HOLD_S"] = "2"
+        with process(mesh, "proxy", PROXY_PORT=str(port), **env) as proxy:
+            ids = asyncio.run(submit_all(url, work, {"callback": hook.url}))
+            with httpx.Client(base_url=url, timeout=30, verify=TLS) as client:
+                while final_count(client) < 20:  # some ended, some running, most queued
+                    time.sleep(0.05)
+            proxy.send_signal(signal.SIGKILL)
+            proxy.wait(10)
+        refusing.clear()
+        with process(mesh, "proxy", PROXY_PORT=str(port), **env):
+            drain(url, len(ids), {})
+            attempts = check(mesh, url, work, ids)
+            until = time.monotonic() + 60
+            while len(hook.taken) < len(ids) and time.monotonic() < until:
+                time.sleep(0.1)
+            time.sleep(3)  # a callback sent twice would show by now (the hold is 2 s)
+    report(
+        f"jobs (sqlite): a killed proxy's 300 jobs all succeeded; attempts {dict(attempts)}; "
+        f"{sum(hook.taken.values())} callbacks for them ({len(hook.bodies)} tries)"
+    )
     assert attempts[2] >= 1  # the jobs it was running when killed ran again
+    assert hook.taken == Counter({(i, "succeeded"): 1 for i in ids})

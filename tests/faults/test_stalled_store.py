@@ -6,16 +6,13 @@ key names one job, every job ends once with /infer's answer, and /infer answers 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import sqlite3
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager, contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import aiohttp
@@ -23,6 +20,7 @@ import httpx
 import pytest
 
 from bench.mesh import free_port
+from tests.callbacks import callbacks_received
 from tests.conftest import TLS, Mesh
 from tests.e2e.test_digits import held_out, png
 from tests.e2e.test_jobs import check, drain, job_store, process
@@ -31,32 +29,6 @@ from tests.report import report
 STALL_S = 12.0
 """Longer than the Redis client's socket timeout and SQLite's busy timeout (10 s each): the
 proxy's calls to the store fail, not only wait."""
-
-
-@contextmanager
-def callbacks_received() -> Iterator[tuple[str, Counter]]:
-    """An HTTP server on 127.0.0.1 taking jobs' callbacks: its URL, and how many callbacks
-    each (job id, status) got."""
-    received: Counter = Counter()
-
-    class Taking(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            received[body["id"], body["status"]] += 1
-            self.send_response(204)
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Taking)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/done", received
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 async def submit_keyed(
@@ -142,11 +114,12 @@ def test_a_stalled_store_loses_and_doubles_nothing(
     url = f"http://127.0.0.1:{port}"
     refused: list[int] = []
     answered: list[int | str] = []
-    with job_store(backend, tmp_path) as (redis, queue), callbacks_received() as (to, called):
+    with job_store(backend, tmp_path) as (redis, queue), callbacks_received() as hook:
         env = {"PROXY_PORT": str(port), "PROXY_JOBS_URL": queue, "PROXY_JOBS_WORKERS": "8"}
-        env["PROXY_JOBS_CALLBACK_HOSTS"] = to.split("/")[2]
+        env["PROXY_JOBS_CALLBACK_HOSTS"] = hook.host
         with process(mesh, "proxy", **env):
-            ids = asyncio.run(submit_keyed(url, work[:100], 0, refused, to))  # the workers start
+            # the workers start
+            ids = asyncio.run(submit_keyed(url, work[:100], 0, refused, hook.url))
             stall = (lambda: redis_frozen(redis.process.pid)) if redis else (
                 lambda: sqlite_locked(path)
             )  # fmt: skip
@@ -154,7 +127,7 @@ def test_a_stalled_store_loses_and_doubles_nothing(
             meanwhile.start()
             time.sleep(0.2)
             started = time.monotonic()
-            ids += asyncio.run(submit_keyed(url, work[100:], 100, refused, to))
+            ids += asyncio.run(submit_keyed(url, work[100:], 100, refused, hook.url))
             submitting_s = time.monotonic() - started
             meanwhile.join()
             drain(url, len(work), {})
@@ -163,17 +136,19 @@ def test_a_stalled_store_loses_and_doubles_nothing(
             with httpx.Client(base_url=url, timeout=30, verify=TLS) as client:
                 listed = client.get("/v1/jobs", params={"limit": "1000"}).json()["jobs"]
             until = time.monotonic() + 30  # a callback goes once its job's end is written
-            while len(called) < len(ids) and time.monotonic() < until:
+            while len(hook.taken) < len(ids) and time.monotonic() < until:
                 time.sleep(0.2)
-    # Every job's end called back, even one whose final write the store took but could not
+    # Every job's end hook.taken back, even one whose final write the store took but could not
     # acknowledge within the stall (a retry of it was refused: the job was no longer running).
-    assert set(called) == {(job_id, "succeeded") for job_id in ids}, len(called)
+    assert set(hook.taken) == {(job_id, "succeeded") for job_id in ids}, len(hook.taken)
+    assert set(hook.taken.values()) == {1}  # each once: every outcome written within the stall
     assert len(set(ids)) == len(ids) == len(listed) == 300  # one job a key, none more
     assert submitting_s > STALL_S / 2, "the submissions did not wait: the store did not stall"
     assert answered and set(answered) == {200}
     report(
         f"jobs ({backend}) through a {STALL_S:g} s stall of the store: 300 of 300 succeeded, "
         f"{len(refused)} submissions refused and sent again, {len(answered)} of "
-        f"{len(answered)} /infer calls answered, {sum(called.values())} callbacks for 300 jobs; "
+        f"{len(answered)} /infer calls answered, {sum(hook.taken.values())} callbacks for 300 "
+        f"jobs; "
         f"attempts {dict(sorted(attempts.items()))}"
     )

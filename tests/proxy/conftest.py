@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -10,6 +10,7 @@ import yaml
 
 from proxy.app import create_app
 from proxy.settings import ProxySettings
+from tests.conftest import redis_or_skip
 from tests.proxy.scripted import ScriptedModel, serve
 
 GENEROUS_CACHE_MS = 2000
@@ -17,6 +18,17 @@ GENEROUS_CACHE_MS = 2000
 as a miss, a service slower than it (at least 0.5 s) to tell its model's fingerprint leaves
 the request uncached, and the suite loads the CPU (a 50 ms Redis write was once dropped, and
 a first request once went uncached, in CI runs)."""
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def jobs_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """Each test on both backends: an SQLite file; a redis-server of its own, persistent."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'jobs.sqlite3'}"
+        return
+    server = redis_or_skip(tmp_path / "redis", persistent=True)
+    yield server.url
+    server.stop()
 
 
 @pytest.fixture(params=["stream", "unary"])

@@ -87,6 +87,62 @@ async def test_a_worker_dying_on_the_last_attempt_fails_the_job(queue: JobQueue)
     assert failed.error["status"] == 503 and "stopped" in failed.error["error"]
 
 
+HOLD_S = 30.0  # the queues' callback_hold_s (their default)
+HOOK = "http://127.0.0.1:9/done"
+
+
+async def test_an_ended_jobs_callback_waits_in_the_outbox_until_tried(queue: JobQueue) -> None:
+    """A final state's write puts the callback in the outbox, held for the writer; once the
+    hold is over anyone may take it (held again for them); a failed try's outcome puts it
+    back until its retry time, a delivered one takes it out."""
+    with_hook, _ = await queue.submit(job(payload=b"a", callback=HOOK), 10)
+    await queue.submit(job(payload=b"b"), 10)  # no callback: never in the outbox
+    for _ in range(2):
+        claimed = await queue.claim(lease_s=10.0, wait_s=0.5)
+        assert claimed is not None
+        assert await queue.finish(claimed, "succeeded", {"r": 1}, None, 60)
+    now = time.time()
+    assert await queue.due_callbacks(now + 1, 10) == []  # held for the writer
+    assert await queue.due_callbacks(now + HOLD_S + 1, 10) == [with_hook.id]
+    assert await queue.due_callbacks(now + HOLD_S + 2, 10) == []  # held for the taker
+    await queue.callback_done(with_hook.id, "retrying: HTTP 503", now + 5)
+    shown = await queue.get(with_hook.id)
+    assert shown is not None and shown.callback_status == "retrying: HTTP 503"
+    assert await queue.due_callbacks(now + 4, 10) == []
+    assert await queue.due_callbacks(now + 6, 10) == [with_hook.id]
+    await queue.callback_done(with_hook.id, "delivered", None)
+    assert await queue.due_callbacks(now + 10 * HOLD_S, 10) == []
+    shown = await queue.get(with_hook.id)
+    assert shown is not None and shown.public()["callback"]["status"] == "delivered"
+
+
+async def test_a_job_failed_for_its_dead_worker_has_its_callback_due_at_once(
+    queue: JobQueue,
+) -> None:
+    """Its end is written by a claim of another worker: nobody tried its callback (it was
+    never sent before the outbox)."""
+    submitted, _ = await queue.submit(job(max_attempts=1, callback=HOOK), 10)
+    assert await queue.claim(lease_s=1.0, wait_s=0.5) is not None
+    await asyncio.sleep(1.1)
+    assert await queue.claim(lease_s=1.0, wait_s=0.3) is None  # failed it
+    assert await queue.due_callbacks(time.time(), 10) == [submitted.id]
+
+
+async def test_a_cancel_and_an_expiry_move_the_outbox(queue: JobQueue) -> None:
+    submitted, _ = await queue.submit(job(callback=HOOK), 10)
+    await queue.cancel(submitted.id, keep_s=0.2)
+    now = time.time()
+    assert await queue.due_callbacks(now, 10) == []  # held for the canceller
+    await queue.callback_done(submitted.id, "retrying: HTTP 503", now)
+    await asyncio.sleep(0.3)
+    assert await sweep(queue, time.time()) == 1
+    assert await queue.due_callbacks(time.time(), 10) == []  # gone with its job
+    await queue.callback_done(submitted.id, "retrying: HTTP 503", now + 1)  # a late outcome
+    assert await queue.get(submitted.id) is None  # makes nothing again
+    assert await queue.due_callbacks(now + 2, 10) == []
+    assert await sweep(queue, time.time()) == 0
+
+
 async def test_cancel_ends_a_queued_or_running_job_once(queue: JobQueue) -> None:
     queued, _ = await queue.submit(job(payload=b"a"), 10)
     running, _ = await queue.submit(job(payload=b"b"), 10)
@@ -665,3 +721,36 @@ async def test_a_database_whose_folder_cannot_be_made_is_a_queue_error(tmp_path:
     with pytest.raises(QueueError):
         await queue.claim(lease_s=1.0, wait_s=0.1)
     await queue.close()
+
+
+async def test_a_database_of_an_earlier_release_gets_the_outbox(tmp_path: Path) -> None:
+    """A jobs file made before the outbox (no callback_due column) is brought up to date
+    when opened, its jobs kept."""
+    import sqlite3
+
+    path = tmp_path / "jobs.sqlite3"
+    db = sqlite3.connect(path)
+    db.execute(
+        "CREATE TABLE jobs (id TEXT PRIMARY KEY, pipeline TEXT NOT NULL, status TEXT NOT NULL,"
+        " created REAL NOT NULL, updated REAL NOT NULL, due REAL NOT NULL, token TEXT,"
+        " attempts INTEGER NOT NULL DEFAULT 0, max_attempts INTEGER NOT NULL,"
+        " budget_ms REAL NOT NULL, kind TEXT NOT NULL, payload BLOB, result BLOB, error BLOB,"
+        " callback TEXT, callback_status TEXT, idem TEXT UNIQUE, digest TEXT, finished REAL,"
+        " expires REAL)"
+    )
+    db.execute(
+        "INSERT INTO jobs (id, pipeline, status, created, updated, due, max_attempts,"
+        " budget_ms, kind, callback) VALUES ('old', 'p', 'queued', 1, 1, 0, 3, 1000, 'image',"
+        " ?)",
+        (HOOK,),
+    )
+    db.commit()
+    db.close()
+    queue = open_queue(f"sqlite:///{path}", keep_s=60)
+    try:
+        claimed = await queue.claim(lease_s=10.0, wait_s=0.5)
+        assert claimed is not None and claimed.job.id == "old"
+        assert await queue.finish(claimed, "succeeded", {"r": 1}, None, 60)
+        assert await queue.due_callbacks(time.time() + HOLD_S + 1, 10) == ["old"]
+    finally:
+        await queue.close()

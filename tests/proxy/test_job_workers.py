@@ -1,5 +1,6 @@
 """The jobs' workers over a queue that fails: said once, not once a loop a second, and never
-a loop lost to an error."""
+a loop lost to an error; callbacks that outlive the process that ended their jobs, and a
+receiver that is down for a while."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from proxy.jobs.model import JobsConfig, QueueError
+from proxy.jobs.model import JobsConfig, QueueError, Submission
 from proxy.jobs.queue import JobQueue, open_queue
 from proxy.jobs.workers import Workers
+from tests.callbacks import callbacks_received
 
 
 class Failing:
@@ -81,7 +83,6 @@ async def test_a_workers_loop_outlives_an_unexpected_error(
 async def test_a_final_state_the_store_could_not_take_is_written_again(tmp_path: Path) -> None:
     # A final write lost to a stalled store left the job to run again once its lease ran out
     # (30 s later, the model run twice).
-    from proxy.jobs.model import Submission
     from proxy.jobs.running import Outcome
 
     path = tmp_path / "jobs.sqlite3"
@@ -126,14 +127,13 @@ async def test_a_callback_waits_out_a_store_that_cannot_be_read_yet(tmp_path: Pa
     # The callback's read of the ended job ran on the worker's own path: a store that stalled
     # right after a job's end lost its callback (3 of 300 through a 12 s Redis stall) and
     # ended the worker's loop with it.
-    from proxy.jobs.model import Submission
     from proxy.jobs.service import Jobs
-    from tests.proxy.test_jobs import receiver
 
-    async with receiver(failures=0) as (port, received):
+    with callbacks_received() as hook:
+        received = hook.bodies
         url = f"sqlite:///{tmp_path / 'jobs.sqlite3'}"
-        hosts = frozenset({f"127.0.0.1:{port}"})
-        config = JobsConfig(url, 0, 10, 0, 60, 30, 3, 0.5, hosts, callback_backoff_s=(0.1,) * 3)
+        hosts = frozenset({hook.host})
+        config = JobsConfig(url, 0, 10, 0, 60, 30, 3, 0.5, hosts)
         jobs = Jobs(None, config)  # type: ignore[arg-type]  # no workers: no engine needed
         real, reads = jobs.queue, 0
 
@@ -145,11 +145,10 @@ async def test_a_callback_waits_out_a_store_that_cannot_be_read_yet(tmp_path: Pa
                     raise QueueError("redis redis://127.0.0.1:6380/1: TimeoutError")
                 return await real.get(job_id)
 
-        jobs.queue = Stalled(real, lambda: None)  # type: ignore[assignment]
+        jobs.queue = jobs.outbox.queue = Stalled(real, lambda: None)  # type: ignore[assignment]
         jobs.start()
         try:
-            callback = f"http://127.0.0.1:{port}/done"
-            job, _ = await jobs.submit(Submission("p", "image", b"x", 3, 1000.0, callback=callback))
+            job, _ = await jobs.submit(Submission("p", "image", b"x", 3, 1000.0, callback=hook.url))
             _, ended = await jobs.cancel(job.id)
             for _ in range(100):
                 if received:
@@ -159,3 +158,77 @@ async def test_a_callback_waits_out_a_store_that_cannot_be_read_yet(tmp_path: Pa
             await jobs.stop()
     assert ended and reads == 3  # two reads refused, the third taken
     assert [(r["id"], r["status"]) for r in received] == [(job.id, "cancelled")]
+
+
+async def wait_for(check: Callable[[], bool], seconds: float = 15.0) -> None:
+    for _ in range(int(seconds / 0.05)):
+        if check():
+            return
+        await asyncio.sleep(0.05)
+
+
+async def test_callbacks_go_though_the_process_that_ended_their_jobs_is_gone(jobs_url: str) -> None:
+    """Two callbacks nobody was left to send: a job whose end was written by a process that
+    died before its callback went, and one failed by another worker's claim because its own
+    worker died on its last attempt (that one was never sent before the outbox). Another
+    process running workers sends both."""
+    from proxy.jobs.service import Jobs
+
+    with callbacks_received() as receiver:
+        received, hook = receiver.bodies, receiver.url
+        gone = open_queue(jobs_url, keep_s=60, callback_hold_s=0.5)
+        ended, _ = await gone.submit(Submission("p", "image", b"a", 3, 1000.0, callback=hook), 10)
+        claimed = await gone.claim(lease_s=10.0, wait_s=0.5)
+        assert claimed is not None and await gone.finish(claimed, "succeeded", {"r": 1}, None, 60)
+        dead, _ = await gone.submit(Submission("p", "image", b"b", 1, 1000.0, callback=hook), 10)
+        assert await gone.claim(lease_s=0.5, wait_s=0.5) is not None  # its worker then dies
+        await gone.close()
+        hosts = frozenset({receiver.host})
+        config = JobsConfig(jobs_url, 1, 10, 0, 60, 30, 3, 0.5, hosts, callback_hold_s=0.5)
+        jobs = Jobs(None, config)  # type: ignore[arg-type]  # nothing to run: no engine
+        jobs.start()
+        try:
+            await wait_for(lambda: len(received) >= 2)
+            await asyncio.sleep(1.5)  # time for a callback sent twice to show
+            shown = [await jobs.get(ended.id), await jobs.get(dead.id)]
+        finally:
+            await jobs.stop()
+    assert sorted((r["id"], r["status"]) for r in received) == sorted(
+        [(ended.id, "succeeded"), (dead.id, "failed")]
+    )
+    assert [j.callback_status if j else None for j in shown] == ["delivered", "delivered"]
+
+
+async def test_a_callback_outlasts_a_receiver_down_past_its_first_tries(
+    jobs_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Six failed tries: before the outbox, the last one (~15 s after the job's end); then
+    no more. Now it goes on, the waits growing, until delivered."""
+    from proxy.jobs import outbox
+    from proxy.jobs.service import Jobs
+
+    monkeypatch.setattr(outbox, "LOOK_S", 0.05)
+    with callbacks_received(failures=6) as receiver:
+        received, hosts = receiver.bodies, frozenset({receiver.host})
+        config = JobsConfig(
+            jobs_url, 1, 10, 0, 60, 30, 3, 0.5, hosts, callback_first_s=0.05, callback_most_s=0.4
+        )
+        jobs = Jobs(None, config)  # type: ignore[arg-type]  # nothing to run: no engine
+        jobs.start()
+        seen: list[str | None] = []
+        try:
+            hook = receiver.url
+            job, _ = await jobs.submit(Submission("p", "image", b"x", 3, 1000.0, callback=hook))
+            await jobs.cancel(job.id)
+            for _ in range(400):
+                shown = await jobs.get(job.id)
+                assert shown is not None
+                if shown.callback_status not in seen:
+                    seen.append(shown.callback_status)
+                if shown.callback_status == "delivered":
+                    break
+                await asyncio.sleep(0.025)
+        finally:
+            await jobs.stop()
+    assert [r["id"] for r in received] == [job.id] * 7
+    assert seen[-2:] == ["retrying: HTTP 500", "delivered"]

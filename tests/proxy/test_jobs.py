@@ -7,34 +7,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 import yaml
 
 from protos.errors import InvalidInput, Unavailable
-from tests.conftest import redis_or_skip
+from tests.callbacks import callbacks_received
 from tests.proxy.scripted import ScriptedModel, affine
 from tests.proxy.test_pipelines import body, call, parse_model, pipeline, post
 
 RESULT = {"y": "a.y[0]"}
 FINAL = {"succeeded", "failed", "cancelled"}
-
-
-@pytest.fixture(params=["sqlite", "redis"])
-def jobs_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """Each test on both backends: an SQLite file; a redis-server of its own, persistent."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'jobs.sqlite3'}"
-        return
-    server = redis_or_skip(tmp_path / "redis", persistent=True)
-    yield server.url
-    server.stop()
 
 
 @pytest.fixture
@@ -279,46 +266,12 @@ async def test_jobs_survive_a_restart(chain, jobs_proxy) -> None:
     assert [j["result"]["result"] for j in done] == [{"y": [i + 1.0]} for i in range(5)]
 
 
-@contextlib.asynccontextmanager
-async def receiver(failures: int) -> AsyncIterator[tuple[int, list[dict]]]:
-    """An HTTP server on 127.0.0.1 taking callbacks: 500 to the first `failures`, then 204."""
-    received: list[dict] = []
-
-    async def app(scope, receive, send) -> None:
-        if scope["type"] != "http":
-            return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        received.append(json.loads(body))
-        status = 500 if len(received) <= failures else 204
-        await send({"type": "http.response.start", "status": status, "headers": []})
-        await send({"type": "http.response.body", "body": b""})
-
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    for _ in range(500):
-        if server.started:
-            break
-        await asyncio.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield port, received
-    finally:
-        server.should_exit = True
-        await task
-
-
 async def test_callbacks_are_retried_and_only_go_to_allowed_hosts(chain, jobs_proxy) -> None:
     _, pipes, env = chain
-    async with receiver(failures=2) as (port, received):
-        allowed = f"127.0.0.1:{port}"
-        async with jobs_proxy(pipes, env, jobs_callback_hosts=allowed) as client:
-            url = f"http://127.0.0.1:{port}/done"
+    with callbacks_received(failures=2) as hook:
+        port, received = int(hook.host.split(":")[1]), hook.bodies
+        async with jobs_proxy(pipes, env, jobs_callback_hosts=hook.host) as client:
+            url = hook.url
             job_id = (
                 await client.post(
                     "/v1/pipelines/p/jobs",
@@ -327,9 +280,13 @@ async def test_callbacks_are_retried_and_only_go_to_allowed_hosts(chain, jobs_pr
                     headers={"Content-Type": "application/octet-stream"},
                 )
             ).json()["id"]
+            seen = []  # the callback's status as it goes
             for _ in range(500):
                 shown = (await client.get(f"/v1/jobs/{job_id}")).json()
-                if shown.get("callback", {}).get("status"):
+                status = shown.get("callback", {}).get("status")
+                if status and status not in seen:
+                    seen.append(status)
+                if status == "delivered":
                     break
                 await asyncio.sleep(0.02)
             refused = [
@@ -350,6 +307,7 @@ async def test_callbacks_are_retried_and_only_go_to_allowed_hosts(chain, jobs_pr
                 )
             ]
     assert shown["callback"] == {"url": url, "status": "delivered"}
+    assert seen == ["retrying: HTTP 500", "delivered"]
     assert len(received) == 3  # two failures, then delivered
     assert all(r["id"] == job_id and r["status"] == "succeeded" for r in received)
     assert received[-1]["result"]["result"] == {"y": [4.0]}

@@ -1,0 +1,142 @@
+"""Callbacks that outlive their process and a receiver's outage: the queue's outbox.
+
+An ended job with a callback is in the outbox from the write of its final state until its
+callback is delivered or refused (or the job is removed after its time to keep):
+- the process that wrote the final state tries it at once (the entry is held for it
+  `callback_hold_s`: nobody else tries it meanwhile);
+- a try that fails puts it back, due after as long again as the job has been ended
+  (`callback_first_s` at least, `callback_most_s` at most): tries about 0, 0.5, 1, 2, 4 ...
+  seconds after the end, then every 10 minutes;
+- every process running workers looks at the outbox each second and tries what is due
+  there, held for it the same way.
+So a callback still goes when the process that ended its job died or was replaced before
+sending it (a crash, a rolling update; a job failed because its worker died on its last
+attempt had nobody to send it), or when the receiver was down for a while. Each callback was
+tried six times over ~15 s by that process alone before, and lost with it.
+
+At least once: a process that dies between a POST and writing how it went leaves the
+callback to be sent again; the body's `id` tells a receiver it has seen it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import httpx
+
+from proxy import metrics
+from proxy.jobs import callbacks
+from proxy.jobs.model import Job, JobsConfig, QueueError
+from proxy.jobs.queue import JobQueue
+
+log = logging.getLogger("proxy")
+T = TypeVar("T")
+
+LOOK_S = 1.0
+"""How often a process running workers looks for callbacks due."""
+TAKEN_AT_ONCE = 16
+IN_FLIGHT = 64
+"""Callbacks this process tries at once, at most (a receiver that hangs holds each 10 s)."""
+POST_TIMEOUT_S = 10.0
+STORE_WAITS_S = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+"""Waits before a read or write of the store is tried again (a stall, a failover): within
+the hold, so that a callback delivered is not sent again for a write that came late."""
+
+
+class Outbox:
+    def __init__(self, queue: JobQueue, config: JobsConfig) -> None:
+        self.queue = queue
+        self.config = config
+        self._client: httpx.AsyncClient | None = None
+        self._trying: dict[str, asyncio.Task[None]] = {}
+
+    def start(self) -> None:
+        self._client = httpx.AsyncClient(timeout=POST_TIMEOUT_S, follow_redirects=False)
+
+    async def stop(self) -> None:
+        """Tries under way get a moment; the others stay in the outbox, held a while, then
+        tried by the next process to look."""
+        tries = list(self._trying.values())
+        if tries:
+            await asyncio.wait(tries, timeout=2.0)
+        for task in tries:
+            task.cancel()
+        await asyncio.gather(*tries, return_exceptions=True)
+        if self._client is not None:
+            await self._client.aclose()
+
+    def send(self, job_id: str) -> None:
+        """Try the job's callback now: its final state was just written here, or it is due
+        and held for this process."""
+        if self._client is None or job_id in self._trying:
+            return
+        task = asyncio.create_task(self._try(job_id))
+        self._trying[job_id] = task
+        task.add_done_callback(lambda _: self._trying.pop(job_id, None))
+
+    async def look(self) -> None:
+        """Forever: the callbacks due (whichever process ended their jobs), tried here."""
+        while True:
+            await asyncio.sleep(LOOK_S)
+            room = min(TAKEN_AT_ONCE, IN_FLIGHT - len(self._trying))
+            if room <= 0:
+                continue
+            try:
+                due = await self.queue.due_callbacks(time.time(), room)
+            except QueueError:
+                continue  # the workers say when the queue cannot be reached
+            for job_id in due:
+                self.send(job_id)
+
+    async def _try(self, job_id: str) -> None:
+        assert self._client is not None
+        try:
+            job = await self._store(self.queue.get, job_id)
+        except QueueError as exc:  # still held: tried again once the hold is over
+            log.warning("job callback waits", extra={"fields": {"job": job_id, "error": str(exc)}})
+            return
+        if job is None or not job.callback:  # removed meanwhile
+            await self._record(job_id, "", None)
+            return
+        outcome, final = await callbacks.post(self._client, job.callback, job.public())
+        retry_at = None
+        if final:
+            metrics.JOB_CALLBACKS.labels("delivered" if outcome == "delivered" else "refused").inc()
+        else:
+            metrics.JOB_CALLBACKS.labels("failed").inc()
+            retry_at = self._next_try(job)
+            outcome = f"retrying: {outcome}"
+        if outcome != "delivered":
+            fields = {"job": job_id, "url": job.callback, "outcome": outcome}
+            log.warning("job callback failed", extra={"fields": fields})
+        await self._record(job_id, outcome, retry_at)
+
+    def _next_try(self, job: Job) -> float:
+        """As long again as the job has been ended, within the configured bounds."""
+        now = time.time()
+        ended_for = now - (job.finished or now)
+        return now + min(max(ended_for, self.config.callback_first_s), self.config.callback_most_s)
+
+    async def _record(self, job_id: str, outcome: str, retry_at: float | None) -> None:
+        try:
+            await self._store(self.queue.callback_done, job_id, outcome, retry_at)
+        except QueueError as exc:  # the hold runs out: tried again, maybe sent again
+            log.warning(
+                "job callback's outcome not written",
+                extra={"fields": {"job": job_id, "outcome": outcome, "error": str(exc)}},
+            )
+
+    @staticmethod
+    async def _store(call: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """`call(*args)`, tried again after each of STORE_WAITS_S while it raises QueueError."""
+        for wait in (*STORE_WAITS_S, None):
+            try:
+                return await call(*args)
+            except QueueError:
+                if wait is None:
+                    raise
+            await asyncio.sleep(wait)  # type: ignore[arg-type]  # not None here
+        raise AssertionError("unreachable")
