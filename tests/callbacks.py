@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +20,9 @@ class Hook:
     """Every callback's body, in arrival order, those refused included."""
     taken: Counter = field(default_factory=Counter)
     """How many callbacks each (job id, status) got answered 204."""
+    at_once: int = 0
+    most_at_once: int = 0
+    """Callbacks being answered at the same time, and the most there were."""
 
     @property
     def host(self) -> str:
@@ -28,10 +32,10 @@ class Hook:
 
 @contextmanager
 def callbacks_received(
-    failures: int = 0, refusing: threading.Event | None = None
+    failures: int = 0, refusing: threading.Event | None = None, delay_s: float = 0.0
 ) -> Iterator[Hook]:
     """The receiver: 500 to the first `failures` callbacks, and 503 while `refusing` is set;
-    204 otherwise."""
+    204 otherwise; each answered after `delay_s`."""
     lock = threading.Lock()
     hook: Hook
 
@@ -39,6 +43,11 @@ def callbacks_received(
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             with lock:
+                hook.at_once += 1
+                hook.most_at_once = max(hook.most_at_once, hook.at_once)
+            time.sleep(delay_s)
+            with lock:
+                hook.at_once -= 1
                 hook.bodies.append(body)
                 status = 500 if len(hook.bodies) <= failures else 204
                 if refusing is not None and refusing.is_set():

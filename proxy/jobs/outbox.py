@@ -20,6 +20,7 @@ callback to be sent again; the body's `id` tells a receiver it has seen it."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -38,9 +39,14 @@ T = TypeVar("T")
 LOOK_S = 1.0
 """How often a process running workers looks for callbacks due."""
 TAKEN_AT_ONCE = 16
-IN_FLIGHT = 64
-"""Callbacks this process tries at once, at most (a receiver that hangs holds each 10 s)."""
+IN_FLIGHT = 100
+"""Callbacks this process tries at once, at most (httpx's pool holds 100 connections; a
+receiver that hangs holds each try 10 s): more wait their turn here."""
+WAITING = 10_000
+"""Callbacks waiting their turn here, at most; beyond, they wait out their hold in the outbox
+and a later look takes them (a task each for every job ended while a receiver hung, before)."""
 POST_TIMEOUT_S = 10.0
+SAY_EVERY_S = 30.0
 STORE_WAITS_S = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 """Waits before a read or write of the store is tried again (a stall, a failover): within
 the hold, so that a callback delivered is not sent again for a write that came late."""
@@ -52,6 +58,11 @@ class Outbox:
         self.config = config
         self._client: httpx.AsyncClient | None = None
         self._trying: dict[str, asyncio.Task[None]] = {}
+        self._waiting: collections.deque[str] = collections.deque()
+        self._stopping = False
+        self._said = -SAY_EVERY_S
+        self._unsaid = 0
+        """Failed tries since the last said."""
 
     def start(self) -> None:
         self._client = httpx.AsyncClient(timeout=POST_TIMEOUT_S, follow_redirects=False)
@@ -59,6 +70,8 @@ class Outbox:
     async def stop(self) -> None:
         """Tries under way get a moment; the others stay in the outbox, held a while, then
         tried by the next process to look."""
+        self._stopping = True
+        self._waiting.clear()
         tries = list(self._trying.values())
         if tries:
             await asyncio.wait(tries, timeout=2.0)
@@ -71,11 +84,26 @@ class Outbox:
     def send(self, job_id: str) -> None:
         """Try the job's callback now: its final state was just written here, or it is due
         and held for this process."""
-        if self._client is None or job_id in self._trying:
+        if self._client is None or self._stopping or job_id in self._trying:
             return
+        if len(self._trying) < IN_FLIGHT:
+            self._start(job_id)
+        elif len(self._waiting) < WAITING:
+            self._waiting.append(job_id)
+
+    def _start(self, job_id: str) -> None:
         task = asyncio.create_task(self._try(job_id))
         self._trying[job_id] = task
-        task.add_done_callback(lambda _: self._trying.pop(job_id, None))
+        task.add_done_callback(lambda _: self._next(job_id))
+
+    def _next(self, ended: str) -> None:
+        """A try ended: the next one waiting its turn starts."""
+        self._trying.pop(ended, None)
+        while self._waiting and len(self._trying) < IN_FLIGHT and not self._stopping:
+            job_id = self._waiting.popleft()
+            if job_id not in self._trying:  # taken again by a look meanwhile
+                self._start(job_id)
+                return
 
     async def look(self) -> None:
         """Forever: the callbacks due (whichever process ended their jobs), tried here."""
@@ -88,6 +116,9 @@ class Outbox:
                 due = await self.queue.due_callbacks(time.time(), room)
             except QueueError:
                 continue  # the workers say when the queue cannot be reached
+            except Exception:  # a loop that died would leave every later callback unsent
+                log.exception("jobs: the callbacks' outbox could not be read")
+                continue
             for job_id in due:
                 self.send(job_id)
 
@@ -110,9 +141,18 @@ class Outbox:
             retry_at = self._next_try(job)
             outcome = f"retrying: {outcome}"
         if outcome != "delivered":
-            fields = {"job": job_id, "url": job.callback, "outcome": outcome}
-            log.warning("job callback failed", extra={"fields": fields})
+            self._say(job_id, job.callback, outcome)
         await self._record(job_id, outcome, retry_at)
+
+    def _say(self, job_id: str, url: str, outcome: str) -> None:
+        """A failed try, said at most once every SAY_EVERY_S with how many failed meanwhile:
+        a receiver down while 500 jobs a second end would be 500 lines a second."""
+        self._unsaid += 1
+        now = time.monotonic()
+        if now - self._said >= SAY_EVERY_S:
+            fields = {"job": job_id, "url": url, "outcome": outcome, "failed": self._unsaid}
+            log.warning("job callback failed", extra={"fields": fields})
+            self._said, self._unsaid = now, 0
 
     def _next_try(self, job: Job) -> float:
         """As long again as the job has been ended, within the configured bounds."""

@@ -67,10 +67,8 @@ return {'new', ARGV[1]}
 """
 
 # KEYS: job, queued, running, stream, expiry, leases, ended:failed, bytes, callbacks; ARGV: id,
-# entry, token,
-# now, group,
-# keep_ms, error, lease_ms, consumer, then the fields to answer (once taken). An entry this
-# worker read, or a job whose lease ran out:
+# entry, token, now, group, keep_ms, error, lease_ms, consumer, then the fields to answer (once
+# taken). An entry this worker read, or a job whose lease ran out:
 # run it (the entry now this consumer's), leave it (its lease still runs: its worker lives),
 # drop it (its job ended, or it is an old attempt's), or fail the job (its worker died on
 # its last attempt). A job already running under the token asked with is this worker's own

@@ -232,3 +232,31 @@ async def test_a_callback_outlasts_a_receiver_down_past_its_first_tries(
             await jobs.stop()
     assert [r["id"] for r in received] == [job.id] * 7
     assert seen[-2:] == ["retrying: HTTP 500", "delivered"]
+
+
+async def test_callbacks_take_turns_within_a_bound(
+    jobs_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A receiver that answers slowly: every job ended at once had its own try under way
+    (thousands of tasks and connections while a receiver hung); now at most IN_FLIGHT, the
+    others waiting their turn, all delivered."""
+    from proxy.jobs import outbox
+    from proxy.jobs.service import Jobs
+
+    monkeypatch.setattr(outbox, "IN_FLIGHT", 3)
+    with callbacks_received(delay_s=0.2) as receiver:
+        config = JobsConfig(jobs_url, 0, 100, 0, 60, 30, 3, 0.5, frozenset({receiver.host}))
+        jobs = Jobs(None, config)  # type: ignore[arg-type]  # nothing to run: no engine
+        jobs.start()
+        try:
+            submitted = [
+                (await jobs.submit(Submission("p", "image", bytes([i]), 3, 1e3, receiver.url)))[0]
+                for i in range(12)
+            ]
+            for job in submitted:
+                await jobs.cancel(job.id)
+            await wait_for(lambda: len(receiver.taken) == len(submitted))
+        finally:
+            await jobs.stop()
+    assert set(receiver.taken) == {(job.id, "cancelled") for job in submitted}
+    assert receiver.most_at_once == 3 and set(receiver.taken.values()) == {1}
