@@ -176,6 +176,10 @@ class ProxySettings(BaseSettings):
     jobs_callback_hosts: str = ""
     """Hosts (`host` or `host:port`, comma-separated) a job's callback may be POSTed to;
     empty: callbacks refused."""
+    jobs_callback_secret: str | None = None
+    """When set, every callback carries `X-Mesh-Signature: t=<unix seconds>,v1=<hex
+    HMAC-SHA256 of "<t>.<body>" with this secret>`: a receiver checks it (and that `t` is
+    recent) to know the callback came from the mesh, unchanged and not replayed."""
     jobs_callback_most_s: float = Field(default=600.0, gt=0)
     """Longest wait between two tries of a callback that fails: each wait is as long as the
     job has been ended (tries at 0, 0.5, 1, 2, 4 ... s after its end), up to this; tried

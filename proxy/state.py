@@ -95,6 +95,7 @@ def _jobs_config(settings: ProxySettings) -> JobsConfig:
         backoff_s=settings.jobs_backoff_s,
         callback_most_s=settings.jobs_callback_most_s,
         callback_hold_s=settings.jobs_callback_hold_s,
+        callback_secret=(settings.jobs_callback_secret or "").encode() or None,
     )
 
 

@@ -18,6 +18,8 @@ class Hook:
     url: str
     bodies: list[dict] = field(default_factory=list)
     """Every callback's body, in arrival order, those refused included."""
+    sent: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
+    """Every callback's headers (lower-cased names) and raw body, in the same order."""
     taken: Counter = field(default_factory=Counter)
     """How many callbacks each (job id, status) got answered 204."""
     at_once: int = 0
@@ -41,8 +43,10 @@ def callbacks_received(
 
     class Taking(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            raw = self.rfile.read(int(self.headers["Content-Length"]))
+            body = json.loads(raw)
             with lock:
+                hook.sent.append(({k.lower(): v for k, v in self.headers.items()}, raw))
                 hook.at_once += 1
                 hook.most_at_once = max(hook.most_at_once, hook.at_once)
             time.sleep(delay_s)

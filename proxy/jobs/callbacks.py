@@ -1,10 +1,14 @@
 """A job's callback: its final state POSTed to a URL the client gave (tried until delivered:
 outbox.py), and only to hosts the operator allows (PROXY_JOBS_CALLBACK_HOSTS): without the
 list, a client could make the proxy call anything it can reach (server-side request
-forgery)."""
+forgery). Signed when the operator sets a secret (PROXY_JOBS_CALLBACK_SECRET), so that a
+receiver can tell a callback of the mesh from a forged one."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -56,13 +60,44 @@ def _shown(text: str) -> str:
     return repr(capped(text, SHOWN))
 
 
-async def post(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> tuple[str, bool]:
-    """One try of a callback: how it went, and whether that is its end ("delivered", or
-    "refused: ..." for a 4xx other than 408 and 429: the receiver would refuse it again)."""
+SIGNATURE = "X-Mesh-Signature"
+JOB_ID = "X-Mesh-Job-Id"
+
+
+def signature(secret: bytes, at: int, payload: bytes) -> str:
+    """The signature header's value: `t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<payload>">`
+    (the timestamp signed with the body, so that a callback replayed later is told apart)."""
+    mac = hmac.new(secret, b"%d.%s" % (at, payload), hashlib.sha256).hexdigest()
+    return f"t={at},v1={mac}"
+
+
+def verify(
+    secret: bytes, header: str, payload: bytes, now: float, tolerance_s: float = 300
+) -> bool:
+    """What a receiver checks: the header signs `payload` with `secret`, less than
+    `tolerance_s` from `now`."""
+    fields = dict(part.partition("=")[::2] for part in header.split(","))
     try:
-        answer = await client.post(
-            url, content=orjson.dumps(body), headers={"Content-Type": "application/json"}
-        )
+        at = int(fields.get("t", ""))
+    except ValueError:
+        return False
+    if abs(now - at) > tolerance_s:
+        return False
+    return hmac.compare_digest(signature(secret, at, payload), f"t={at},v1={fields.get('v1', '')}")
+
+
+async def post(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], secret: bytes | None = None
+) -> tuple[str, bool]:
+    """One try of a callback: how it went, and whether that is its end ("delivered", or
+    "refused: ..." for a 4xx other than 408 and 429: the receiver would refuse it again).
+    Signed with `secret` when there is one."""
+    payload = orjson.dumps(body)
+    headers = {"Content-Type": "application/json", JOB_ID: str(body["id"])}
+    if secret:
+        headers[SIGNATURE] = signature(secret, int(time.time()), payload)
+    try:
+        answer = await client.post(url, content=payload, headers=headers)
     except httpx.HTTPError as exc:
         return capped(f"{type(exc).__name__}: {exc}", SHOWN), False
     if answer.is_success:

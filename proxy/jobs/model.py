@@ -42,6 +42,8 @@ class JobsConfig:
     callback_most_s: float = 600.0
     callback_hold_s: float = 30.0
     """How long a callback being tried is left to its process before another tries it."""
+    callback_secret: bytes | None = None
+    """Signs every callback (callbacks.signature)."""
 
     @property
     def renew_s(self) -> float:

@@ -132,7 +132,8 @@ class Outbox:
         if job is None or not job.callback:  # removed meanwhile
             await self._record(job_id, "", None)
             return
-        outcome, final = await callbacks.post(self._client, job.callback, job.public())
+        secret = self.config.callback_secret
+        outcome, final = await callbacks.post(self._client, job.callback, job.public(), secret)
         retry_at = None
         if final:
             metrics.JOB_CALLBACKS.labels("delivered" if outcome == "delivered" else "refused").inc()
