@@ -71,18 +71,50 @@ async def enqueue(
         raise Problem(503, str(exc)) from None
 
 
+def job_options(request: Request, jobs: Jobs) -> tuple[str | None, str | None]:
+    """A job's callback URL (`?callback=`, allowed hosts only) and Idempotency-Key, checked:
+    400 naming what is wrong."""
+    callback = request.query_params.get("callback")
+    if callback is not None:
+        callback = jobs.callback(callback)
+    key = request.headers.get("idempotency-key")
+    if key is not None and not 0 < len(key) <= MAX_KEY:
+        raise Problem(400, f"Idempotency-Key must be 1 to {MAX_KEY} characters")
+    return callback, key
+
+
+def later_options(request: Request, state: ProxyState, plan: Plan) -> tuple[str | None, str | None]:
+    """/infer's job options: its later part's (a sync-async pipeline); a callback asked of a
+    pipeline that answers only now is a 400, not a callback that never comes."""
+    if plan.pipeline.later is not None:
+        return job_options(request, state.jobs)
+    if "callback" in request.query_params:
+        raise Problem(
+            400,
+            f"pipeline '{plan.name}' answers now: a callback is for a job "
+            f"(POST /v1/pipelines/{plan.name}/jobs) or a sync-async pipeline's later part",
+        )
+    return None, None
+
+
 async def later(
-    state: ProxyState, plan: Plan, kind: InputKind, payload: bytes | dict[str, np.ndarray]
+    state: ProxyState,
+    plan: Plan,
+    kind: InputKind,
+    payload: bytes | dict[str, np.ndarray],
+    options: tuple[str | None, str | None] = (None, None),
 ) -> dict[str, Any]:
-    """A sync-async pipeline's job: its `later` pipeline on the same input. What the answer
-    says of it: the job, or why there is none (the fast answer stands either way)."""
+    """A sync-async pipeline's job: its `later` pipeline on the same input, with the
+    request's callback and Idempotency-Key (`options`: a retried /infer names the same job).
+    What the answer says of it: the job, or why there is none (the fast answer stands
+    either way)."""
     name = plan.pipeline.later
     assert name is not None
     other = state.engine.plan(name)
     budget = min(other.pipeline.timeout_ms, state.settings.max_timeout_ms) / 1000
     data = payload if isinstance(payload, bytes) else pack(Stored(payload))
     try:
-        job, _ = await enqueue(state.jobs, name, kind, data, budget)
+        job, _ = await enqueue(state.jobs, name, kind, data, budget, *options)
     except Problem as exc:
         return {"pipeline": name, "error": {"status": exc.status, "error": exc.message}}
     return {"pipeline": name, "job": job.id, "location": f"/v1/jobs/{job.id}"}
@@ -99,12 +131,7 @@ class JobEndpoints:
         plan = state.engine.plan(name)
         kind: InputKind
         budget = budget_s(request, plan.pipeline.timeout_ms, state.settings.max_timeout_ms)
-        callback = request.query_params.get("callback")
-        if callback is not None:
-            callback = jobs.callback(callback)
-        key = request.headers.get("idempotency-key")
-        if key is not None and not 0 < len(key) <= MAX_KEY:
-            raise Problem(400, f"Idempotency-Key must be 1 to {MAX_KEY} characters")
+        callback, key = job_options(request, jobs)
         # The upload gets the request's budget, as /infer's does.
         deadline = asyncio.get_running_loop().time() + budget
         with state.engine.admission.ledger() as ledger:
@@ -173,6 +200,29 @@ class JobEndpoints:
             raise Problem(503, str(exc)) from None
 
 
+def _parameters(whose: str) -> list[dict[str, Any]]:
+    """The job options' OpenAPI parameters; `whose`: the job they are of."""
+    return [
+        {
+            "name": "callback",
+            "in": "query",
+            "required": False,
+            "description": f"URL {whose} is POSTed to once ended (allowed hosts only)",
+            "schema": {"type": "string"},
+        },
+        {
+            "name": "Idempotency-Key",
+            "in": "header",
+            "required": False,
+            "description": f"the same key and body give the same job ({whose})",
+            "schema": {"type": "string", "maxLength": MAX_KEY},
+        },
+    ]
+
+
+LATER_PARAMETERS = _parameters("a sync-async pipeline's later part")
+
+
 def routes(endpoints: JobEndpoints) -> list[Route]:
     """The jobs' routes, in the proxy's table (routes.py)."""
     image_body = {k: v for k, v in schemas.IMAGE_BODY.items() if k != "parameters"}
@@ -189,22 +239,7 @@ def routes(endpoints: JobEndpoints) -> list[Route]:
                 "responses": schemas.errors(400, 401, 404, 408, 413, 415, 422, 429, 503),
                 "openapi_extra": {
                     **image_body,
-                    "parameters": [
-                        {
-                            "name": "callback",
-                            "in": "query",
-                            "required": False,
-                            "description": "URL the ended job is POSTed to (allowed hosts only)",
-                            "schema": {"type": "string"},
-                        },
-                        {
-                            "name": "Idempotency-Key",
-                            "in": "header",
-                            "required": False,
-                            "description": "the same key and body give the same job",
-                            "schema": {"type": "string", "maxLength": MAX_KEY},
-                        },
-                    ],
+                    "parameters": _parameters("the job"),
                 },
             },
         ),

@@ -33,6 +33,7 @@ class PipelineEndpoints:
         deadline = asyncio.get_running_loop().time() + budget_s(
             request, plan.pipeline.timeout_ms, state.settings.max_timeout_ms
         )
+        options = jobs.later_options(request, state, plan)  # checked before anything runs
         try:
             async with engine.ticket(plan, deadline) as ticket:
                 given: bytes | dict[str, np.ndarray]
@@ -52,7 +53,7 @@ class PipelineEndpoints:
             raise exc.problem(name) from None
         if plan.pipeline.later is not None:  # sync-async: the rest of the answer comes later
             kind = "image" if isinstance(given, bytes) else "tensors"
-            answer["later"] = await jobs.later(state, plan, kind, given)
+            answer["later"] = await jobs.later(state, plan, kind, given, options)
         headers = {"X-Cache": run.cache} if run.cache else None
         return json_response(answer, headers=headers)
 

@@ -200,7 +200,10 @@ def pipeline_route(pipelines: PipelineEndpoints) -> Route:
             "summary": "Run an image through a pipeline",
             "response_model": schemas.PipelineAnswer,
             "responses": schemas.errors(400, 401, 404, 408, 413, 415, 422, 429, 501, 502, 503, 504),
-            "openapi_extra": schemas.IMAGE_BODY,
+            "openapi_extra": {
+                **schemas.IMAGE_BODY,
+                "parameters": [*schemas.IMAGE_BODY["parameters"], *jobs.LATER_PARAMETERS],
+            },
         },
     )
 

@@ -389,6 +389,49 @@ async def test_a_sync_async_pipeline_answers_now_and_later(servers, jobs_proxy) 
     assert "later" not in full_now.json()  # only the pipeline that declares it
 
 
+async def test_a_sync_async_answers_later_part_calls_back_once_per_key(servers, jobs_proxy) -> None:
+    """`?callback=` and Idempotency-Key on /infer go to its later part's job: the better
+    answer is pushed, and a retried /infer names the same job instead of a second. A callback
+    asked of a pipeline that answers only now is refused, not ignored."""
+    fast, slow = affine("fast", 1, 1), affine("slow", 10, 0)
+    env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": await servers(fast, slow)}
+    pipes = {
+        "quick": pipeline([call("a", "fast", "parse")], RESULT, later="full"),
+        "full": pipeline([call("a", "slow", "parse")], RESULT),
+    }
+    with callbacks_received() as hook:
+        async with jobs_proxy(pipes, env, jobs_callback_hosts=hook.host) as client:
+
+            async def infer(name: str, callback: str, key: str = "order-1") -> httpx.Response:
+                return await client.post(
+                    f"/v1/pipelines/{name}/infer",
+                    params={"callback": callback},
+                    content=body(5),
+                    headers={"Content-Type": "application/octet-stream", "Idempotency-Key": key},
+                )
+
+            first, again = await infer("quick", hook.url), await infer("quick", hook.url)
+            job_id = first.json()["later"]["job"]
+            await ended(client, job_id)
+            for _ in range(500):
+                if hook.taken:
+                    break
+                await asyncio.sleep(0.02)
+            calls_before = fast.calls
+            elsewhere = await infer("quick", "http://169.254.169.254/x", key="order-2")
+            answers_now = await infer("full", hook.url, key="order-3")
+            calls_after = fast.calls
+    assert first.status_code == again.status_code == 200
+    assert first.json()["result"] == {"y": [6.0]}
+    assert again.json()["later"]["job"] == job_id  # the same key, the same job
+    (sent,) = hook.bodies
+    assert sent["id"] == job_id and sent["pipeline"] == "full" and sent["status"] == "succeeded"
+    assert sent["result"]["result"] == {"y": [50.0]}
+    assert elsewhere.status_code == 400 and "not allowed" in elsewhere.json()["error"]
+    assert calls_after == calls_before  # refused before anything ran
+    assert answers_now.status_code == 400 and "answers now" in answers_now.json()["error"]
+
+
 async def test_a_full_queue_leaves_the_fast_answer_standing(servers, jobs_proxy) -> None:
     env = {
         "PARSE_URL": await servers(parse_model()),
