@@ -59,6 +59,7 @@ class SpanKind(IntEnum):
     INTERNAL = 1
     SERVER = 2
     CLIENT = 3
+    CONSUMER = 5
 
 
 class SpanContext:

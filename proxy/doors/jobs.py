@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import numpy as np
 from fastapi import Request, Response
 
+from protos import tracing
 from proxy.doors import job_schemas, schemas
 from proxy.doors.pipeline_bodies import budget_s, read_tensors
 from proxy.doors.responses import json_response
@@ -56,8 +57,9 @@ async def enqueue(
     digest = (await digest_of([f"{pipeline}\0{kind}\0".encode(), payload], len(payload))).hex()
     attempts = jobs.config.attempts
     submission = Submission(
-        pipeline, kind, payload, attempts, budget_s * 1000, callback, key, digest
-    )
+        pipeline, kind, payload, attempts, budget_s * 1000, callback, key, digest,
+        tracing.traceparent(),
+    )  # fmt: skip
     try:
         return await jobs.submit(submission)
     except QueueFull as exc:

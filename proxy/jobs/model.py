@@ -87,6 +87,9 @@ class Submission:
     digest: str = ""
     """Hash of pipeline, kind and payload: an Idempotency-Key reused with another body is
     refused."""
+    traceparent: str | None = None
+    """The submitting request's span (W3C), when traces are on: the job's runs join its
+    trace."""
     id: str = field(default_factory=new_id)
     created: float = field(default_factory=time.time)
 
@@ -140,6 +143,7 @@ class Claimed:
     kind: InputKind
     payload: bytes
     token: str
+    traceparent: str | None = None
 
 
 def iso(at: float) -> str:

@@ -134,6 +134,7 @@ class Claims:
         keys += [k["leases"], k["failed"], k["bytes"], k["callbacks"]]
         args = [job_id, entry, token, repr(now), GROUP, self._keep_ms, LOST]
         args += [int(lease_s * 1000), self.consumer, *self._shown, "kind", "payload"]
+        args.append("traceparent")
         try:
             fields = await self._call(self._scripts["TAKE"](keys, args))
         except QueueError:
@@ -146,5 +147,6 @@ class Claims:
         job = self._decode(job_id, fields[: len(self._shown)])
         if job is None:
             return None
-        kind = (fields[-2] or b"image").decode()
-        return Claimed(job, kind, fields[-1] or b"", token)  # type: ignore[arg-type]
+        kind = (fields[-3] or b"image").decode()
+        traceparent = (fields[-1] or b"").decode() or None
+        return Claimed(job, kind, fields[-2] or b"", token, traceparent)  # type: ignore[arg-type]

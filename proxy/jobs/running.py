@@ -4,10 +4,13 @@ merged calls, caches), as a background request; what /infer would have answered.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from protos import tracing
+from protos.tracing import Shape, SpanKind
 from proxy.engine.cache.entries import unpack
 from proxy.engine.runner import Engine
 from proxy.errors import Problem, StepError
@@ -34,7 +37,28 @@ def failure(problem: Problem) -> dict[str, Any]:
 
 
 async def attempt(engine: Engine, claimed: Claimed, share: float) -> Outcome:
-    """The job's input through its pipeline, with its budget from when it gets room."""
+    """The job's input through its pipeline, with its budget from when it gets room. With
+    traces on, in a span of the submitting request's trace (its steps under it): a job's run
+    was a trace of its own for every step, found by nobody."""
+    if not tracing.ENABLED:
+        return await _attempt(engine, claimed, share)
+    job = claimed.job
+    attributes = {"mesh.job_id": job.id, "mesh.job_attempt": job.attempts}
+    parent = tracing.extract(claimed.traceparent)
+    with tracing.span(_shape(job.pipeline), parent, attributes=attributes) as span:
+        outcome = await _attempt(engine, claimed, share)
+        if outcome.error is not None:
+            tracing.error(span, f"HTTP {outcome.error['status']}: {outcome.error['error']}")
+        return outcome
+
+
+@functools.lru_cache(maxsize=256)
+def _shape(pipeline: str) -> Shape:
+    attributes = (("messaging.operation.type", "process"), ("mesh.pipeline", pipeline))
+    return tracing.shape(f"job {pipeline}", SpanKind.CONSUMER, attributes)
+
+
+async def _attempt(engine: Engine, claimed: Claimed, share: float) -> Outcome:
     job = claimed.job
     started = time.perf_counter()
     request_id = f"job-{job.id}-{job.attempts}"

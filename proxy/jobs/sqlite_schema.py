@@ -3,7 +3,7 @@ them)."""
 
 import sqlite3
 
-ADDED = {"callback_due": "REAL"}
+ADDED = {"callback_due": "REAL", "traceparent": "TEXT"}
 """Columns added since the table's first release: a database made before gets them."""
 
 
@@ -30,7 +30,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     budget_ms REAL NOT NULL, kind TEXT NOT NULL, payload BLOB,
     result BLOB, error BLOB, callback TEXT, callback_status TEXT,
     idem TEXT UNIQUE, digest TEXT, finished REAL, expires REAL,
-    callback_due REAL  -- the callback's next try (NULL: none pending), outbox.py
+    callback_due REAL,  -- the callback's next try (NULL: none pending), outbox.py
+    traceparent TEXT  -- the submitting request's span, when traces are on
 );
 """
 

@@ -67,7 +67,7 @@ def submit_many(
         rows.append(
             (job.id, job.pipeline, job.created, job.created, job.created, job.max_attempts,
              job.budget_ms, job.kind, job.payload, job.callback, job.idempotency_key,
-             job.digest)
+             job.digest, job.traceparent)
         )  # fmt: skip
         stored = Job(job.id, job.pipeline, "queued", job.created, job.created, 0,
                      job.max_attempts, job.budget_ms, callback=job.callback)  # fmt: skip
@@ -77,8 +77,8 @@ def submit_many(
     if rows:
         db.executemany(
             "INSERT INTO jobs (id, pipeline, status, created, updated, due, max_attempts,"
-            " budget_ms, kind, payload, callback, idem, digest)"
-            " VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " budget_ms, kind, payload, callback, idem, digest, traceparent)"
+            " VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             rows,
         )
         _ended(db, -len(rows))
@@ -197,12 +197,12 @@ def claim(db: sqlite3.Connection, lease_s: float, keep_s: float, now: float) -> 
             " attempts = attempts + 1 WHERE id = ?",
             (token, now + lease_s, now, job_id),
         )
-        kind, payload = db.execute(
-            "SELECT kind, payload FROM jobs WHERE id = ?", (job_id,)
+        kind, payload, traceparent = db.execute(
+            "SELECT kind, payload, traceparent FROM jobs WHERE id = ?", (job_id,)
         ).fetchone()
         job = get(db, job_id, None)
         assert job is not None
-        return Claimed(job, kind, payload, token)
+        return Claimed(job, kind, payload, token, traceparent)
 
 
 def renew(db: sqlite3.Connection, held: dict[str, str], until: float) -> set[str]:

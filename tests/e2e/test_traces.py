@@ -163,6 +163,47 @@ def test_requests_without_a_traceparent_start_traces_of_their_own(traced: Traced
     assert len(ids) == 2
 
 
+def test_a_jobs_run_joins_the_trace_that_submitted_it(traced: TracedMesh) -> None:
+    """A job runs after its request answered 202, maybe in another process: its run is a
+    CONSUMER span under the submitting request's, the steps and the services' spans under it
+    (every step of a job's run was a trace of its own, found by nobody)."""
+    header, trace_id, client_span = _traceparent()
+    submitted = httpx.post(
+        f"{traced.url}/v1/pipelines/digits/jobs",
+        content=BODY,
+        headers={"Content-Type": "image/png", "traceparent": header},
+        timeout=10,
+    )
+    assert submitted.status_code == 202, submitted.text
+    job_id = submitted.json()["id"]
+
+    def complete(spans: list[Received]) -> bool:
+        ours = [s for s in spans if s.trace_id == trace_id]
+        return {s.service for s in ours} >= DIGITS_SERVICES and any(
+            s.span.name == "job digits" for s in ours
+        )
+
+    assert traced.receiver.wait_for(complete), sorted(
+        {(s.service, s.span.name) for s in traced.receiver.spans if s.trace_id == trace_id}
+    )
+    traced.receiver.wait_for(lambda _: False, timeout_s=0.5)  # stragglers of the same batch
+    spans = [s for s in traced.receiver.spans if s.trace_id == trace_id]
+    by_id = _check_tree(spans, client_span)
+    request = next(s for s in spans if s.parent_id == client_span)
+    assert request.span.name == "POST /v1/pipelines/digits/jobs"
+    run = next(s for s in spans if s.span.name == "job digits")
+    assert run.span.kind == 5 and run.parent_id == request.span_id  # CONSUMER
+    assert run.attribute("mesh.job_id") == job_id and run.attribute("mesh.job_attempt") == 1
+    steps = [s for s in spans if s.span.name.startswith("step ")]
+    assert {"preprocess", "ensemble"} <= {s.attribute("mesh.step") for s in steps}
+    for step in steps:  # each under the run, through its parent steps
+        while step.parent_id != run.span_id:
+            step = by_id[step.parent_id]
+            assert step.span.name.startswith("step "), step.span.name
+    with httpx.Client(base_url=traced.url, timeout=10) as client:
+        assert client.get(f"/v1/jobs/{job_id}").json()["status"] == "succeeded"
+
+
 def test_merged_calls_link_every_member(traced: TracedMesh) -> None:
     """Concurrent requests share calls (merging.py): the merged call's span is in its first
     member's trace, linked to every member's attempt, and the service's span is its child."""

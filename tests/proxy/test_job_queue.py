@@ -143,6 +143,17 @@ async def test_a_cancel_and_an_expiry_move_the_outbox(queue: JobQueue) -> None:
     assert await sweep(queue, time.time()) == 0
 
 
+async def test_a_claim_carries_the_submitting_requests_trace(queue: JobQueue) -> None:
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    traced, _ = await queue.submit(job(payload=b"a", traceparent=parent), 10)
+    untraced, _ = await queue.submit(job(payload=b"b"), 10)
+    claims = [await queue.claim(lease_s=10.0, wait_s=0.5) for _ in range(2)]
+    assert {(c.job.id, c.traceparent) for c in claims if c} == {
+        (traced.id, parent),
+        (untraced.id, None),
+    }
+
+
 async def test_cancel_ends_a_queued_or_running_job_once(queue: JobQueue) -> None:
     queued, _ = await queue.submit(job(payload=b"a"), 10)
     running, _ = await queue.submit(job(payload=b"b"), 10)
