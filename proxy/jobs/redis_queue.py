@@ -124,8 +124,9 @@ class RedisQueue(JobQueue):
             "updated": repr(job.created), "attempts": 0, "max_attempts": job.max_attempts,
             "budget_ms": repr(job.budget_ms), "kind": job.kind, "payload": job.payload,
             "callback": job.callback or "", "digest": job.digest,
-            "traceparent": job.traceparent or "",
         }  # fmt: skip
+        if job.traceparent:  # traces on: two more arguments a job otherwise
+            fields["traceparent"] = job.traceparent
         idem = "" if job.idempotency_key is None else self._idem + job.idempotency_key
         # The key goes with its job (FORGET); until then a key whose job is gone names nothing.
         args: list[Any] = [job.id, max_queued, max_bytes]

@@ -94,14 +94,19 @@ def _check_tree(spans: list[Received], client_span: str) -> dict[str, Received]:
     return by_id
 
 
-def test_a_request_is_one_trace_through_every_process(traced: TracedMesh) -> None:
-    header, trace_id, client_span = _traceparent()
-    answer = httpx.post(
-        f"{traced.url}/v1/pipelines/digits/infer",
+def _post_digit(traced: TracedMesh, what: str, traceparent: str) -> httpx.Response:
+    """A digit to `digits`' `what` (infer, jobs) under the client's `traceparent`."""
+    return httpx.post(
+        f"{traced.url}/v1/pipelines/digits/{what}",
         content=BODY,
-        headers={"Content-Type": "image/png", "traceparent": header},
+        headers={"Content-Type": "image/png", "traceparent": traceparent},
         timeout=10,
     )
+
+
+def test_a_request_is_one_trace_through_every_process(traced: TracedMesh) -> None:
+    header, trace_id, client_span = _traceparent()
+    answer = _post_digit(traced, "infer", header)
     assert answer.status_code == 200, answer.text
     spans = _trace(traced.receiver, trace_id, DIGITS_SERVICES)
     by_id = _check_tree(spans, client_span)
@@ -168,12 +173,7 @@ def test_a_jobs_run_joins_the_trace_that_submitted_it(traced: TracedMesh) -> Non
     CONSUMER span under the submitting request's, the steps and the services' spans under it
     (every step of a job's run was a trace of its own, found by nobody)."""
     header, trace_id, client_span = _traceparent()
-    submitted = httpx.post(
-        f"{traced.url}/v1/pipelines/digits/jobs",
-        content=BODY,
-        headers={"Content-Type": "image/png", "traceparent": header},
-        timeout=10,
-    )
+    submitted = _post_digit(traced, "jobs", header)
     assert submitted.status_code == 202, submitted.text
     job_id = submitted.json()["id"]
 
