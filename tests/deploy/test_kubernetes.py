@@ -60,7 +60,13 @@ def container(deployment: dict) -> dict:
 
 
 def env_of(deployment: dict) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in container(deployment)["env"]}
+    """The container's settings given inline (those from Secrets: secrets_of)."""
+    return {e["name"]: e["value"] for e in container(deployment)["env"] if "value" in e}
+
+
+def secrets_of(container: dict) -> dict[str, dict]:
+    """The container's settings read from Secrets: name -> its secretKeyRef."""
+    return {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "valueFrom" in e}
 
 
 def test_generated_files_are_up_to_date() -> None:
@@ -392,6 +398,27 @@ def test_the_nightly_batch_runs_the_batch_cli_against_the_proxy() -> None:
     env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in main["env"]}
     assert set(env) == {"BATCH_DB_URL", "MESH_API_KEY"}  # both from Secrets, never inline
     assert env["MESH_API_KEY"]["optional"] is True  # a proxy without a key needs no Secret
+
+
+def test_production_keys_come_from_optional_secrets_the_batch_shares() -> None:
+    """The API key the nightly batch sends is the one the proxy checks (the batch sent a
+    Secret's key to a proxy that read none), and every process that may send a callback
+    signs it with the same key; all optional, none inline."""
+    from proxy.settings import ProxySettings
+
+    deployments = objects("production", "Deployment")
+    proxy = secrets_of(container(deployments["proxy"]))
+    worker = secrets_of(container(deployments["job-worker"]))
+    batch = objects("production", "CronJob")["batch-ocr-invoices"]
+    sends = secrets_of(batch["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0])
+    assert proxy["PROXY_API_KEY"] == sends["MESH_API_KEY"]
+    assert proxy["PROXY_JOBS_CALLBACK_SECRET"] == worker["PROXY_JOBS_CALLBACK_SECRET"]
+    assert all(ref["optional"] is True for ref in [*proxy.values(), *worker.values()])
+    for name in ("proxy", "job-worker"):
+        assert not {"PROXY_API_KEY", "PROXY_JOBS_CALLBACK_SECRET"} & set(env_of(deployments[name]))
+    prefix = ProxySettings.model_config["env_prefix"]
+    fields = {prefix + f.upper() for f in ProxySettings.model_fields}
+    assert {"PROXY_API_KEY", "PROXY_JOBS_CALLBACK_SECRET"} <= fields
 
 
 def test_the_production_overlay_scrapes_every_pod_with_the_rules_and_the_dashboard() -> None:
