@@ -164,6 +164,13 @@ PANELS = [
         ("pipeline", "status"),
     ),
     Panel(
+        "Job callbacks tried per second, by outcome",
+        "reqps",
+        {"{{outcome}}": f"sum by (outcome) (rate(proxy_job_callbacks_total[{RATE}]))"},
+        ("outcome",),
+        description="delivered; refused (a 4xx: not tried again); failed: tried again later",
+    ),
+    Panel(
         "Oldest queued job's wait",
         "s",
         {"oldest": "max(proxy_jobs_oldest_queued_seconds)"},

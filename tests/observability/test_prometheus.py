@@ -4,7 +4,7 @@ each series with the labels its legend names; every rule evaluates without error
 
 The traffic gives every panel something to show: digits and bad uploads on the mesh's proxy;
 on a second proxy with its cache on and room for two requests, repeats (cache hits), a crowd
-(admission refusals, 503) and jobs."""
+(admission refusals, 503) and jobs with callbacks (the first refused, then tried again)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from bench import prometheus_server
 from deploy.observability.dashboard import DASHBOARD, PANELS
 from deploy.observability.dashboard import main as dashboard_main
 from samples.images import encode, render_digit
+from tests.callbacks import callbacks_received
 from tests.conftest import Mesh
 from tests.faults.load import run
 from tests.report import report
@@ -41,25 +42,34 @@ def _metrics_targets(mesh: Mesh) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def prometheus(mesh: Mesh) -> Iterator[tuple[prometheus_server.PrometheusServer, str]]:
+def prometheus(mesh: Mesh) -> Iterator[tuple[prometheus_server.PrometheusServer, str, str]]:
+    """The server, the second proxy's URL and the callbacks' receiver's."""
     if not prometheus_server.available():
         message = "prometheus is missing (./mesh test installs it when run as root)"
         if os.environ.get("CI"):
             pytest.fail(f"CI must run the Prometheus test: {message}")
         pytest.skip(message)
-    with mesh.extra_proxy(27780, PROXY_CACHE="true", PROXY_MAX_IN_FLIGHT="2") as second:
+    with (
+        callbacks_received(failures=1) as hook,  # one callback tried again: two outcomes
+        mesh.extra_proxy(
+            27780,
+            PROXY_CACHE="true",
+            PROXY_MAX_IN_FLIGHT="2",
+            PROXY_JOBS_CALLBACK_HOSTS=hook.host,
+        ) as second,
+    ):
         jobs = {
             "mesh-proxy": [mesh.url.removeprefix("http://"), second.removeprefix("http://")],
             "mesh-services": _metrics_targets(mesh),
         }
         server = prometheus_server.start(jobs, [RULES])
         try:
-            yield server, second
+            yield server, second, hook.url
         finally:
             server.stop()
 
 
-def _traffic(mesh: Mesh, second: str) -> None:
+def _traffic(mesh: Mesh, second: str, hook: str) -> None:
     infer = "/v1/pipelines/digits/infer"
     asyncio.run(run(mesh.url, infer, BODY, requests=400, concurrency=8, timeout_ms=3000))
     with httpx.Client(timeout=10) as client:
@@ -71,6 +81,7 @@ def _traffic(mesh: Mesh, second: str) -> None:
         for _ in range(3):
             answer = client.post(
                 second + "/v1/pipelines/digits/jobs",
+                params={"callback": hook},
                 content=BODY,
                 headers={"Content-Type": "image/png"},
             )
@@ -110,9 +121,9 @@ def _numbers(series: list[dict]) -> bool:
 
 
 def test_every_panel_and_rule_has_labelled_series(
-    mesh: Mesh, prometheus: tuple[prometheus_server.PrometheusServer, str]
+    mesh: Mesh, prometheus: tuple[prometheus_server.PrometheusServer, str, str]
 ) -> None:
-    server, second = prometheus
+    server, second, hook = prometheus
     assert dashboard_main(["--check"]) == 0, "mesh-dashboard.json is not what dashboard.py writes"
     expected = 2 + len(_metrics_targets(mesh))
     deadline = time.monotonic() + 30  # Prometheus applies its targets ~5 s after it starts
@@ -120,7 +131,7 @@ def test_every_panel_and_rule_has_labelled_series(
         assert time.monotonic() < deadline, [(t["scrapeUrl"], t["lastError"]) for t in targets]
         time.sleep(0.5)
     time.sleep(1.5)  # every counter scraped once before the traffic: its rate is then seen
-    _traffic(mesh, second)
+    _traffic(mesh, second, hook)
 
     queries = [(p, legend, expr) for p in PANELS for legend, expr in p.queries.items()]
     deadline = time.monotonic() + 40
