@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
+import orjson
 from redis.exceptions import RedisError, ResponseError
 
 from proxy.engine import redis_client
@@ -119,19 +120,17 @@ class RedisQueue(JobQueue):
         self, job: Submission, max_queued: int, max_bytes: int
     ) -> tuple[list[str], list[Any]]:
         k = self._k
-        fields: dict[str, Any] = {
-            "pipeline": job.pipeline, "status": "queued", "created": repr(job.created),
-            "updated": repr(job.created), "attempts": 0, "max_attempts": job.max_attempts,
-            "budget_ms": repr(job.budget_ms), "kind": job.kind, "payload": job.payload,
-            "callback": job.callback or "", "digest": job.digest,
-        }  # fmt: skip
-        if job.traceparent:  # traces on: two more arguments a job otherwise
-            fields["traceparent"] = job.traceparent
+        listed = [
+            "pipeline", job.pipeline, "status", "queued", "created", repr(job.created),
+            "updated", repr(job.created), "attempts", "0", "max_attempts", str(job.max_attempts),
+            "budget_ms", repr(job.budget_ms), "kind", job.kind, "callback", job.callback or "",
+            "digest", job.digest,
+        ]  # fmt: skip
+        if job.traceparent:  # traces on: only then a field
+            listed += ["traceparent", job.traceparent]
         idem = "" if job.idempotency_key is None else self._idem + job.idempotency_key
         # The key goes with its job (FORGET); until then a key whose job is gone names nothing.
-        args: list[Any] = [job.id, max_queued, max_bytes]
-        for name, value in fields.items():
-            args += [name, value]
+        args: list[Any] = [job.id, max_queued, max_bytes, orjson.dumps(listed), job.payload]
         keys = [self._job + job.id, k["queued"], k["running"], k["index"], k["stream"], idem]
         return [*keys, k["bytes"]], args
 
