@@ -23,18 +23,16 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from functools import partial
 
 import httpx
 
 from proxy import metrics
 from proxy.jobs import callbacks
 from proxy.jobs.model import Job, JobsConfig, QueueError
-from proxy.jobs.queue import JobQueue
+from proxy.jobs.queue import JobQueue, persisting
 
 log = logging.getLogger("proxy")
-T = TypeVar("T")
 
 LOOK_S = 1.0
 """How often a process running workers looks for callbacks due."""
@@ -47,9 +45,9 @@ WAITING = 10_000
 and a later look takes them (a task each for every job ended while a receiver hung, before)."""
 POST_TIMEOUT_S = 10.0
 SAY_EVERY_S = 30.0
-STORE_WAITS_S = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
-"""Waits before a read or write of the store is tried again (a stall, a failover): within
-the hold, so that a callback delivered is not sent again for a write that came late."""
+STORE_FOR_S = 16.0
+"""How long a read or write of the store is tried again (a stall, a failover): within the
+hold, so that a callback delivered is not sent again for a write that came late."""
 
 
 class Outbox:
@@ -125,7 +123,7 @@ class Outbox:
     async def _try(self, job_id: str) -> None:
         assert self._client is not None
         try:
-            job = await self._store(self.queue.get, job_id)
+            job = await persisting(partial(self.queue.get, job_id), STORE_FOR_S)
         except QueueError as exc:  # still held: tried again once the hold is over
             log.warning("job callback waits", extra={"fields": {"job": job_id, "error": str(exc)}})
             return
@@ -163,21 +161,10 @@ class Outbox:
 
     async def _record(self, job_id: str, outcome: str, retry_at: float | None) -> None:
         try:
-            await self._store(self.queue.callback_done, job_id, outcome, retry_at)
+            done = partial(self.queue.callback_done, job_id, outcome, retry_at)
+            await persisting(done, STORE_FOR_S)
         except QueueError as exc:  # the hold runs out: tried again, maybe sent again
             log.warning(
                 "job callback's outcome not written",
                 extra={"fields": {"job": job_id, "outcome": outcome, "error": str(exc)}},
             )
-
-    @staticmethod
-    async def _store(call: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """`call(*args)`, tried again after each of STORE_WAITS_S while it raises QueueError."""
-        for wait in (*STORE_WAITS_S, None):
-            try:
-                return await call(*args)
-            except QueueError:
-                if wait is None:
-                    raise
-            await asyncio.sleep(wait)  # type: ignore[arg-type]  # not None here
-        raise AssertionError("unreachable")

@@ -13,10 +13,15 @@ process, which tries it at once."""
 from __future__ import annotations
 
 import abc
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from proxy.jobs.model import CALLBACK_HOLD_S, Claimed, Job, Submission
+from proxy.jobs.model import CALLBACK_HOLD_S, Claimed, Job, QueueError, Submission
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,22 @@ class JobQueue(abc.ABC):
 
     @abc.abstractmethod
     async def close(self) -> None: ...
+
+
+async def persisting(call: Callable[[], Awaitable[T]], for_s: float) -> T:
+    """`call()`, tried again while it raises QueueError (a store stalled past its timeout, a
+    failover), after waits doubling from 0.25 s, while the next try would still come within
+    `for_s`; then its last QueueError is raised."""
+    until = time.monotonic() + for_s
+    wait = 0.25
+    while True:
+        try:
+            return await call()
+        except QueueError:
+            if time.monotonic() + wait >= until:
+                raise
+        await asyncio.sleep(wait)
+        wait *= 2
 
 
 def open_queue(url: str, keep_s: float, callback_hold_s: float = CALLBACK_HOLD_S) -> JobQueue:

@@ -20,7 +20,7 @@ from functools import partial
 
 from proxy import metrics
 from proxy.jobs.model import Claimed, Job, JobsConfig, QueueError
-from proxy.jobs.queue import JobQueue
+from proxy.jobs.queue import JobQueue, persisting
 from proxy.jobs.running import Outcome
 
 log = logging.getLogger("proxy")
@@ -153,19 +153,11 @@ class Workers:
         nothing. One the store cannot take is tried again while half the job's lease is
         left (its last renewal was just before): a final state lost to a store stalled past
         its timeout left the job to run again once the lease ran out (30 s later)."""
-        until = time.monotonic() + self.config.lease_s / 2
-        wait = 0.25
-        while True:
-            try:
-                return await change()
-            except QueueError as exc:
-                if time.monotonic() + wait >= until:
-                    log.warning(
-                        "jobs: a state change was lost", extra={"fields": {"error": str(exc)}}
-                    )
-                    return False
-            await asyncio.sleep(wait)
-            wait *= 2
+        try:
+            return await persisting(change, self.config.lease_s / 2)
+        except QueueError as exc:
+            log.warning("jobs: a state change was lost", extra={"fields": {"error": str(exc)}})
+            return False
 
     async def _renew(self) -> None:
         while await self._pause(self.config.renew_s):
