@@ -8,6 +8,7 @@ without a TTL (`volatile-lru`, or `noeviction`): unfinished jobs have none."""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -18,6 +19,7 @@ import orjson
 from redis.exceptions import RedisError, ResponseError
 
 from proxy.engine import redis_client
+from proxy.jobs import redis_checks
 from proxy.jobs import redis_scripts as lua
 from proxy.jobs.grouping import Grouped
 from proxy.jobs.model import (
@@ -37,6 +39,7 @@ from proxy.jobs.redis_claims import GROUP, Claims
 from proxy.jobs.redis_pages import ENDED, Pages
 
 T = TypeVar("T")
+log = logging.getLogger("proxy")
 PREFIX = "{mesh-jobs}"
 """One hash slot (the braces) for every key: the scripts touch several."""
 SHOWN = ("pipeline", "status", "created", "updated", "attempts", "max_attempts", "budget_ms")
@@ -86,6 +89,7 @@ class RedisQueue(JobQueue):
         names += ("CALLBACK_DONE", "CALLBACKS_DUE")
         self._scripts = {name: self._redis.register_script(getattr(lua, name)) for name in names}
         self._group_made = False
+        self._warned: set[str] = set()
         self._submit: Grouped[tuple[Submission, int, int], Any] = Grouped(self._submit_many)
         self._pages = Pages(self._redis, prefix, SHOWN, _job, self._call)
         keys = self._k | {"job": self._job, "failed": self._pages.ended("failed")}
@@ -115,6 +119,10 @@ class RedisQueue(JobQueue):
         else:
             await self._pages.new_queue()
         self._group_made = True
+        for warning in await redis_checks.warnings(self._redis, self.url):
+            if warning not in self._warned:  # once a process, however often it reconnects
+                self._warned.add(warning)
+                log.warning(warning)
 
     def _submission(
         self, job: Submission, max_queued: int, max_bytes: int

@@ -653,6 +653,40 @@ async def test_a_full_redis_refuses_new_jobs_and_loses_none(tmp_path: Path) -> N
         server.stop()
 
 
+async def test_a_redis_that_may_lose_jobs_is_named_once_with_the_setting_to_change(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Redis set up as a cache (maxmemory with allkeys-lru, no append-only file) would evict
+    queued jobs when full and lose them on a restart: the queue says so when it first reaches
+    it, once however often it reconnects; the shipped settings (volatile-lru, AOF) say
+    nothing."""
+    cache_like = redis_or_skip(tmp_path / "cache-like", persistent=False, max_mb=16)
+    shipped = redis_or_skip(tmp_path / "shipped", persistent=True)
+    said: dict[str, list[str]] = {}
+    try:
+        for name, server in (("cache-like", cache_like), ("shipped", shipped)):
+            caplog.clear()
+            queue = open_queue(server.url, keep_s=60)
+            try:
+                with caplog.at_level("WARNING", logger="proxy"):
+                    await queue.submit(job(), 100)
+                    server.restart()  # reached again: checked again, nothing new said
+                    with contextlib.suppress(QueueError):  # the call that finds it gone
+                        await queue.submit(job(), 100)
+                    await queue.submit(job(), 100)
+            finally:
+                await queue.close()
+            said[name] = [r.getMessage() for r in caplog.records if r.name == "proxy"]
+    finally:
+        cache_like.stop()
+        shipped.stop()
+    assert said["shipped"] == []
+    evicting, volatile = said["cache-like"]
+    assert "maxmemory-policy allkeys-lru" in evicting and "volatile-lru or noeviction" in evicting
+    assert "appendonly no" in volatile and "appendonly yes" in volatile
+    assert f"127.0.0.1:{cache_like.port}" in evicting
+
+
 async def test_a_store_that_fails_is_named_without_its_credentials() -> None:
     """Its errors reach clients (a submission's 503) and the open /readyz: a password in
     PROXY_JOBS_URL was shown there whenever Redis could not be reached."""
