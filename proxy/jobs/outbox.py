@@ -111,7 +111,7 @@ class Outbox:
             if room <= 0:
                 continue
             try:
-                due = await self.queue.due_callbacks(time.time(), room)
+                due = await self.queue.due_callbacks(await self.queue.now(), room)
             except QueueError:
                 continue  # the workers say when the queue cannot be reached
             except Exception:  # a loop that died would leave every later callback unsent
@@ -137,7 +137,7 @@ class Outbox:
             metrics.JOB_CALLBACKS.labels("delivered" if outcome == "delivered" else "refused").inc()
         else:
             metrics.JOB_CALLBACKS.labels("failed").inc()
-            retry_at = self._next_try(job)
+            retry_at = self._next_try(job, await self.queue.now())
             outcome = f"retrying: {outcome}"
         if outcome != "delivered":
             self._say(job_id, job.callback, outcome)
@@ -153,9 +153,8 @@ class Outbox:
             log.warning("job callback failed", extra={"fields": fields})
             self._said, self._unsaid = now, 0
 
-    def _next_try(self, job: Job) -> float:
+    def _next_try(self, job: Job, now: float) -> float:
         """As long again as the job has been ended, within the configured bounds."""
-        now = time.time()
         ended_for = now - (job.finished or now)
         return now + min(max(ended_for, self.config.callback_first_s), self.config.callback_most_s)
 

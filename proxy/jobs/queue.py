@@ -42,6 +42,11 @@ class Depth:
 class JobQueue(abc.ABC):
     url: str
 
+    async def now(self) -> float:
+        """Now, in epoch seconds, as the store's times are written and compared: every
+        process sharing a store must agree on it (leases, back-offs, due callbacks, expiry)."""
+        return time.time()
+
     @abc.abstractmethod
     async def submit(
         self, job: Submission, max_queued: int, max_bytes: int = 0

@@ -50,13 +50,14 @@ class Claims:
         call: Call,
         shown: tuple[str, ...],
         decode: Decode,
+        now: Callable[[], Awaitable[float]],
     ) -> None:
         """`keys`: the queue's keys by name, with `job` the prefix of a job's hash and
         `failed` the set of failed jobs; `call`: the queue's, which sets `reread` when a call
         fails; `shown`: the fields a take reads, `decode` makes them a Job."""
         self._redis, self._k, self._scripts = redis, keys, scripts
         self.consumer, self._keep_ms = consumer, int(keep_s * 1000)
-        self._call, self._shown, self._decode = call, shown, decode
+        self._call, self._shown, self._decode, self._now = call, shown, decode, now
         self._swept_stranded = 0.0
         self._owned: deque[tuple[str, str, str | None]] = deque()
         """Entries this consumer holds and has not taken: entry id, job id, and the token of
@@ -74,7 +75,7 @@ class Claims:
                 return claimed
 
     async def _claim_once(self, lease_s: float, block_s: float) -> Claimed | None:
-        k, now = self._k, time.time()
+        k, now = self._k, await self._now()
         keys = [k["delayed"], k["stream"], k["job"], k["leases"]]
         expired = await self._call(self._scripts["DUE"](keys, [now]))
         if expired:  # a job whose worker died: its lease ran out
@@ -129,7 +130,7 @@ class Claims:
     async def _take(
         self, entry: str, job_id: str, lease_s: float, token: str | None = None
     ) -> Claimed | None:
-        k, token, now = self._k, token or new_id(), time.time()
+        k, token, now = self._k, token or new_id(), await self._now()
         keys = [k["job"] + job_id, k["queued"], k["running"], k["stream"], k["expiry"]]
         keys += [k["leases"], k["failed"], k["bytes"], k["callbacks"]]
         args = [job_id, entry, token, repr(now), GROUP, self._keep_ms, LOST]

@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, TypeVar
 
 import orjson
@@ -36,6 +36,7 @@ from proxy.jobs.model import (
 )
 from proxy.jobs.queue import Depth, JobQueue, Page
 from proxy.jobs.redis_claims import GROUP, Claims
+from proxy.jobs.redis_clock import RedisClock
 from proxy.jobs.redis_pages import ENDED, Pages
 
 T = TypeVar("T")
@@ -46,11 +47,11 @@ SHOWN = ("pipeline", "status", "created", "updated", "attempts", "max_attempts",
 SHOWN += ("result", "error", "callback", "callback_status", "finished", "expires")
 
 
-def _job(job_id: str, f: list[bytes | None]) -> Job | None:
+def _job(job_id: str, f: list[bytes | None], clock: Callable[[], float]) -> Job | None:
     if f[0] is None:
         return None
     text = [None if v is None else v.decode() for v in f]
-    if text[12] is not None and float(text[12]) <= time.time():
+    if text[12] is not None and float(text[12]) <= clock():
         return None  # ended, kept its while: as good as swept
 
     def num(i: int) -> float:
@@ -89,13 +90,15 @@ class RedisQueue(JobQueue):
         names += ("CALLBACK_DONE", "CALLBACKS_DUE")
         self._scripts = {name: self._redis.register_script(getattr(lua, name)) for name in names}
         self._group_made = False
+        self._clock = RedisClock(lambda: self._call(self._redis.time()))
         self._warned: set[str] = set()
         self._submit: Grouped[tuple[Submission, int, int], Any] = Grouped(self._submit_many)
-        self._pages = Pages(self._redis, prefix, SHOWN, _job, self._call)
+        decode = partial(_job, clock=self.clock)
+        self._pages = Pages(self._redis, prefix, SHOWN, decode, self._call)
         keys = self._k | {"job": self._job, "failed": self._pages.ended("failed")}
         self._claims = Claims(
             self._redis, keys, self._scripts, consumer=self.consumer, keep_s=keep_s,
-            call=self._call, shown=SHOWN, decode=_job,
+            call=self._call, shown=SHOWN, decode=decode, now=self.now,
         )  # fmt: skip
 
     async def _call(self, work: Awaitable[T]) -> T:
@@ -107,6 +110,13 @@ class RedisQueue(JobQueue):
             # once Redis went on: its entry waits, delivered to this consumer, for nobody.
             self._claims.reread = True
             raise QueueError(f"redis {self.url}: {redis_client.described(exc)}") from None
+
+    async def now(self) -> float:
+        return await self._clock.now()
+
+    def clock(self) -> float:
+        """`now` as last read, without waiting."""
+        return self._clock.clock()
 
     async def _group(self) -> None:
         if self._group_made:
@@ -175,7 +185,9 @@ class RedisQueue(JobQueue):
         return found, outcome == "new"
 
     async def get(self, job_id: str) -> Job | None:
-        return _job(job_id, await self._call(self._redis.hmget(self._job + job_id, SHOWN)))
+        return _job(
+            job_id, await self._call(self._redis.hmget(self._job + job_id, SHOWN)), self.clock
+        )
 
     async def page(
         self, pipeline: str | None, status: str | None, limit: int, cursor: str | None
@@ -190,7 +202,7 @@ class RedisQueue(JobQueue):
         k = self._k
         keys = [self._job + job_id, k["running"], k["stream"], k["expiry"], k["queued"]]
         keys += [k["delayed"], k["leases"], self._pages.ended(status), k["bytes"], k["callbacks"]]
-        now = time.time()
+        now = await self.now()
         args = [job_id, token, status, repr(now), int(keep_s * 1000), GROUP]
         args += [repr(now + self.callback_hold_s), *fields]
         return bool(await self._call(self._scripts["FINISH"](keys, args)))
@@ -201,7 +213,7 @@ class RedisQueue(JobQueue):
 
     async def renew(self, held: dict[str, str], lease_s: float) -> set[str]:
         lost = set()
-        until = repr(time.time() + lease_s)
+        until = repr(await self.now() + lease_s)
         for job_id, token in held.items():
             keys = [self._job + job_id, self._k["stream"], self._k["leases"]]
             args = [job_id, token, GROUP, self.consumer, until]
@@ -220,7 +232,7 @@ class RedisQueue(JobQueue):
         return await self._end(claimed.job.id, claimed.token, status, keep_s, *fields)
 
     async def requeue(self, claimed: Claimed, error: Any, delay_s: float) -> bool:
-        k, now = self._k, time.time()
+        k, now = self._k, await self.now()
         keys = [self._job + claimed.job.id, k["running"], k["queued"], k["stream"], k["delayed"]]
         keys.append(k["leases"])
         args = [claimed.job.id, claimed.token, repr(now), repr(now + delay_s), dumps(error), GROUP]
@@ -255,7 +267,7 @@ class RedisQueue(JobQueue):
             pipe.zcard(self._k["queued"]).scard(self._k["running"])
             pipe.zrange(self._k["queued"], 0, 0, withscores=True)
             queued, running, oldest = await self._call(pipe.execute())
-        age = time.time() - oldest[0][1] if oldest else 0.0
+        age = await self.now() - oldest[0][1] if oldest else 0.0
         return Depth(queued, running, max(0.0, age))
 
     async def ping(self) -> None:

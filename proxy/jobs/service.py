@@ -67,6 +67,7 @@ class Jobs:
 
     async def submit(self, submission: Submission) -> tuple[Job, bool]:
         config = self.config
+        submission.created = await self.queue.now()
         job, new = await self.queue.submit(submission, config.max_queued, config.max_queued_bytes)
         if new:
             self.queue.notify()

@@ -180,7 +180,7 @@ class Workers:
             with contextlib.suppress(QueueError):
                 if time.monotonic() - swept >= SWEEP_S:
                     swept = time.monotonic()
-                    removed = await sweep(self.queue, time.time())
+                    removed = await sweep(self.queue, await self.queue.now())
                     if removed:
                         log.info("jobs: expired removed", extra={"fields": {"removed": removed}})
                 depth = await self.queue.depth()

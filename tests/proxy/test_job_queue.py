@@ -303,8 +303,8 @@ async def test_a_sweep_goes_in_steps_that_let_submissions_through(queue: JobQueu
     )
     await asyncio.gather(*(queue.cancel(j.id, 0.01) for j, _ in ended))
     await asyncio.sleep(0.05)
-    assert await queue.sweep(time.time(), 50) == 50  # a step removes no more than asked
-    sweeping = asyncio.create_task(sweep(queue, time.time(), step=50))
+    assert await queue.sweep(await queue.now(), 50) == 50  # a step removes no more than asked
+    sweeping = asyncio.create_task(sweep(queue, await queue.now(), step=50))
     await asyncio.sleep(0)  # its first step under way
     late, _ = await queue.submit(job(payload=b"late"), 10**6)
     assert not sweeping.done()  # stored between two steps, not after the whole sweep
@@ -650,6 +650,44 @@ async def test_a_full_redis_refuses_new_jobs_and_loses_none(tmp_path: Path) -> N
         await queue.submit(job(payload=b"after"), 100)  # room again
     finally:
         await queue.close()
+        server.stop()
+
+
+async def test_replicas_whose_clocks_disagree_keep_each_others_leases(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Leases, back-offs, expiries and callbacks' due times in Redis are read by every
+    replica: each one's own clock put a replica an hour ahead (a VM resumed, NTP broken)
+    past every other replica's lease, so it took over every running job as soon as it
+    claimed, and saw every queued job as an hour old. Read on Redis's clock, the lease of a
+    live worker holds whatever the replica's clock says, and the ahead replica's job is due
+    and aged as everyone's."""
+    server = redis_or_skip(tmp_path / "redis", persistent=True)
+    right = open_queue(server.url, keep_s=60)
+    try:
+        running, _ = await right.submit(job(payload=b"running"), 100)
+        claimed = await right.claim(lease_s=60.0, wait_s=0.5)
+        assert claimed is not None and claimed.job.id == running.id
+        real = time.time
+        monkeypatch.setattr(time, "time", lambda: real() + 3600)
+        ahead = open_queue(server.url, keep_s=60)
+        try:
+            queued, _ = await ahead.submit(job(payload=b"queued"), 100)
+            assert abs(queued.created - real()) < 5  # Redis's time, not this replica's
+            assert (await ahead.depth()).oldest_queued_s < 5
+            taken = await ahead.claim(lease_s=60.0, wait_s=0.5)
+            assert taken is not None and taken.job.id == queued.id  # not the running one
+            assert await ahead.claim(lease_s=60.0, wait_s=0.3) is None
+            assert await ahead.finish(taken, "succeeded", {"ok": 1}, None, 60)
+            assert await ahead.sweep(await ahead.now(), 100) == 0  # kept its 60 s, as anyone's
+        finally:
+            await ahead.close()
+        monkeypatch.setattr(time, "time", real)
+        assert await right.finish(claimed, "succeeded", {"ok": 2}, None, 60)  # still its own
+        kept = await right.get(queued.id)
+        assert kept is not None and kept.status == "succeeded" and kept.result == {"ok": 1}
+    finally:
+        await right.close()
         server.stop()
 
 
