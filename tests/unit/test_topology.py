@@ -40,3 +40,17 @@ def test_a_queue_the_user_names_is_kept() -> None:
     environ = {"PROXY_JOBS_URL": "redis://queue.internal:6379/2"}
     services = load([DEFAULT_FILE], environ=environ, leave_out={"redis"})
     assert services["proxy"].env["PROXY_JOBS_URL"] == "redis://queue.internal:6379/2"
+
+
+def test_the_api_key_and_the_callbacks_settings_reach_the_proxy_when_set() -> None:
+    """Set before `./mesh up` / `docker compose up`: guarded and signed without editing the
+    compose file (each was a setting compose never passed); unset, empty: off."""
+    environ = {
+        "PROXY_API_KEY": "k3y",
+        "PROXY_JOBS_CALLBACK_HOSTS": "hooks.internal:8443",
+        "PROXY_JOBS_CALLBACK_SECRET": "s3cret",
+    }
+    env = load([DEFAULT_FILE], environ=environ)["proxy"].env
+    assert {name: env[name] for name in environ} == environ
+    unset = load([DEFAULT_FILE], environ={})["proxy"].env
+    assert [unset[name] for name in environ] == ["", "", ""]
