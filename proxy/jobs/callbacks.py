@@ -6,6 +6,7 @@ receiver can tell a callback of the mesh from a forged one."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import time
@@ -86,22 +87,45 @@ def verify(
     return hmac.compare_digest(signature(secret, at, payload), f"t={at},v1={fields.get('v1', '')}")
 
 
+TRY_S = 10.0
+"""A try's whole bound, its answer's head included (httpx's own timeout bounds each read:
+a receiver sending a byte at a time never ended a try)."""
+ANSWER_READ = 64 * 1024
+"""Bytes of a receiver's answer read at most: what it says is its status; a small body is
+read so that the connection is kept for the next callback, an endless one is not."""
+
+
 async def post(
-    client: httpx.AsyncClient, url: str, body: dict[str, Any], secret: bytes | None = None
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    secret: bytes | None = None,
+    total_s: float = TRY_S,
 ) -> tuple[str, bool]:
     """One try of a callback: how it went, and whether that is its end ("delivered", or
-    "refused: ..." for a 4xx other than 408 and 429: the receiver would refuse it again).
-    Signed with `secret` when there is one."""
+    "refused: ..." for a 4xx other than 408 and 429, or a redirect: the receiver would say
+    the same again). Signed with `secret` when there is one."""
     payload = orjson.dumps(body)
     headers = {"Content-Type": "application/json", JOB_ID: str(body["id"])}
     if secret:
         headers[SIGNATURE] = signature(secret, int(time.time()), payload)
     try:
-        answer = await client.post(url, content=payload, headers=headers)
+        async with asyncio.timeout(total_s):
+            async with client.stream("POST", url, content=payload, headers=headers) as answer:
+                read = 0
+                async for chunk in answer.aiter_raw():
+                    read += len(chunk)
+                    if read > ANSWER_READ:
+                        break  # closed unread: the connection is not kept
+    except TimeoutError:
+        return f"no answer within {total_s:g} s", False
     except httpx.HTTPError as exc:
         return capped(f"{type(exc).__name__}: {exc}", SHOWN), False
+    status = answer.status_code
     if answer.is_success:
         return "delivered", True
-    if 400 <= answer.status_code < 500 and answer.status_code not in (408, 429):
-        return f"refused: HTTP {answer.status_code}", True
-    return f"HTTP {answer.status_code}", False
+    if answer.is_redirect:  # never followed (the allowed hosts would not hold)
+        return f"refused: HTTP {status}, a redirect (not followed)", True
+    if 400 <= status < 500 and status not in (408, 429):
+        return f"refused: HTTP {status}", True
+    return f"HTTP {status}", False

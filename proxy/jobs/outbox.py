@@ -39,11 +39,10 @@ LOOK_S = 1.0
 TAKEN_AT_ONCE = 16
 IN_FLIGHT = 100
 """Callbacks this process tries at once, at most (httpx's pool holds 100 connections; a
-receiver that hangs holds each try 10 s): more wait their turn here."""
+receiver that hangs holds each try callbacks.TRY_S, 10 s): more wait their turn here."""
 WAITING = 10_000
 """Callbacks waiting their turn here, at most; beyond, they wait out their hold in the outbox
 and a later look takes them (a task each for every job ended while a receiver hung, before)."""
-POST_TIMEOUT_S = 10.0
 SAY_EVERY_S = 30.0
 STORE_FOR_S = 16.0
 """How long a read or write of the store is tried again (a stall, a failover): within the
@@ -63,7 +62,8 @@ class Outbox:
         """Failed tries since the last said."""
 
     def start(self) -> None:
-        self._client = httpx.AsyncClient(timeout=POST_TIMEOUT_S, follow_redirects=False)
+        # Each try is bounded as a whole by callbacks.TRY_S; each read by as long.
+        self._client = httpx.AsyncClient(timeout=callbacks.TRY_S, follow_redirects=False)
 
     async def stop(self) -> None:
         """Tries under way get a moment; the others stay in the outbox, held a while, then
