@@ -28,6 +28,7 @@ from functools import partial
 import httpx
 
 from proxy import metrics
+from proxy.errors import Problem
 from proxy.jobs import callbacks
 from proxy.jobs.model import Job, JobsConfig, QueueError
 from proxy.jobs.queue import JobQueue, persisting
@@ -130,8 +131,13 @@ class Outbox:
         if job is None or not job.callback:  # removed meanwhile
             await self._record(job_id, "", None)
             return
-        secret = self.config.callback_secret
-        outcome, final = await callbacks.post(self._client, job.callback, job.public(), secret)
+        try:  # the hosts allowed now: an operator who takes one off means its callbacks too
+            callbacks.check(job.callback, self.config.callback_hosts)
+        except Problem as exc:
+            outcome, final = f"refused: {exc.message}", True
+        else:
+            secret = self.config.callback_secret
+            outcome, final = await callbacks.post(self._client, job.callback, job.public(), secret)
         retry_at = None
         if final:
             metrics.JOB_CALLBACKS.labels("delivered" if outcome == "delivered" else "refused").inc()

@@ -260,3 +260,49 @@ async def test_callbacks_take_turns_within_a_bound(
             await jobs.stop()
     assert set(receiver.taken) == {(job.id, "cancelled") for job in submitted}
     assert receiver.most_at_once == 3 and set(receiver.taken.values()) == {1}
+
+
+async def test_a_callback_to_a_host_no_longer_allowed_is_refused_not_sent(
+    jobs_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator takes a host off PROXY_JOBS_CALLBACK_HOSTS (abused, or gone) and restarts:
+    callbacks accepted before, still waiting (a receiver down), went on to it. Checked again
+    when sent, each is refused, final, naming why, and the receiver hears nothing more."""
+    from proxy.jobs import outbox
+    from proxy.jobs.service import Jobs
+
+    monkeypatch.setattr(outbox, "LOOK_S", 0.05)
+    with callbacks_received(failures=1000) as receiver:
+        allowed = frozenset({receiver.host})
+        settings = (jobs_url, 1, 10, 0, 60, 30, 3, 0.5)
+        before = Jobs(None, JobsConfig(*settings, allowed, callback_first_s=0.05))  # type: ignore[arg-type]
+        before.start()
+        try:
+            job, _ = await before.submit(
+                Submission("p", "image", b"x", 3, 1000.0, callback=receiver.url)
+            )
+            await before.cancel(job.id)
+            for _ in range(200):  # tried and failed: waiting for its next try
+                if len(receiver.bodies) >= 2:
+                    break
+                await asyncio.sleep(0.025)
+        finally:
+            await before.stop()
+        tried = len(receiver.bodies)
+        assert tried >= 2
+        after = Jobs(None, JobsConfig(*settings, frozenset(), callback_first_s=0.05))  # type: ignore[arg-type]
+        after.start()
+        try:
+            for _ in range(200):
+                shown = await after.get(job.id)
+                assert shown is not None
+                if shown.callback_status and shown.callback_status.startswith("refused"):
+                    break
+                await asyncio.sleep(0.025)
+            await asyncio.sleep(0.3)  # several looks more: nothing goes
+        finally:
+            await after.stop()
+    assert (
+        shown.callback_status is not None and "PROXY_JOBS_CALLBACK_HOSTS" in shown.callback_status
+    )
+    assert len(receiver.bodies) == tried
