@@ -3,7 +3,8 @@
 - drain: 500 OCR jobs drained by a proxy's workers (PROXY_JOBS_WORKERS=8), from the first
   submission to the last job ended, over 500 `/infer` calls of the same images at c=8; and
   the same with 2,000 digits jobs, where the queue's own cost per job is what shows;
-- enqueue: POST .../jobs at c=32 (no worker running), its p99;
+- enqueue: POST .../jobs at c=32 (no worker running), its p99, and over the p99 of the same
+  proxy's `/healthz` at c=32 right after (the closed loop's own tail on these cores);
 - interactive first: `/infer` digits p99 at c=8 while a 1,000-job OCR backlog drains in the
   same proxy, over its p99 with no backlog.
 Both backends (SQLite, and Redis with its append-only file)."""
@@ -120,7 +121,7 @@ def main(argv: list[str]) -> int:
     with shipped_mesh("bench-jobs") as mesh:
         env = mesh.services["proxy"].env
         for backend in args.backends.split(","):
-            drains, infers, enqueues, quiet, busy = [], [], [], [], []
+            drains, infers, enqueues, quiet, busy, healths = [], [], [], [], [], []
             digit_drains, digit_infers = [], []
             for _ in range(args.rounds):
                 with jobs_proxy(env, backend, workers=8) as url:
@@ -134,6 +135,12 @@ def main(argv: list[str]) -> int:
                     enqueues.append(
                         asyncio.run(http_closed_loop(url, raw, 32, args.duration, ok=(202,)))
                     )
+                    # The same proxy doing nothing, right after: what a closed loop of 32 on
+                    # these two cores has for a tail whatever it asks (the goal proposed).
+                    hz = f"GET /healthz HTTP/1.1\r\nHost: {url.removeprefix('http://')}\r\n\r\n"
+                    healths.append(
+                        asyncio.run(http_closed_loop(url, hz.encode(), 32, args.duration))
+                    )
                 with jobs_proxy(env, backend, workers=8) as url:
                     raw = post_bytes(url + "/v1/pipelines/digits/infer", one_digit, "image/png")
                     quiet.append(asyncio.run(http_closed_loop(url, raw, 8, args.duration)))
@@ -143,6 +150,7 @@ def main(argv: list[str]) -> int:
             d_drain = sorted(digit_drains)[len(digit_drains) // 2]
             d_infer = sorted(digit_infers)[len(digit_infers) // 2]
             enqueue: Stats = median(enqueues)
+            health: Stats = median(healths)
             calm, loaded = median(quiet), median(busy)
             lines += [
                 f"| {backend} | {args.jobs} OCR jobs drained | {drain:.1f} s | "
@@ -152,7 +160,8 @@ def main(argv: list[str]) -> int:
                 f"{args.digits} /infer at c=8 ({d_infer:.1f} s) |",
                 f"| {backend} | enqueue c=32 | p99 {enqueue.p99_ms:.2f} ms | "
                 f"{enqueue.rps:,.0f} jobs/s, p50 {enqueue.p50_ms:.2f} ms, "
-                f"{enqueue.errors} errors |",
+                f"{enqueue.errors} errors; {enqueue.p99_ms / health.p99_ms:.2f}x the p99 of "
+                f"`/healthz` at c=32 ({health.p99_ms:.2f} ms, {health.rps:,.0f} req/s) |",
                 f"| {backend} | /infer digits c=8, OCR backlog draining | "
                 f"p99 {loaded.p99_ms:.2f} ms | {loaded.p99_ms / calm.p99_ms:.2f}x its p99 with "
                 "no backlog "
