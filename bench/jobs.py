@@ -23,7 +23,7 @@ import aiohttp
 import httpx
 
 from bench import redis_server
-from bench.cache import digit, uploads
+from bench.cache import digit, health_request, uploads
 from bench.httpload import post_bytes
 from bench.loadgen import Stats
 from bench.mesh import http_closed_loop, median, second_proxy, shipped_mesh
@@ -137,10 +137,8 @@ def main(argv: list[str]) -> int:
                     )
                     # The same proxy doing nothing, right after: what a closed loop of 32 on
                     # these two cores has for a tail whatever it asks (the goal proposed).
-                    hz = f"GET /healthz HTTP/1.1\r\nHost: {url.removeprefix('http://')}\r\n\r\n"
-                    healths.append(
-                        asyncio.run(http_closed_loop(url, hz.encode(), 32, args.duration))
-                    )
+                    idle = health_request(url)
+                    healths.append(asyncio.run(http_closed_loop(url, idle, 32, args.duration)))
                 with jobs_proxy(env, backend, workers=8) as url:
                     raw = post_bytes(url + "/v1/pipelines/digits/infer", one_digit, "image/png")
                     quiet.append(asyncio.run(http_closed_loop(url, raw, 8, args.duration)))

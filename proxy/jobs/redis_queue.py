@@ -93,7 +93,7 @@ class RedisQueue(JobQueue):
         self._clock = RedisClock(lambda: self._call(self._redis.time()))
         self._warned: set[str] = set()
         self._submit: Grouped[tuple[Submission, int, int], Any] = Grouped(self._submit_many)
-        decode = partial(_job, clock=self.clock)
+        self._decode = decode = partial(_job, clock=self._clock.clock)
         self._pages = Pages(self._redis, prefix, SHOWN, decode, self._call)
         keys = self._k | {"job": self._job, "failed": self._pages.ended("failed")}
         self._claims = Claims(
@@ -113,10 +113,6 @@ class RedisQueue(JobQueue):
 
     async def now(self) -> float:
         return await self._clock.now()
-
-    def clock(self) -> float:
-        """`now` as last read, without waiting."""
-        return self._clock.clock()
 
     async def _group(self) -> None:
         if self._group_made:
@@ -185,9 +181,7 @@ class RedisQueue(JobQueue):
         return found, outcome == "new"
 
     async def get(self, job_id: str) -> Job | None:
-        return _job(
-            job_id, await self._call(self._redis.hmget(self._job + job_id, SHOWN)), self.clock
-        )
+        return self._decode(job_id, await self._call(self._redis.hmget(self._job + job_id, SHOWN)))
 
     async def page(
         self, pipeline: str | None, status: str | None, limit: int, cursor: str | None
