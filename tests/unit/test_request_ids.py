@@ -5,12 +5,15 @@ rule already, the gRPC services and door now share it."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import numpy as np
+import pytest
 from grpc import aio
 
 from protos import messages, pb_grpc
 from protos.logs import REQUEST_ID, new_id, plain_id
+from proxy.jobs.model import new_id as job_id
 from tests.proxy.scripted import ScriptedModel, serve
 
 
@@ -22,9 +25,12 @@ def test_plain_ids_are_kept_and_others_replaced() -> None:
         assert replaced != bad and len(replaced) == 32 and int(replaced, 16) >= 0
 
 
-def test_new_ids_differ_within_a_process_and_across_a_fork() -> None:
-    """A counter after a per-process prefix: a forked worker draws its own prefix, or it
-    would hand out its parent's next ids."""
+@pytest.mark.parametrize("new_id", [new_id, job_id], ids=["request", "job"])
+def test_new_ids_differ_within_a_process_and_across_a_fork(new_id: Callable[[], str]) -> None:
+    """Request ids: a counter after a per-process prefix; job ids: drawn from the OS's
+    CSPRNG 256 at a time. A forked worker draws its own prefix, or empties the ids drawn,
+    or it would hand out its parent's next ids."""
+    new_id()  # the job ids' first draw made before the fork
     here = [new_id() for _ in range(1000)]
     read_end, write_end = os.pipe()
     child = os.fork()
