@@ -68,20 +68,27 @@ class QueueError(Exception):
 
 
 _ID_BATCH = 256
-_ids: list[str] = []
+_ids: list[int] = []
+"""Random 80-bit numbers drawn ahead, of which each id takes 74 bits."""
 
 
 def new_id() -> str:
-    """128 bits of the OS's CSPRNG as 32 hex digits: a job's id is a handle to its result,
-    unguessable, not only unique. Drawn 256 at a time: a getrandom call (uuid4) per id was
-    ~6% of an enqueue's time on the event loop."""
+    """A job's id: a UUIDv7 (RFC 9562) as 32 hex digits, the millisecond it was made, then 74
+    random bits from the OS's CSPRNG: unguessable (an id is a handle to its result) and in
+    the order jobs came. In order, SQLite's index of ids takes a job at its end: random ids
+    (uuid4) cost its store 35 us a job against 21 over 200,000 jobs, more as it grew. The
+    random bits are drawn 256 ids at a time: a getrandom call per id was ~6% of an
+    enqueue's time on the event loop."""
     if not _ids:
-        raw = os.urandom(16 * _ID_BATCH).hex()
-        _ids.extend(raw[i : i + 32] for i in range(0, len(raw), 32))
-    return _ids.pop()
+        raw = os.urandom(10 * _ID_BATCH)
+        _ids.extend(int.from_bytes(raw[i : i + 10]) for i in range(0, len(raw), 10))
+    drawn = _ids.pop()
+    # 48 bits of time, version 7, 12 random bits, variant 0b10, 62 random bits.
+    value = int(time.time() * 1000) << 80 | 0x7 << 76 | (drawn >> 68) << 64 | 0b10 << 62
+    return f"{value | drawn & (1 << 62) - 1:032x}"
 
 
-# A forked child would hand out the ids its parent has left.
+# A forked child would hand out the random bits its parent has left.
 os.register_at_fork(after_in_child=_ids.clear)
 
 
