@@ -37,6 +37,7 @@ from proxy.jobs.model import (
 from proxy.jobs.queue import Depth, JobQueue, Page
 from proxy.jobs.redis_claims import GROUP, Claims
 from proxy.jobs.redis_clock import RedisClock
+from proxy.jobs.redis_evalsha import evalsha_many
 from proxy.jobs.redis_pages import ENDED, Pages
 
 T = TypeVar("T")
@@ -151,12 +152,8 @@ class RedisQueue(JobQueue):
     async def _submit_many(self, group: list[tuple[Submission, int, int]]) -> list[Any]:
         """The group's SUBMIT scripts in one pipeline (one round trip); each one's reply."""
         await self._call(self._group())
-        script = self._scripts["SUBMIT"]
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for job, max_queued, max_bytes in group:
-                keys, args = self._submission(job, max_queued, max_bytes)
-                await script(keys, args, client=pipe)
-            return await self._call(pipe.execute(raise_on_error=False))
+        calls = [self._submission(*submitted) for submitted in group]
+        return await self._call(evalsha_many(self._redis, self._scripts["SUBMIT"], calls))
 
     async def submit(
         self, job: Submission, max_queued: int, max_bytes: int = 0

@@ -403,6 +403,30 @@ async def test_a_redis_restart_fails_no_call_on_the_connections_it_closed(tmp_pa
         server.stop()
 
 
+async def test_submissions_after_redis_forgot_its_scripts_are_stored_once(tmp_path: Path) -> None:
+    """Submissions go as EVALSHA without asking first whether the script is loaded
+    (redis_evalsha.py): after SCRIPT FLUSH (as after a restart), each group's calls answered
+    NOSCRIPT are sent again with the script loaded, and each job is stored once."""
+    import redis.asyncio as aioredis
+
+    server = redis_or_skip(tmp_path / "redis", persistent=True)
+    queue = open_queue(server.url, keep_s=60)
+    admin = aioredis.from_url(server.url)
+    try:
+        first, _ = await queue.submit(job(), max_queued=100)
+        await admin.script_flush()
+        group = await asyncio.gather(*(queue.submit(job(), max_queued=100) for _ in range(20)))
+        assert all(new for _, new in group)
+        ids = {first.id} | {j.id for j, _ in group}
+        page = await queue.page(None, "queued", 100, None)
+        assert len(ids) == 21 and sorted(j.id for j in page.jobs) == sorted(ids)
+        assert (await queue.depth()).queued == 21
+    finally:
+        await admin.aclose()
+        await queue.close()
+        server.stop()
+
+
 async def test_an_entry_delivered_in_a_reply_the_worker_lost_is_taken_at_once(
     tmp_path: Path,
 ) -> None:
