@@ -103,6 +103,11 @@ JOB_CALLBACKS = Counter(
     "tried again; failed: tried again later)",
     ["outcome"],
 )
+# Each outcome a series at 0 from the start: a series born at its first try, already at its
+# count when first scraped, never shows a rate (the callbacks' alert then read nothing: a CI
+# run's few callbacks all fell between two scrapes).
+for _outcome in ("delivered", "refused", "failed"):
+    JOB_CALLBACKS.labels(_outcome)
 JOBS_WAITING = Gauge(
     "proxy_jobs",
     "Unfinished jobs in the queue's store, by state (queued, running)",

@@ -106,3 +106,14 @@ def test_several_workers_get_prometheus_clients_file_backed_types(tmp_path) -> N
     subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=60)
     assert not metric_types.MULTIPROCESS  # this process: one, so the lock-free types
     assert metric_types.Histogram is metric_types._Histogram
+
+
+def test_the_job_callbacks_outcomes_are_series_before_any_callback() -> None:
+    """The callbacks' alert divides rates of these series: one born at its first try, at its
+    count when first scraped, has no rate, and the alert reads nothing."""
+    code = "from proxy import metrics; print(metrics.exposition()[0].decode())"
+    text = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    for outcome in ("delivered", "refused", "failed"):
+        assert f'proxy_job_callbacks_total{{outcome="{outcome}"}} 0.0' in text, outcome
