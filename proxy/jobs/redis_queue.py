@@ -37,7 +37,6 @@ from proxy.jobs.model import (
 from proxy.jobs.queue import Depth, JobQueue, Page
 from proxy.jobs.redis_claims import GROUP, Claims
 from proxy.jobs.redis_clock import RedisClock
-from proxy.jobs.redis_evalsha import evalsha_many
 from proxy.jobs.redis_pages import ENDED, Pages
 
 T = TypeVar("T")
@@ -131,10 +130,8 @@ class RedisQueue(JobQueue):
                 self._warned.add(warning)
                 log.warning(warning)
 
-    def _submission(
-        self, job: Submission, max_queued: int, max_bytes: int
-    ) -> tuple[list[str], list[Any]]:
-        k = self._k
+    def _submission(self, job: Submission, max_queued: int, max_bytes: int) -> tuple[list, list]:
+        """A job's own keys and arguments of SUBMIT."""
         listed = [
             "pipeline", job.pipeline, "status", "queued", "created", repr(job.created),
             "updated", repr(job.created), "attempts", "0", "max_attempts", str(job.max_attempts),
@@ -145,15 +142,24 @@ class RedisQueue(JobQueue):
             listed += ["traceparent", job.traceparent]
         idem = "" if job.idempotency_key is None else self._idem + job.idempotency_key
         # The key goes with its job (FORGET); until then a key whose job is gone names nothing.
-        args: list[Any] = [job.id, max_queued, max_bytes, orjson.dumps(listed), job.payload]
-        keys = [self._job + job.id, k["queued"], k["running"], k["index"], k["stream"], idem]
-        return [*keys, k["bytes"]], args
+        args = [job.id, max_queued, max_bytes, orjson.dumps(listed), job.payload]
+        return [self._job + job.id, idem], args
 
     async def _submit_many(self, group: list[tuple[Submission, int, int]]) -> list[Any]:
-        """The group's SUBMIT scripts in one pipeline (one round trip); each one's reply."""
+        """The group in one SUBMIT call (one round trip, one script); each job's reply, or
+        the call's error for each."""
         await self._call(self._group())
-        calls = [self._submission(*submitted) for submitted in group]
-        return await self._call(evalsha_many(self._redis, self._scripts["SUBMIT"], calls))
+        k = self._k
+        keys: list[Any] = [k["queued"], k["running"], k["index"], k["stream"], k["bytes"]]
+        args: list[Any] = []
+        for submitted in group:
+            own_keys, own_args = self._submission(*submitted)
+            keys += own_keys
+            args += own_args
+        try:
+            return await self._scripts["SUBMIT"](keys, args)
+        except ResponseError as exc:  # the script's own (e.g. out of memory): each job's
+            return [exc] * len(group)
 
     async def submit(
         self, job: Submission, max_queued: int, max_bytes: int = 0

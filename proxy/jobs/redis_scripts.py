@@ -22,47 +22,60 @@ from __future__ import annotations
 
 ALLOW_OOM = "#!lua flags=allow-oom\n"
 
-# KEYS: job, queued, running, index, stream, idem (or ""), bytes; ARGV: id, max_queued,
-# max_bytes (0: none), the job's fields as a JSON list of name, value strings, its upload. The
-# fields in one argument: redis-py packs each argument in Python, and ~30 a job were a seventh
-# of the proxy's time in an enqueue. A key reused: its job (or a conflict). `bytes` counts the
-# unfinished jobs' uploads (taken off where one is dropped).
+# A group of submissions in one call (proxy/jobs/grouping.py: those arriving together).
+# KEYS: queued, running, index, stream, bytes, then each job's own two: its hash and its
+# idempotency key (or ""). ARGV: each job's five: id, max_queued, max_bytes (0: none), its
+# fields as a JSON list of name, value strings, its upload. The fields in one argument:
+# redis-py packs each argument in Python, and ~30 a job were a seventh of the proxy's time in
+# an enqueue; one call a group, not a script call a job: the keys shared by the group are
+# packed and sent once, and Redis runs one script. A key reused (also within the group): its
+# job (or a conflict). `bytes` counts the unfinished jobs' uploads (taken off where one is
+# dropped). Answers each job's {outcome, detail}, in order.
 SUBMIT = """
-local listed = cjson.decode(ARGV[4])
-local field = {}
-for i = 1, #listed, 2 do field[listed[i]] = listed[i + 1] end
-if KEYS[6] ~= '' then
-  local known = redis.call('GET', KEYS[6])
-  if known then
-    local prefix = string.sub(KEYS[1], 1, #KEYS[1] - #ARGV[1])
-    local stored = redis.call('HMGET', prefix .. known, 'pipeline', 'digest')
-    if stored[1] then
-      if stored[1] ~= field.pipeline or stored[2] ~= field.digest then
-        return {'conflict', known}
+local function submit(job, idem, id, max_queued, max_bytes, fields, upload)
+  local listed = cjson.decode(fields)
+  local field = {}
+  for i = 1, #listed, 2 do field[listed[i]] = listed[i + 1] end
+  if idem ~= '' then
+    local known = redis.call('GET', idem)
+    if known then
+      local prefix = string.sub(job, 1, #job - #id)
+      local stored = redis.call('HMGET', prefix .. known, 'pipeline', 'digest')
+      if stored[1] then
+        if stored[1] ~= field.pipeline or stored[2] ~= field.digest then
+          return {'conflict', known}
+        end
+        return {'known', known}
       end
-      return {'known', known}
     end
   end
+  local unfinished = redis.call('ZCARD', KEYS[1]) + redis.call('SCARD', KEYS[2])
+  if unfinished >= tonumber(max_queued) then return {'full', unfinished .. ' unfinished jobs'} end
+  local size = #upload
+  local held = math.max(0, tonumber(redis.call('GET', KEYS[5]) or '0'))
+  if tonumber(max_bytes) > 0 and held + size > tonumber(max_bytes) then
+    return {'full', held .. ' bytes of uploads waiting, the limit ' .. max_bytes}
+  end
+  redis.call('INCRBY', KEYS[5], size)
+  local created = tonumber(field.created)
+  local entry = redis.call('XADD', KEYS[4], '*', 'id', id)
+  -- One HSET for every field (a call per field was most of the script's calls).
+  redis.call('HSET', job, 'entry', entry, 'payload', upload, unpack(listed))
+  redis.call('ZADD', KEYS[1], created, id)
+  redis.call('ZADD', KEYS[3], created, id)
+  if idem ~= '' then
+    redis.call('SET', idem, id)
+    redis.call('HSET', job, 'idem', idem)
+  end
+  return {'new', id}
 end
-local unfinished = redis.call('ZCARD', KEYS[2]) + redis.call('SCARD', KEYS[3])
-if unfinished >= tonumber(ARGV[2]) then return {'full', unfinished .. ' unfinished jobs'} end
-local size = #ARGV[5]
-local held = math.max(0, tonumber(redis.call('GET', KEYS[7]) or '0'))
-if tonumber(ARGV[3]) > 0 and held + size > tonumber(ARGV[3]) then
-  return {'full', held .. ' bytes of uploads waiting, the limit ' .. ARGV[3]}
+local answers = {}
+for n = 0, #ARGV / 5 - 1 do
+  local a = n * 5
+  answers[n + 1] = submit(KEYS[6 + 2 * n], KEYS[7 + 2 * n], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
+                          ARGV[a + 4], ARGV[a + 5])
 end
-redis.call('INCRBY', KEYS[7], size)
-local created = tonumber(field.created)
-local entry = redis.call('XADD', KEYS[5], '*', 'id', ARGV[1])
--- One HSET for every field (a call per field was most of the script's calls).
-redis.call('HSET', KEYS[1], 'entry', entry, 'payload', ARGV[5], unpack(listed))
-redis.call('ZADD', KEYS[2], created, ARGV[1])
-redis.call('ZADD', KEYS[4], created, ARGV[1])
-if KEYS[6] ~= '' then
-  redis.call('SET', KEYS[6], ARGV[1])
-  redis.call('HSET', KEYS[1], 'idem', KEYS[6])
-end
-return {'new', ARGV[1]}
+return answers
 """
 
 # KEYS: job, queued, running, stream, expiry, leases, ended:failed, bytes, callbacks; ARGV: id,

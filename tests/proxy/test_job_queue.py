@@ -404,9 +404,9 @@ async def test_a_redis_restart_fails_no_call_on_the_connections_it_closed(tmp_pa
 
 
 async def test_submissions_after_redis_forgot_its_scripts_are_stored_once(tmp_path: Path) -> None:
-    """Submissions go as EVALSHA without asking first whether the script is loaded
-    (redis_evalsha.py): after SCRIPT FLUSH (as after a restart), each group's calls answered
-    NOSCRIPT are sent again with the script loaded, and each job is stored once."""
+    """A group of submissions goes as one EVALSHA: after SCRIPT FLUSH (as after a restart
+    without it), the group answered NOSCRIPT, which never ran, is sent again with the script
+    loaded, and each job is stored once."""
     import redis.asyncio as aioredis
 
     server = redis_or_skip(tmp_path / "redis", persistent=True)
