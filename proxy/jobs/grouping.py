@@ -5,7 +5,7 @@ c=32 went from 1.9k/s to 4.8k/s), Redis sends its scripts in one pipeline."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
 Item = TypeVar("Item")
@@ -49,3 +49,16 @@ class Grouped(Generic[Item, Outcome]):
                     future.set_exception(outcome)
                 else:
                     future.set_result(outcome)
+
+
+def cut(items: Sequence[Item], size: Callable[[Item], int], most: int) -> list[list[Item]]:
+    """`items` in order, in parts of at most `most` in `size` each (an item larger alone)."""
+    parts: list[list[Item]] = [[]]
+    total = 0
+    for item in items:
+        if parts[-1] and total + size(item) > most:
+            parts.append([])
+            total = 0
+        parts[-1].append(item)
+        total += size(item)
+    return parts

@@ -21,7 +21,7 @@ from redis.exceptions import RedisError, ResponseError
 from proxy.engine import redis_client
 from proxy.jobs import redis_checks
 from proxy.jobs import redis_scripts as lua
-from proxy.jobs.grouping import Grouped
+from proxy.jobs.grouping import Grouped, cut
 from proxy.jobs.model import (
     CALLBACK_HOLD_S,
     Claimed,
@@ -130,7 +130,9 @@ class RedisQueue(JobQueue):
                 self._warned.add(warning)
                 log.warning(warning)
 
-    def _submission(self, job: Submission, max_queued: int, max_bytes: int) -> tuple[list, list]:
+    def _submission(
+        self, job: Submission, max_queued: int, max_bytes: int
+    ) -> tuple[list[str], list[Any]]:
         """A job's own keys and arguments of SUBMIT."""
         listed = [
             "pipeline", job.pipeline, "status", "queued", "created", repr(job.created),
@@ -142,30 +144,43 @@ class RedisQueue(JobQueue):
             listed += ["traceparent", job.traceparent]
         idem = "" if job.idempotency_key is None else self._idem + job.idempotency_key
         # The key goes with its job (FORGET); until then a key whose job is gone names nothing.
-        args = [job.id, max_queued, max_bytes, orjson.dumps(listed), job.payload]
+        args: list[Any] = [job.id, max_queued, max_bytes, orjson.dumps(listed), job.payload]
         return [self._job + job.id, idem], args
 
     async def _submit_many(self, group: list[tuple[Submission, int, int]]) -> list[Any]:
-        """The group in one SUBMIT call (one round trip, one script); each job's reply, or
-        the call's error for each."""
+        """The group in SUBMIT calls of at most CALL_BYTES of uploads each (one round trip
+        and one script a call: most groups one call); each job's reply, or why it failed."""
         await self._call(self._group())
+        replies: list[Any] = []
+        for part in cut(group, lambda submitted: len(submitted[0].payload), CALL_BYTES):
+            try:
+                replies += await self._call(self._submit_part(part))
+            except QueueError as exc:
+                if not replies:
+                    raise  # nothing stored: the same error for every job
+                return replies + [exc] * (len(group) - len(replies))
+        return replies
+
+    async def _submit_part(self, part: list[tuple[Submission, int, int]]) -> list[Any]:
         k = self._k
         keys: list[Any] = [k["queued"], k["running"], k["index"], k["stream"], k["bytes"]]
         args: list[Any] = []
-        for submitted in group:
+        for submitted in part:
             own_keys, own_args = self._submission(*submitted)
             keys += own_keys
             args += own_args
         try:
             return await self._scripts["SUBMIT"](keys, args)
         except ResponseError as exc:  # the script's own (e.g. out of memory): each job's
-            return [exc] * len(group)
+            return [exc] * len(part)
 
     async def submit(
         self, job: Submission, max_queued: int, max_bytes: int = 0
     ) -> tuple[Job, bool]:
         # _call: the group hands back its own script's error too (e.g. Redis out of memory).
         reply = await self._call(self._submit((job, max_queued, max_bytes)))
+        if isinstance(reply, QueueError):  # its part of the group was not stored
+            raise QueueError(str(reply))
         if isinstance(reply, Exception):
             raise QueueError(f"redis {self.url}: {reply!r}")
         outcome, detail = reply[0].decode(), reply[1].decode()
@@ -272,3 +287,8 @@ class RedisQueue(JobQueue):
 
     async def close(self) -> None:
         await self._redis.aclose(close_connection_pool=True)
+
+
+CALL_BYTES = 8 * 2**20
+"""Uploads sent in one SUBMIT call at most (a group's others go in the next): Redis reads a
+call whole before it runs it, and runs its script alone, every other client waiting."""

@@ -427,6 +427,49 @@ async def test_submissions_after_redis_forgot_its_scripts_are_stored_once(tmp_pa
         server.stop()
 
 
+async def test_a_group_of_big_uploads_is_stored_in_bounded_calls(tmp_path: Path) -> None:
+    """Submissions arriving together go in one SUBMIT call, but at most CALL_BYTES of uploads
+    a call (Redis reads a call whole and runs it alone): six uploads of 3 MiB take three
+    calls; small ones, one."""
+    import redis.asyncio as aioredis
+
+    from proxy.jobs.redis_queue import CALL_BYTES
+
+    server = redis_or_skip(tmp_path / "redis", persistent=True)
+    queue = open_queue(server.url, keep_s=60)
+    admin = aioredis.from_url(server.url)
+
+    async def calls() -> int:
+        stats = await admin.info("commandstats")
+        return sum(v["calls"] for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
+
+    try:
+        await queue.submit(job(), max_queued=100)  # the group and the script made
+        big = 3 * 2**20
+        assert 2 * big <= CALL_BYTES < 3 * big
+        before = await calls()
+        stored = await asyncio.gather(
+            *(queue.submit(job(payload=bytes([i]) * big), max_queued=100) for i in range(6))
+        )
+        assert await calls() - before == 3
+        small = await calls()
+        await asyncio.gather(*(queue.submit(job(), max_queued=100) for _ in range(20)))
+        assert await calls() - small == 1
+        page = await queue.page(None, "queued", 100, None)
+        assert {j.id for j, _ in stored} <= {j.id for j in page.jobs} and len(page.jobs) == 27
+        uploads = {}
+        for _ in range(27):
+            claimed = await queue.claim(lease_s=10.0, wait_s=0.5)
+            assert claimed is not None
+            uploads[claimed.job.id] = claimed.payload
+        for i, (submitted, new) in enumerate(stored):
+            assert new and uploads[submitted.id] == bytes([i]) * big
+    finally:
+        await admin.aclose()
+        await queue.close()
+        server.stop()
+
+
 async def test_an_entry_delivered_in_a_reply_the_worker_lost_is_taken_at_once(
     tmp_path: Path,
 ) -> None:
