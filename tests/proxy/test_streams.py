@@ -398,7 +398,14 @@ async def test_a_stream_opened_on_a_draining_server_is_refused_and_streams_stay(
     caller retries elsewhere), and the address stays on streams: it used to end at once with
     status OK and the request unread, which taught the proxy to call the address unary for
     good, after every graceful restart under load."""
-    models = await serve(affine("plus1", 1, 1, delay_s=0.5), grace_s=30)
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def held(inputs, deadline):  # runs until the late stream has been refused
+        started.set()
+        await release.wait()
+        return {"y": inputs["x"] + 1}
+
+    models = await serve(ScriptedModel("plus1", held), grace_s=30)
     channel = aio.insecure_channel(f"127.0.0.1:{models.port}")
     pool = StreamPool(channel, 2)
     x = np.ones((1, 2), np.float32)
@@ -408,13 +415,19 @@ async def test_a_stream_opened_on_a_draining_server_is_refused_and_streams_stay(
 
     try:
         first = pool.key("a")
-        running = asyncio.ensure_future(pool.pick().infer(first, request(first), 5))
-        await asyncio.sleep(0.1)  # the first stream has a request running: the stop waits
+        running = asyncio.ensure_future(pool.pick().infer(first, request(first), 10))
+        # The first request must be running at the server before the stop: with nothing in
+        # flight the stop goes straight to grpc's own, whose refusal is core's, not ours.
+        await asyncio.wait_for(started.wait(), 10)
         stopping = asyncio.ensure_future(models.stop())
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0)  # the stop marks the server draining before its first wait
+        assert models.plane.draining
         late = pool.key("b")
-        with pytest.raises(CallFailed) as refused:
-            await pool.pick().infer(late, request(late), 5)  # the pool's second stream
+        try:
+            with pytest.raises(CallFailed) as refused:
+                await pool.pick().infer(late, request(late), 5)  # the pool's second stream
+        finally:
+            release.set()
         answer = await running
         await stopping
     finally:
