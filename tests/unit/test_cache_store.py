@@ -102,7 +102,7 @@ def test_a_kept_entry_owns_read_only_copies() -> None:
     row = answer[1:2]  # one member's view of it
     entry, size = keep(Stored({"p": row}))
     layout, array = entry
-    assert layout == (("", "", "p"),)
+    assert layout == ("", "", "p")
     assert array.base is None  # the merged answer is not pinned by the entry
     assert not array.flags.writeable  # an entry answers many requests at once
     answer[1] = -1  # the run's own arrays change: the entry does not
@@ -162,3 +162,32 @@ async def test_a_miss_leaves_two_objects_for_the_garbage_collector_to_count() ->
 def test_a_foreign_value_is_refused(blob: bytes) -> None:
     with pytest.raises(ValueError, match="not a cache entry"):
         unpack(blob)
+
+
+async def test_entries_stop_being_tracked_in_the_young_passes_not_only_the_full_ones() -> None:
+    """A full pass walks every tracked object of the old generations: entries a young pass
+    left tracked piled up there (41,000 of 50,000 `digits` answers) and each full pass walked
+    them all. The store's record of an entry used to be a tuple holding the entry's tuple;
+    the young pass met the record first, while the entry was still tracked, and kept both."""
+    answers: Answers[Stored] = Answers(
+        "gc", "", MemoryStore(2**30, "gc"), 60, lambda v: v, lambda e: e
+    )
+    entry = _every_datatype()
+
+    async def compute() -> Stored:
+        return entry
+
+    await answers.answer(b"gc\0warm", compute, 1e18)
+    gc.collect()
+    gc.disable()
+    try:
+        before = len(gc.get_objects())
+        for i in range(3000):
+            await answers.answer(b"gc\0%d" % i, compute, 1e18)
+            if i % 100 == 99:
+                gc.collect(0)  # young passes only, as under load
+        gc.collect(0)
+        left = len(gc.get_objects()) - before
+    finally:
+        gc.enable()
+    assert left < 300, f"{left} objects of 3,000 entries still tracked after young passes"

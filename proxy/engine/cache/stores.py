@@ -54,7 +54,12 @@ class MemoryStore:
         self.max_bytes = max_bytes
         self.name = name
         self.bytes = 0
-        self._entries: OrderedDict[bytes, tuple[object, int, float]] = OrderedDict()
+        self._entries: OrderedDict[bytes, object] = OrderedDict()
+        self._held: dict[bytes, tuple[int, float]] = {}
+        """Each entry's size and expiry, apart from its value: a young garbage collection
+        stops tracking a tuple of numbers whatever its order, one holding the value only if
+        the value was stopped first (its records piled up in the old generations, walked by
+        every full pass)."""
         self._gauge = metrics.CACHE_BYTES.labels(name)
         self._evictions = metrics.CACHE_EVICTIONS.labels(name)
 
@@ -62,11 +67,10 @@ class MemoryStore:
         return self.get_now(key)  # type: ignore[return-value]  # bytes when put as bytes
 
     def get_now(self, key: bytes) -> object | None:
-        found = self._entries.get(key)
-        if found is None:
+        value = self._entries.get(key)
+        if value is None:
             return None
-        value, _, expires = found
-        if time.monotonic() >= expires:
+        if time.monotonic() >= self._held[key][1]:
             self._drop(key)
             self._gauge.set(self.bytes)
             return None
@@ -81,7 +85,8 @@ class MemoryStore:
             return  # larger than the whole cache: never kept
         if key in self._entries:
             self._drop(key)
-        self._entries[key] = (value, size, time.monotonic() + ttl_s)
+        self._entries[key] = value
+        self._held[key] = (size, time.monotonic() + ttl_s)
         self.bytes += size
         while self.bytes > self.max_bytes:
             self._drop(next(iter(self._entries)))
@@ -89,8 +94,8 @@ class MemoryStore:
         self._gauge.set(self.bytes)
 
     def _drop(self, key: bytes) -> None:
-        _, size, _ = self._entries.pop(key)
-        self.bytes -= size
+        del self._entries[key]
+        self.bytes -= self._held.pop(key)[0]
 
     async def clear(self, prefix: bytes) -> int:
         doomed = [k for k in self._entries if k.startswith(prefix)]
@@ -101,6 +106,7 @@ class MemoryStore:
 
     async def close(self) -> None:
         self._entries.clear()
+        self._held.clear()
         self.bytes = 0
 
     def skipping(self) -> bool:
