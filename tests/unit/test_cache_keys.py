@@ -116,21 +116,45 @@ async def test_a_view_hashes_as_its_contents(datatype) -> None:
 
 
 async def test_a_read_only_input_is_digested_once_and_keys_as_a_fresh_copy(monkeypatch) -> None:
-    """The pipeline's key and its first step's read the same request image: digested once
-    while it lives, and only when nothing can write to it (a digest cannot go stale)."""
+    """The pipeline's key and a step's may read the same tensor: digested once while it
+    lives, and only when nothing can write to it (a digest cannot go stale)."""
+    digested: list[int] = []
+    contents = keys._contents
+    monkeypatch.setattr(keys, "_contents", lambda a: digested.append(id(a)) or contents(a))
+    tensor = np.arange(12, dtype=np.float32).reshape(3, 4)
+    tensor.setflags(write=False)
+    prints = fingerprints()
+    first = await key({"x": tensor}, prints)
+    assert await key({"x": tensor}, prints) == first
+    assert digested == [id(tensor)]
+    writable = tensor.copy()
+    assert await key({"x": writable}, prints) == first  # the same contents, the same key
+    assert await key({"x": writable}, prints) == first
+    assert digested == [id(tensor), id(writable), id(writable)]  # digested every time
+
+
+async def test_an_upload_keys_alike_hashed_at_once_or_the_general_way(monkeypatch) -> None:
+    """An upload (one bytes element) is hashed at once, without awaiting, once its models'
+    fingerprints are known: the same key as the general way gives (the first request's),
+    and another image another key."""
     digested: list[int] = []
     contents = keys._contents
     monkeypatch.setattr(keys, "_contents", lambda a: digested.append(id(a)) or contents(a))
     image = one(b"\x89PNG" + bytes(range(100)))
     image.setflags(False)
     prints = fingerprints()
-    first = await key({"image": image}, prints)
-    assert await key({"image": image}, prints) == first
+    first = await key({"image": image}, prints)  # the base made: the general way
     assert digested == [id(image)]
-    writable = one(b"\x89PNG" + bytes(range(100)))
-    assert await key({"image": writable}, prints) == first  # the same contents, the same key
-    assert await key({"image": writable}, prints) == first
-    assert digested == [id(image), id(writable), id(writable)]  # digested every time
+    again = one(b"\x89PNG" + bytes(range(100)))
+    assert await key({"image": again}, prints) == first
+    assert await key({"image": image}, prints) == first
+    assert digested == [id(image)]  # the quick way: not framed by _contents
+    other = one(b"\x89PNG" + bytes(range(1, 101)))
+    assert await key({"image": other}, prints) not in (first, None)
+    # Past the size hashed at once, and for any other tensor, the general way.
+    big = one(b"\x89PNG" + bytes(keys.HASH_IN_THREAD))
+    await key({"image": big}, prints)
+    assert digested[-1] == id(big)
 
 
 async def test_a_new_model_version_changes_the_key_once_its_fingerprint_is_asked_again() -> None:

@@ -191,3 +191,27 @@ async def test_entries_stop_being_tracked_in_the_young_passes_not_only_the_full_
     finally:
         gc.enable()
     assert left < 300, f"{left} objects of 3,000 entries still tracked after young passes"
+
+
+async def test_an_answer_the_cache_cannot_keep_is_still_answered(caplog) -> None:
+    """Keeping an entry that fails (here: what it keeps cannot be made) costs the request
+    nothing: it gets its computed answer, the failure is counted and logged, nothing kept."""
+
+    def unkeepable(value: Stored) -> Stored:
+        raise TypeError("not an entry")
+
+    answers: Answers[Stored] = Answers(
+        "broken", "", MemoryStore(2**20, "broken"), 60, unkeepable, lambda e: e
+    )
+    entry = _every_datatype()
+
+    async def compute() -> Stored:
+        return entry
+
+    errors = metrics.CACHE_LOOKUPS.labels("broken", "", "error")
+    before = errors._value.get()
+    for _ in range(2):
+        found, how = await answers.answer(b"k", compute, 1e18)
+        assert found is entry and how == "miss"  # the second one too: nothing was kept
+    assert errors._value.get() - before == 2
+    assert "cache write failed" in caplog.text

@@ -32,7 +32,7 @@ T = TypeVar("T")
 S = TypeVar("S")
 
 
-@dataclass
+@dataclass(slots=True)
 class Flight(Generic[T]):
     """A value being computed for a key, by the request that looked it up first."""
 
@@ -84,7 +84,7 @@ class Answers(Generic[T]):
         try:
             if self.store.local:
                 value = await compute()
-                await self._write(key, value)
+                self._keep(key, value)
                 how = "miss"
             else:
                 value, how = await self._race(key, compute)
@@ -174,26 +174,38 @@ class Answers(Generic[T]):
         self._count("hit")
         return value
 
-    async def _write(self, key: bytes, value: T) -> None:
+    def _keep(self, key: bytes, value: T) -> None:
+        """Store `value` in process (no await: nothing to wait for)."""
         try:
             entry = self.to_entry(value)
             if entry is None:
                 return
-            if self.store.local:
-                tuples, size = keep(entry)
-                self.store.put_now(key, tuples, size, self.ttl_s)  # type: ignore[attr-defined]
-            else:
-                blob = pack(entry)
-                size = len(blob)
-                await self.store.put(key, blob, self.ttl_s)
+            tuples, size = keep(entry)
+            self.store.put_now(key, tuples, size, self.ttl_s)  # type: ignore[attr-defined]
+        except Exception as exc:  # a cache that cannot keep an answer never fails it
+            self._failed(exc)
+            return
+        self._stored.inc(size)
+
+    async def _write(self, key: bytes, value: T) -> None:
+        """Store `value` in Redis (in the background of the request)."""
+        try:
+            entry = self.to_entry(value)
+            if entry is None:
+                return
+            blob = pack(entry)
+            await self.store.put(key, blob, self.ttl_s)
         except StoreError:
             self._count("error")
             return
-        except Exception as exc:  # a cache that cannot keep an answer never fails it
-            self._count("error")
-            log.warning("cache write failed", extra={"fields": {"error": repr(exc)}})
+        except Exception as exc:
+            self._failed(exc)
             return
-        self._stored.inc(size)
+        self._stored.inc(len(blob))
+
+    def _failed(self, exc: Exception) -> None:
+        self._count("error")
+        log.warning("cache write failed", extra={"fields": {"error": repr(exc)}})
 
 
 def _retrieved(future: asyncio.Future) -> None:
