@@ -62,6 +62,8 @@ CONTENTS_FIELD: dict[str, str] = {
 }
 
 _LEN_PREFIX = struct.Struct("<I")
+length_prefix = _LEN_PREFIX.pack
+"""A BYTES element's 4-byte little-endian length prefix, as v2 raw contents frame it."""
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import struct
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -106,7 +105,12 @@ def _contents(array: np.ndarray) -> tuple[list[bytes | memoryview], int]:
     else:
         raw = codec.to_raw_view(array)[1]
         pieces, length = [raw], len(raw)
-    return [orjson.dumps([datatype, list(array.shape), length]), *pieces], length
+    return [_head(datatype, list(array.shape), length), *pieces], length
+
+
+def _head(datatype: str, shape: list[int], length: int) -> bytes:
+    """What a tensor's digest covers before its contents."""
+    return orjson.dumps([datatype, shape, length])
 
 
 def _hashed(parts: list[bytes | memoryview]) -> bytes:
@@ -125,9 +129,9 @@ async def digest_of(parts: list[bytes | memoryview], size: int) -> bytes:
 
 
 _digests: dict[int, tuple[weakref.ref, bytes]] = {}
-"""id(array) -> (the array, its digest), for read-only arrays while they live: a request's
-input digested for the pipeline's key is not digested again for its first step's (the
-preprocessing of `digits`: the same image). Read-only, so a digest cannot go stale."""
+"""id(array) -> (the array, its digest), for read-only arrays while they live: a tensor
+digested for one key is not digested again for the next (an upload is, at once: rehashing
+~400 bytes costs less than this). Read-only, so a digest cannot go stale."""
 _MAX_DIGESTS = 4096
 
 
@@ -138,19 +142,16 @@ def _forget(key: int) -> Callable[[weakref.ref], None]:
 def _upload_digest(array: np.ndarray) -> bytes | None:
     """`_contents`' digest of an upload (one `bytes` element, shape [1]: every image a door
     takes) of at most HASH_IN_THREAD bytes, made at once; None for any other tensor. The
-    same bytes hashed as `_contents` frames them, without its general steps: a `digits`
-    key took ~5.5 us, most of it framing a 400-byte image."""
+    same bytes hashed as `_contents` frames them (`_head`, then the element's length prefix
+    and bytes), without its general steps: a `digits` key took ~5.5 us, most of it framing
+    a 400-byte image."""
     if array.dtype != object or array.shape != (1,):
         return None
     element = array[0]
     if type(element) is not bytes or len(element) > HASH_IN_THREAD:
         return None
-    length = len(element) + 4
-    header = b'["BYTES",[1],%d]' % length
-    return hashlib.sha256(header + _LENGTH.pack(length - 4) + element).digest()
-
-
-_LENGTH = struct.Struct("<I")
+    head = _head("BYTES", [1], len(element) + 4)
+    return hashlib.sha256(head + codec.length_prefix(len(element)) + element).digest()
 
 
 def _known_digest(array: np.ndarray) -> bytes | None:
