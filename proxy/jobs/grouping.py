@@ -57,9 +57,10 @@ def cut(items: Sequence[Item], size: Callable[[Item], int], most: int) -> list[l
     parts: list[list[Item]] = [[]]
     total = 0
     for item in items:
-        if parts[-1] and total + size(item) > most:
+        weight = size(item)
+        if parts[-1] and total + weight > most:
             parts.append([])
             total = 0
         parts[-1].append(item)
-        total += size(item)
+        total += weight
     return parts
