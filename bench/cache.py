@@ -6,9 +6,11 @@ PROXY_CACHE=false) and against the proxy's cheapest route (`/healthz`):
   `/healthz` rate (the HTTP stack is then the limit);
 - c=1 p50 of a hit over the uncached p50, in process and in Redis;
 - no repeats at all (every image unique): throughput with the cache on over off, the
-  cache's own cost (a key, a lookup, a write per request); at c=32 also over `--cost-rounds`
-  more interleaved rounds, with the proxy's CPU a request (its own threads, from /proc), which
-  this machine's +-10% between rounds moves far less than throughput.
+  cache's own cost (a key, a lookup, a doorkeeper's test per request: `digits` ships with
+  `admit: second`); at c=32 also over `--cost-rounds` more interleaved rounds, with the
+  proxy's CPU a request (its own threads, from /proc), which this machine's +-10% between
+  rounds moves far less than throughput; and the same for a proxy whose `digits` keeps every
+  answer (`admit: first`), the cost `admit: second` spares.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import contextlib
 import statistics
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench import redis_server
@@ -27,6 +30,7 @@ from bench.httpload import post_bytes
 from bench.loadgen import Stats
 from bench.mesh import (
     HEADER,
+    ROOT,
     http_closed_loop,
     median,
     row,
@@ -34,6 +38,17 @@ from bench.mesh import (
     second_proxy_process,
     shipped_mesh,
 )
+
+
+@dataclass(frozen=True)
+class Cost:
+    rps: float
+    cpu_ms: float
+    """The proxy's own CPU a request."""
+    rps_ratio: float
+    cpu_ratio: float
+    """Over the baseline's, round by round (the median of the rounds' ratios)."""
+
 
 GOALS = """Goals (issue 26): repeats at c=32 >= 4x uncached and >= 0.5x /healthz; hit p50 at c=1 \
 <= 0.3x uncached (Redis <= 0.5x); no repeats >= 0.97x the cache off."""
@@ -83,6 +98,11 @@ def main(argv: list[str]) -> int:
         memory, memory_proc = stack.enter_context(
             second_proxy_process({**env, "PROXY_CACHE": "true"})
         )
+        first = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-cache-")) + "/p.yaml"
+        Path(first).write_text(_admit_first((ROOT / "proxy" / "pipelines.yaml").read_text()))
+        every, every_proc = stack.enter_context(
+            second_proxy_process({**env, "PROXY_CACHE": "true", "PROXY_PIPELINES": first})
+        )
         redis = redis_server.start(Path(tempfile.mkdtemp(prefix="bench-redis-")))
         stack.callback(redis.stop)
         shared = stack.enter_context(
@@ -94,7 +114,7 @@ def main(argv: list[str]) -> int:
             return asyncio.run(http_closed_loop(url, raw, c, args.duration))
 
         for url in (memory, shared):  # the repeat is cached before anything is measured
-            load(url, [repeat], 1)
+            load(url, [repeat], 1)  # (seen again and again: kept whatever `admit` says)
         systems = {
             "cache off, repeats": lambda c: load(off, [repeat], c),
             "cache in process, repeats": lambda c: load(memory, [repeat], c),
@@ -104,6 +124,7 @@ def main(argv: list[str]) -> int:
             ),
             "cache off, no repeats": lambda c: load(off, fresh(12_000), c),
             "cache in process, no repeats": lambda c: load(memory, fresh(12_000), c),
+            "cache, admit: first, no repeats": lambda c: load(every, fresh(12_000), c),
         }
         table: dict[int, dict[str, Stats]] = {}
         for c in (1, 32):
@@ -113,7 +134,11 @@ def main(argv: list[str]) -> int:
                     runs[label].append(measure(c))
             table[c] = {label: median(r) for label, r in runs.items()}
         costs = _costs(
-            {"off": (off, off_proc.pid), "on": (memory, memory_proc.pid)},
+            {
+                "off": (off, off_proc.pid),
+                "on": (memory, memory_proc.pid),
+                "first": (every, every_proc.pid),
+            },
             lambda url: load(url, fresh(12_000), 32),
             args.cost_rounds,
         )
@@ -138,27 +163,51 @@ def main(argv: list[str]) -> int:
     for c in (1, 32):
         s = table[c]
         ratio = s["cache in process, no repeats"].rps / s["cache off, no repeats"].rps
-        print(f"- no repeats c={c}: cache on {ratio:.2f}x the cache off")
-    (on_rps, on_cpu), (off_rps, off_cpu) = costs["on"], costs["off"]
-    print(
-        f"- no repeats c=32 over {args.cost_rounds} more rounds (medians): cache on "
-        f"{on_rps / off_rps:.2f}x the cache off ({on_rps:.0f} / {off_rps:.0f} req/s); the "
-        f"proxy's CPU a request {on_cpu:.3f} / {off_cpu:.3f} ms = {on_cpu / off_cpu:.3f}x"
-    )
+        every_ratio = s["cache, admit: first, no repeats"].rps / s["cache off, no repeats"].rps
+        print(
+            f"- no repeats c={c}: cache on {ratio:.2f}x the cache off "
+            f"(admit: first {every_ratio:.2f}x)"
+        )
+    off = costs["off"]
+    for name, label in (("on", "cache on"), ("first", "cache on, admit: first")):
+        cost = costs[name]
+        print(
+            f"- no repeats c=32 over {args.cost_rounds} more rounds (medians of each round's "
+            f"ratio): {label} {cost.rps_ratio:.2f}x the cache off ({cost.rps:.0f} / "
+            f"{off.rps:.0f} req/s); the proxy's CPU a request {cost.cpu_ratio:.3f}x "
+            f"({cost.cpu_ms:.3f} / {off.cpu_ms:.3f} ms)"
+        )
     return 0
+
+
+def _admit_first(pipelines: str) -> str:
+    """The shipped pipelines with every answer kept at once (`admit: first`)."""
+    if "admit: second" not in pipelines:
+        raise SystemExit("bench cache: no pipeline ships with `admit: second` any more")
+    return pipelines.replace("admit: second", "admit: first")
 
 
 def _costs(
     proxies: dict[str, tuple[str, int]], load: Callable[[str], Stats], rounds: int
-) -> dict[str, tuple[float, float]]:
-    """Each proxy's median throughput and CPU ms a request over `rounds` interleaved."""
-    seen: dict[str, list[tuple[float, float]]] = {name: [] for name in proxies}
-    for _ in range(rounds):
-        for name, (url, pid) in proxies.items():
+) -> dict[str, Cost]:
+    """Each proxy's medians over `rounds`, the first proxy's the baseline. The order turns
+    every round (none always follows another), and the ratios are taken round by round,
+    then their median: this machine drifts 20-30% over a minute, far less within a round."""
+    names = list(proxies)
+    seen: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    for turn in range(rounds):
+        for name in names[turn % len(names) :] + names[: turn % len(names)]:
+            url, pid = proxies[name]
             before = cpu_s(pid)[0]
             stats = load(url)
             seen[name].append((stats.rps, (cpu_s(pid)[0] - before) / stats.requests * 1000))
+    base = seen[names[0]]
     return {
-        name: (statistics.median(r for r, _ in runs), statistics.median(c for _, c in runs))
+        name: Cost(
+            rps=statistics.median(r for r, _ in runs),
+            cpu_ms=statistics.median(c for _, c in runs),
+            rps_ratio=statistics.median(r / b for (r, _), (b, _) in zip(runs, base, strict=True)),
+            cpu_ratio=statistics.median(c / b for (_, c), (_, b) in zip(runs, base, strict=True)),
+        )
         for name, runs in seen.items()
     }

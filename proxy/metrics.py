@@ -76,6 +76,12 @@ CACHE_STORED_BYTES = Counter(
     "Bytes written to the cache, by pipeline and step",
     ["pipeline", "step"],
 )
+CACHE_UNADMITTED = Counter(
+    "proxy_cache_unadmitted_total",
+    "Computed answers not kept because their key was seen for the first time lately "
+    "(cache.admit: second), by pipeline and step",
+    ["pipeline", "step"],
+)
 CACHE_BYTES = Gauge(
     "proxy_cache_bytes",
     "Bytes an in-process cache holds, by store",

@@ -198,6 +198,12 @@ class CacheConfig(Strict):
     max_mb: float = Field(default=64.0, gt=0)
     """The pipeline's share of the in-process cache (least recently used answers go first);
     with Redis, its own `maxmemory` bounds every entry."""
+    admit: Literal["first", "second"] = "first"
+    """When a computed answer is kept: `first`, every time; `second`, only when its key was
+    seen lately (a doorkeeper of a few bits a key, in each proxy process), for the pipeline's
+    answers and the outputs its steps cache. `second` spares the cost of keeping answers
+    nobody asks for again (~10% of the proxy's CPU a cheap request, when no input repeats),
+    at the price of computing the first repeat (a client's retry) once more."""
 
 
 class Pipeline(Strict):

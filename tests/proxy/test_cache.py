@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from protos.errors import InvalidInput
+from proxy import metrics
 from proxy.engine.executor import Executor
 from tests.proxy.conftest import GENEROUS_CACHE_MS
 from tests.proxy.scripted import ScriptedModel, affine, serve
@@ -263,3 +264,31 @@ async def test_a_flood_of_unique_requests_stays_within_the_bound(chain, make_cli
         late = await post(client, "flood", body(*range(59, 259)))  # the newest stays
     assert metrics.CACHE_EVICTIONS.labels("flood")._value.get() > 0
     assert early.headers["X-Cache"] == "miss" and late.headers["X-Cache"] == "hit"
+
+
+async def test_admitted_on_second_sighting_an_answer_is_kept_when_its_input_comes_again(
+    servers, make_client
+) -> None:
+    """`admit: second`: the first answer for an input is not kept (its key only remembered),
+    the second is, the third request is a hit; the steps' outputs of that pipeline likewise,
+    and another pipeline calling the same step then finds them kept."""
+    parse = parse_model()
+    plus1 = affine("plus1", 1, 1)
+    env = {"PARSE_URL": await servers(parse), "MODELS_URL": await servers(plus1)}
+    pipes = {
+        "p": pipeline([call("a", "plus1", "parse")], RESULT, cache={"admit": "second"}),
+        "q": pipeline([call("a", "plus1", "parse")], {"z": "a.y[0]"}),
+    }
+    for spec in pipes.values():
+        spec["steps"][0]["call"]["cache"] = True
+    unadmitted = metrics.CACHE_UNADMITTED.labels("p", "")
+    before = unadmitted._value.get()
+    async with make_client(pipes, env) as client:
+        answers = [await post(client, "p", body(7)) for _ in range(3)]
+        other = await post(client, "q", body(7))
+    assert [r.json()["result"] for r in answers] == [{"y": [8.0]}] * 3
+    assert [r.headers["X-Cache"] for r in answers] == ["miss", "miss", "hit"]
+    assert [r.json()["steps"][0]["cache"] for r in answers[:2]] == ["miss", "miss"]
+    assert other.json()["steps"][0]["cache"] == "hit"  # kept at p's second sighting
+    assert (parse.calls, plus1.calls) == (2, 3)  # q has no cache of its answers
+    assert unadmitted._value.get() - before == 1

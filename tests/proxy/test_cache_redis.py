@@ -17,8 +17,8 @@ from proxy import metrics
 from tests.conftest import redis_or_skip
 from tests.proxy.conftest import GENEROUS_CACHE_MS
 from tests.proxy.scripted import affine
-from tests.proxy.test_cache import cached
-from tests.proxy.test_pipelines import body, parse_model, post
+from tests.proxy.test_cache import RESULT, cached
+from tests.proxy.test_pipelines import body, call, parse_model, pipeline, post
 
 
 def _slowly(fn):
@@ -191,3 +191,24 @@ async def test_a_redis_that_keeps_failing_is_skipped_until_it_answers(
         await store.close()
         if own is not None:
             own.stop()
+
+
+async def test_admitted_on_second_sighting_in_redis(servers, make_client, redis_db) -> None:
+    """`admit: second` with Redis: the first answer is not written (its key only
+    remembered), the second is, the third request is a hit."""
+    model = affine("plus1", 1, 1, delay_s=0.3)  # slower than a GET: the lookup wins its race
+    env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": await servers(model)}
+    pipes = {"r": pipeline([call("a", "plus1", "parse")], RESULT, cache={"admit": "second"})}
+    settings = {"cache_url": redis_db.url, "cache_timeout_ms": GENEROUS_CACHE_MS}
+    store = redis.Redis.from_url(redis_db.url)
+    unadmitted = metrics.CACHE_UNADMITTED.labels("r", "")
+    before, refused = store.dbsize(), unadmitted._value.get()
+    async with make_client(pipes, env, **settings) as client:
+        first = await post(client, "r", body(31))
+        second = await post(client, "r", body(31))
+        await written(store, before)
+        third = await post(client, "r", body(31))
+    assert [r.headers["X-Cache"] for r in (first, second, third)] == ["miss", "miss", "hit"]
+    assert [r.json()["result"] for r in (first, second, third)] == [{"y": [32.0]}] * 3
+    assert unadmitted._value.get() - refused == 1
+    assert store.dbsize() - before == 1

@@ -10,7 +10,8 @@
   same answer; if it fails otherwise (a deadline, a service down) or its client leaves, each
   waiter runs on its own.
 - Only complete answers are stored (a partial one, or an error, never), in the background
-  when the store is remote.
+  when the store is remote; with a doorkeeper (`admit: second`), only once their key is
+  seen again.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from proxy import metrics
+from proxy.engine.cache.doorkeeper import Doorkeeper
 from proxy.engine.cache.entries import Stored, keep, kept, pack, unpack
 from proxy.engine.cache.stores import Store, StoreError
 from proxy.errors import Problem, StepError
@@ -46,7 +48,8 @@ class Flight(Generic[T]):
 class Answers(Generic[T]):
     """The entries of one pipeline (`step` empty) or one step, in `store`. `to_entry` says
     what of a computed value is kept (None: nothing, e.g. a partial answer); `from_entry`
-    makes a value of a stored entry."""
+    makes a value of a stored entry; `doorkeeper`, when set, admits a value only on its
+    key's second sighting."""
 
     pipeline: str
     step: str
@@ -54,6 +57,7 @@ class Answers(Generic[T]):
     ttl_s: float
     to_entry: Callable[[T], Stored | None]
     from_entry: Callable[[Stored], T]
+    doorkeeper: Doorkeeper | None = None
     _flights: dict[bytes, Flight[T]] = field(default_factory=dict)
     _writes: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -64,6 +68,7 @@ class Answers(Generic[T]):
             for result in ("hit", "miss", "error")
         }
         self._stored = metrics.CACHE_STORED_BYTES.labels(self.pipeline, self.step)
+        self._unadmitted = metrics.CACHE_UNADMITTED.labels(self.pipeline, self.step)
 
     def _count(self, result: str) -> None:
         self._counters[result].inc()
@@ -144,9 +149,10 @@ class Answers(Generic[T]):
                 await asyncio.gather(running, return_exceptions=True)
                 return lookup.result(), "hit"  # type: ignore[return-value]
             value = await running
-            task = asyncio.ensure_future(self._write(key, value))
-            self._writes.add(task)
-            task.add_done_callback(self._writes.discard)
+            if self._admits(key):
+                task = asyncio.ensure_future(self._write(key, value))
+                self._writes.add(task)
+                task.add_done_callback(self._writes.discard)
             return value, "miss"
         finally:
             for task in (lookup, running):
@@ -174,8 +180,17 @@ class Answers(Generic[T]):
         self._count("hit")
         return value
 
+    def _admits(self, key: bytes) -> bool:
+        """The value computed for `key` may be stored (the doorkeeper has seen the key)."""
+        if self.doorkeeper is None or self.doorkeeper.admits(key):
+            return True
+        self._unadmitted.inc()
+        return False
+
     def _keep(self, key: bytes, value: T) -> None:
         """Store `value` in process (no await: nothing to wait for)."""
+        if not self._admits(key):
+            return
         try:
             entry = self.to_entry(value)
             if entry is None:

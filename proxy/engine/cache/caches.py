@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 from proxy.engine.cache.answers import Answers
+from proxy.engine.cache.doorkeeper import Doorkeeper
 from proxy.engine.cache.entries import Stored, Tensors
 from proxy.engine.cache.keys import STEPS, Fingerprints
 from proxy.engine.cache.stores import MemoryStore, RedisStore, Store
@@ -23,6 +24,9 @@ RENDERED_SHARE = 0.25
 """The rendered results' bytes, as a share of the pipelines' answers' (`rendered`)."""
 RENDERED_STORE = "rendered"
 """The name (in metrics) of the in-process store of hits' results as JSON (`rendered`)."""
+KEYS_PER_MB = 4096
+"""Keys a doorkeeper remembers a MB of its store (`admit: second`): more than the store
+can hold entries (a `digits` answer counts ~1 KB), at 4 bytes a key (doorkeeper.py)."""
 
 
 class Caches:
@@ -68,6 +72,14 @@ class Caches:
         self._with_steps = {
             name for name, plan in plans.items() if any(s.cache for s in plan.call_steps())
         }
+        self._second = {
+            name
+            for name, plan in plans.items()
+            if plan.pipeline.cache is not None and plan.pipeline.cache.admit == "second"
+        }
+        self._steps_doorkeeper = Doorkeeper(int(steps_mb * KEYS_PER_MB)) if self._second else None
+        """One for every step admitting on a second sighting: their keys are the models'
+        and inputs', shared by the pipelines calling the same model."""
         self._pipelines: dict[str, Answers] = {}
         self._steps: dict[tuple[str, str], Answers[Tensors]] = {}
 
@@ -89,16 +101,26 @@ class Caches:
         if answers is None:
             config = plan.pipeline.cache
             assert config is not None
+            doorkeeper = None
+            if config.admit == "second":
+                doorkeeper = Doorkeeper(int(config.max_mb * KEYS_PER_MB))
             answers = self._pipelines[plan.name] = Answers(
-                plan.name, "", store, config.ttl_s, to_entry, from_entry
+                plan.name, "", store, config.ttl_s, to_entry, from_entry, doorkeeper
             )
         return answers
 
     def step(self, pipeline: str, step: str) -> Answers[Tensors]:
         answers = self._steps.get((pipeline, step))
         if answers is None:
+            doorkeeper = self._steps_doorkeeper if pipeline in self._second else None
             answers = self._steps[(pipeline, step)] = Answers(
-                pipeline, step, self._steps_store, self._step_ttl_s, Stored, _tensors_of
+                pipeline,
+                step,
+                self._steps_store,
+                self._step_ttl_s,
+                Stored,
+                _tensors_of,
+                doorkeeper,
             )
         return answers
 
