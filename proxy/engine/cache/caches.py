@@ -1,6 +1,8 @@
 """The caches of this proxy, built once from the pipelines and the settings: each pipeline's
 answers (`cache:` on the pipeline) and the steps' outputs (`cache: true` on a call step),
 in process by default, or all in one Redis (PROXY_CACHE_URL) shared by the proxy's replicas.
+An answer is kept when first computed, or with `admit: second` when computed again
+(doorkeeper.py), for the pipeline's answers and its steps' outputs alike.
 """
 
 from __future__ import annotations
