@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import signal
 from pathlib import Path
@@ -193,6 +194,18 @@ async def test_a_redis_that_keeps_failing_is_skipped_until_it_answers(
             own.stop()
 
 
+def entries(store: redis.Redis, pipeline: str) -> int:
+    """A pipeline's entries in Redis (its doorkeeper's keys are not under its prefix)."""
+    return len(store.keys(pipeline.encode() + b"\0*"))
+
+
+async def entry_written(store: redis.Redis, pipeline: str, before: int) -> None:
+    for _ in range(500):
+        if entries(store, pipeline) > before:
+            return
+        await asyncio.sleep(0.01)
+
+
 async def test_admitted_on_second_sighting_in_redis(servers, make_client, redis_db) -> None:
     """`admit: second` with Redis: the first answer is not written (its key only
     remembered), the second is, the third request is a hit."""
@@ -202,13 +215,99 @@ async def test_admitted_on_second_sighting_in_redis(servers, make_client, redis_
     settings = {"cache_url": redis_db.url, "cache_timeout_ms": GENEROUS_CACHE_MS}
     store = redis.Redis.from_url(redis_db.url)
     unadmitted = metrics.CACHE_UNADMITTED.labels("r", "")
-    before, refused = store.dbsize(), unadmitted._value.get()
+    before, refused = entries(store, "r"), unadmitted._value.get()
     async with make_client(pipes, env, **settings) as client:
         first = await post(client, "r", body(31))
         second = await post(client, "r", body(31))
-        await written(store, before)
+        await entry_written(store, "r", before)
         third = await post(client, "r", body(31))
     assert [r.headers["X-Cache"] for r in (first, second, third)] == ["miss", "miss", "hit"]
     assert [r.json()["result"] for r in (first, second, third)] == [{"y": [32.0]}] * 3
     assert unadmitted._value.get() - refused == 1
-    assert store.dbsize() - before == 1
+    assert entries(store, "r") - before == 1
+
+
+async def test_replicas_share_their_sightings(servers, make_client, redis_db) -> None:
+    """The doorkeeper lives in Redis with the entries: a request seen by one replica and
+    sent again to another is kept there, and the first replica answers its third sending
+    from the cache (with a doorkeeper per process, the second replica would have refused
+    it, and the third sending would be computed again)."""
+    model = affine("plus1", 1, 1, delay_s=0.3)
+    env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": await servers(model)}
+    pipes = {"s": pipeline([call("a", "plus1", "parse")], RESULT, cache={"admit": "second"})}
+    settings = {"cache_url": redis_db.url, "cache_timeout_ms": GENEROUS_CACHE_MS}
+    store = redis.Redis.from_url(redis_db.url)
+    before = entries(store, "s")
+    async with (
+        make_client(pipes, env, **settings) as one,
+        make_client(pipes, env, **settings) as two,
+    ):
+        first = await post(one, "s", body(41))
+        assert entries(store, "s") == before  # remembered, not kept
+        second = await post(two, "s", body(41))
+        await entry_written(store, "s", before)
+        third = await post(one, "s", body(41))
+    assert [r.headers["X-Cache"] for r in (first, second, third)] == ["miss", "miss", "hit"]
+    assert [r.json()["result"] for r in (first, second, third)] == [{"y": [42.0]}] * 3
+    assert entries(store, "s") - before == 1
+
+
+async def test_the_shared_doorkeeper_forgets_in_generations(redis_db) -> None:
+    """In Redis as in process: a key seen is remembered while fewer than a generation of
+    new keys come after it, then forgotten; its bits never grow past their bound."""
+    from proxy.engine.cache.doorkeeper import SharedDoorkeeper
+    from proxy.engine.cache.stores import RedisStore
+
+    store = RedisStore(redis_db.url, timeout_s=GENEROUS_CACHE_MS / 1000)
+    door = SharedDoorkeeper(b"\0doorkeeper\0test-generations\0", keys=64)
+    plain = redis.Redis.from_url(redis_db.url)
+    plain.delete(*door.names)
+    keys = [b"g\0" + hashlib.sha256(str(i).encode()).digest() for i in range(400)]
+    try:
+        assert await store.get_seen(keys[0], door) == (None, False)
+        assert await store.get_seen(keys[0], door) == (None, True)
+        for key in keys[1:64]:  # the first generation filled: keys[0] now in the older one
+            await store.get_seen(key, door)
+        assert await store.get_seen(keys[0], door) == (None, True)
+        fresh = [(await store.get_seen(key, door))[1] for key in keys[64:400]]
+        assert sum(fresh) <= 0.05 * len(fresh)  # new keys let in as if seen: a few at most
+        assert await store.get_seen(keys[0], door) == (None, False)  # two generations on
+        assert max(plain.strlen(name) for name in door.names[:2]) <= 64 * 16 // 8
+        await store.put(keys[1], b"entry", ttl_s=60)
+        assert await store.get_seen(keys[1], door) == (b"entry", True)
+    finally:
+        plain.delete(*door.names, keys[1])
+        await store.close()
+
+
+async def test_a_sighting_answered_after_the_run_still_decides(
+    servers, make_client, redis_db, monkeypatch
+) -> None:
+    """A lookup slower than the run is not dropped when the doorkeeper is in Redis: its
+    answer (seen or not) comes after the request's, and decides the background write."""
+    from proxy.engine.cache.stores import RedisStore
+
+    get_seen = RedisStore.get_seen
+
+    async def slow_get_seen(self, key, doorkeeper):
+        await asyncio.sleep(0.3)
+        return await get_seen(self, key, doorkeeper)
+
+    monkeypatch.setattr(RedisStore, "get_seen", slow_get_seen)
+    model = affine("plus1", 1, 1)  # quick: the run ends before the lookup answers
+    env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": await servers(model)}
+    pipes = {"t": pipeline([call("a", "plus1", "parse")], RESULT, cache={"admit": "second"})}
+    settings = {"cache_url": redis_db.url, "cache_timeout_ms": GENEROUS_CACHE_MS}
+    store = redis.Redis.from_url(redis_db.url)
+    before = entries(store, "t")
+    unadmitted = metrics.CACHE_UNADMITTED.labels("t", "")
+    refused = unadmitted._value.get()
+    async with make_client(pipes, env, **settings) as client:
+        first = await post(client, "t", body(51))
+        await asyncio.sleep(0.6)  # its lookup has answered: not seen
+        after_first = entries(store, "t")
+        second = await post(client, "t", body(51))
+        await entry_written(store, "t", before)
+    assert [r.headers["X-Cache"] for r in (first, second)] == ["miss", "miss"]
+    assert after_first == before and unadmitted._value.get() - refused == 1
+    assert entries(store, "t") - before == 1

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from proxy import metrics
-from proxy.engine.cache.doorkeeper import Doorkeeper
+from proxy.engine.cache.doorkeeper import Doorkeeper, SharedDoorkeeper
 from proxy.engine.cache.entries import Stored, keep, kept, pack, unpack
 from proxy.engine.cache.stores import Store, StoreError
 from proxy.errors import Problem, StepError
@@ -49,7 +49,7 @@ class Answers(Generic[T]):
     """The entries of one pipeline (`step` empty) or one step, in `store`. `to_entry` says
     what of a computed value is kept (None: nothing, e.g. a partial answer); `from_entry`
     makes a value of a stored entry; `doorkeeper`, when set, admits a value only on its
-    key's second sighting."""
+    key's second sighting (in this process, or in Redis with the entries)."""
 
     pipeline: str
     step: str
@@ -57,7 +57,7 @@ class Answers(Generic[T]):
     ttl_s: float
     to_entry: Callable[[T], Stored | None]
     from_entry: Callable[[Stored], T]
-    doorkeeper: Doorkeeper | None = None
+    doorkeeper: Doorkeeper | SharedDoorkeeper | None = None
     _flights: dict[bytes, Flight[T]] = field(default_factory=dict)
     _writes: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -142,30 +142,55 @@ class Answers(Generic[T]):
             return await compute(), "miss"
         lookup = asyncio.ensure_future(self._lookup(key))
         running = asyncio.ensure_future(compute())
+        handed = False
         try:
             done, _ = await asyncio.wait({lookup, running}, return_when=asyncio.FIRST_COMPLETED)
-            if lookup in done and lookup.result() is not None:
+            if lookup in done and lookup.result()[0] is not None:
                 running.cancel()
                 await asyncio.gather(running, return_exceptions=True)
-                return lookup.result(), "hit"  # type: ignore[return-value]
+                return lookup.result()[0], "hit"  # type: ignore[return-value]
             value = await running
-            if self._admits(key):
-                task = asyncio.ensure_future(self._write(key, value))
-                self._writes.add(task)
-                task.add_done_callback(self._writes.discard)
+            handed = self._write_later(key, value, lookup)
             return value, "miss"
         finally:
-            for task in (lookup, running):
+            for task in (running,) if handed else (lookup, running):
                 if not task.done():
                     task.cancel()
 
-    async def _lookup(self, key: bytes) -> T | None:
+    async def _lookup(self, key: bytes) -> tuple[T | None, bool]:
+        """The stored value (None: none, or the store failed), and whether the shared
+        doorkeeper had seen the key (False without one)."""
+        seen = False
         try:
-            blob = await self.store.get(key)
+            if isinstance(self.doorkeeper, SharedDoorkeeper):
+                blob, seen = await self.store.get_seen(key, self.doorkeeper)  # type: ignore[attr-defined]
+            else:
+                blob = await self.store.get(key)
         except StoreError:  # counted; the store says when it fails and when it is back
             self._count("error")
-            return None
-        return self._found(blob, unpack)
+            return None, False
+        return self._found(blob, unpack), seen
+
+    def _write_later(self, key: bytes, value: T, lookup: asyncio.Future) -> bool:
+        """Store a computed value in the background if it is admitted; True when the lookup
+        is handed over (the shared doorkeeper's answer comes with it, maybe still on its way)."""
+        if isinstance(self.doorkeeper, SharedDoorkeeper):
+            self._background(self._write_if_seen(key, value, lookup))
+            return True
+        if self._admits(key):
+            self._background(self._write(key, value))
+        return False
+
+    def _background(self, work: Coroutine[None, None, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def _write_if_seen(self, key: bytes, value: T, lookup: asyncio.Future) -> None:
+        if (await lookup)[1]:  # bounded by the store's timeout; a failed lookup: not seen
+            await self._write(key, value)
+        else:
+            self._unadmitted.inc()
 
     def _found(self, stored: S | None, read: Callable[[S], Stored]) -> T | None:
         """The value of what the store answered (None: nothing); `read` makes it an entry."""
@@ -181,8 +206,9 @@ class Answers(Generic[T]):
         return value
 
     def _admits(self, key: bytes) -> bool:
-        """The value computed for `key` may be stored (the doorkeeper has seen the key)."""
-        if self.doorkeeper is None or self.doorkeeper.admits(key):
+        """The value computed for `key` may be stored (this process's doorkeeper has seen
+        the key)."""
+        if not isinstance(self.doorkeeper, Doorkeeper) or self.doorkeeper.admits(key):
             return True
         self._unadmitted.inc()
         return False

@@ -2,7 +2,8 @@
 answers (`cache:` on the pipeline) and the steps' outputs (`cache: true` on a call step),
 in process by default, or all in one Redis (PROXY_CACHE_URL) shared by the proxy's replicas.
 An answer is kept when first computed, or with `admit: second` when computed again
-(doorkeeper.py), for the pipeline's answers and its steps' outputs alike.
+(doorkeeper.py), for the pipeline's answers and its steps' outputs alike; the sightings are
+kept where the entries are (in this process, or in the shared Redis).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 from proxy.engine.cache.answers import Answers
-from proxy.engine.cache.doorkeeper import Doorkeeper
+from proxy.engine.cache.doorkeeper import Doorkeeper, SharedDoorkeeper
 from proxy.engine.cache.entries import Stored, Tensors
 from proxy.engine.cache.keys import STEPS, Fingerprints
 from proxy.engine.cache.stores import MemoryStore, RedisStore, Store
@@ -26,6 +27,10 @@ RENDERED_SHARE = 0.25
 """The rendered results' bytes, as a share of the pipelines' answers' (`rendered`)."""
 RENDERED_STORE = "rendered"
 """The name (in metrics) of the in-process store of hits' results as JSON (`rendered`)."""
+DOORKEEPER = b"\0doorkeeper\0"
+"""Before a pipeline's prefix (or the steps'), its doorkeeper's keys in Redis: no entry's key
+starts with it, so that clearing a pipeline's entries leaves its sightings (they are not
+answers) and counts only entries."""
 KEYS_PER_MB = 4096
 """Keys a doorkeeper remembers a MB of its store (`admit: second`): more than the store
 can hold entries (a `digits` answer counts ~1 KB), at 4 bytes a key (doorkeeper.py)."""
@@ -79,7 +84,9 @@ class Caches:
             for name, plan in plans.items()
             if plan.pipeline.cache is not None and plan.pipeline.cache.admit == "second"
         }
-        self._steps_doorkeeper = Doorkeeper(int(steps_mb * KEYS_PER_MB)) if self._second else None
+        self._steps_doorkeeper = (
+            self._doorkeeper(STEPS, int(steps_mb * KEYS_PER_MB)) if self._second else None
+        )
         """One for every step admitting on a second sighting: their keys are the models'
         and inputs', shared by the pipelines calling the same model."""
         self._pipelines: dict[str, Answers] = {}
@@ -104,12 +111,19 @@ class Caches:
             config = plan.pipeline.cache
             assert config is not None
             doorkeeper = None
-            if config.admit == "second":
-                doorkeeper = Doorkeeper(int(config.max_mb * KEYS_PER_MB))
+            if plan.name in self._second:
+                prefix = plan.name.encode() + b"\0"
+                doorkeeper = self._doorkeeper(prefix, int(config.max_mb * KEYS_PER_MB))
             answers = self._pipelines[plan.name] = Answers(
                 plan.name, "", store, config.ttl_s, to_entry, from_entry, doorkeeper
             )
         return answers
+
+    def _doorkeeper(self, prefix: bytes, keys: int) -> Doorkeeper | SharedDoorkeeper:
+        """In the shared Redis when the entries are there, else in this process."""
+        if self._shared is not None:
+            return SharedDoorkeeper(DOORKEEPER + prefix, keys)
+        return Doorkeeper(keys)
 
     def step(self, pipeline: str, step: str) -> Answers[Tensors]:
         answers = self._steps.get((pipeline, step))

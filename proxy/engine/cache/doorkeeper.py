@@ -9,6 +9,12 @@ once lately, in a few bits each, and lets an answer in only when its key comes a
 stream of unique inputs then costs a hash and two bit tests a request, and a repeated input
 is kept at its second computation and a hit from its third request on. The price: the
 first repeat (a client's retry) is computed once more.
+
+In process, each proxy process keeps its own (`Doorkeeper`). With the entries in Redis, the
+sightings are kept there too (`SharedDoorkeeper`), so that replicas sharing the entries share
+what they have seen: a request first sent to one replica and retried on another is kept
+there, where a doorkeeper per process would wait for a second sighting on the same one (among
+R replicas behind a balancer, ~R sightings).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ class Doorkeeper:
 
     def __init__(self, keys: int) -> None:
         self._keys = max(keys, 1)
-        bits = min(max(1 << (self._keys * BITS_PER_KEY - 1).bit_length(), 1024), 1 << 32)
+        bits = _bits(self._keys)
         self._mask = bits - 1
         self._now = bytearray(bits // 8)
         self._before = bytearray(bits // 8)
@@ -55,3 +61,28 @@ class Doorkeeper:
             self._now = bytearray(len(now))
             self._added = 0
         return False
+
+
+def _bits(keys: int) -> int:
+    """A generation's bits for `keys` keys: a power of two (positions are masked), 1 Ki to
+    4 Gi (Redis's largest string)."""
+    return min(max(1 << (keys * BITS_PER_KEY - 1).bit_length(), 1024), 1 << 32)
+
+
+class SharedDoorkeeper:
+    """`Doorkeeper`'s filter kept in Redis, beside the entries, under `name` (a prefix of
+    its three keys: the two generations' bits and the current one's count). Its bits are
+    read and set by the entry's lookup itself, in one script (`RedisStore.get_seen`): no
+    round trip of its own. A key's two positions are cut from its own last bytes (the end of
+    a SHA-256 digest), the same in every process."""
+
+    __slots__ = ("_mask", "keys", "names")
+
+    def __init__(self, name: bytes, keys: int) -> None:
+        self.keys = max(keys, 1)
+        self._mask = _bits(self.keys) - 1
+        self.names = (name + b"now", name + b"before", name + b"added")
+
+    def positions(self, key: bytes) -> tuple[int, int]:
+        h = int.from_bytes(key[-8:], "little")
+        return h & self._mask, (h >> 32) & self._mask

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
 from proxy import metrics
+from proxy.engine.cache.doorkeeper import SharedDoorkeeper
 
 T = TypeVar("T")
 log = logging.getLogger("proxy")
@@ -122,6 +123,28 @@ lines: digits at c=32 ran 0.35-0.46x its rate with the cache off, the proxy's CP
 WARN_EVERY_S = 30.0
 """A Redis that stays down is said again at most this often."""
 
+GET_SEEN = """
+-- KEYS: the entry; a doorkeeper's bits now, before, and its count of keys added now.
+-- ARGV: the key's two bit positions; the keys a generation holds.
+-- Returns {entry or nil, 1 if the key was seen lately (or is stored), else 0}; a key not
+-- seen is remembered (doorkeeper.py's Doorkeeper.admits, in Redis).
+local value = redis.call('GET', KEYS[1])
+if value then return {value, 1} end
+local a, b = tonumber(ARGV[1]), tonumber(ARGV[2])
+for i = 2, 3 do
+  if redis.call('GETBIT', KEYS[i], a) == 1 and redis.call('GETBIT', KEYS[i], b) == 1 then
+    return {false, 1}
+  end
+end
+redis.call('SETBIT', KEYS[2], a, 1)
+redis.call('SETBIT', KEYS[2], b, 1)
+if redis.call('INCR', KEYS[4]) >= tonumber(ARGV[3]) then
+  redis.call('RENAME', KEYS[2], KEYS[3])
+  redis.call('DEL', KEYS[4])
+end
+return {false, 0}
+"""
+
 
 class RedisStore:
     """Entries in Redis (its own memory bound and eviction: `maxmemory` with an LRU policy),
@@ -139,6 +162,7 @@ class RedisStore:
         self.timeout_s = timeout_s
         # One retry: a connection Redis closed (a restart) costs one round trip, not a miss.
         self._redis = redis_client.connect(url, timeout_s, retries=1, backoff=False)
+        self._get_seen = self._redis.register_script(GET_SEEN)
         self._failures = 0
         """Calls failed in a row."""
         self._skip_until = 0.0
@@ -177,6 +201,16 @@ class RedisStore:
 
     async def get(self, key: bytes) -> bytes | None:
         return await self._call(lambda: self._redis.get(key))
+
+    async def get_seen(self, key: bytes, doorkeeper: SharedDoorkeeper) -> tuple[bytes | None, bool]:
+        """The entry for `key`, and whether `doorkeeper` has seen the key lately (it
+        remembers it if not), in one call."""
+        a, b = doorkeeper.positions(key)
+        keys = [key, *doorkeeper.names]
+        value, seen = await self._call(
+            lambda: self._get_seen(keys=keys, args=[a, b, doorkeeper.keys])
+        )
+        return value, bool(seen)
 
     async def put(self, key: bytes, value: bytes, ttl_s: float) -> None:
         px = max(1, int(ttl_s * 1000))
