@@ -133,6 +133,27 @@ async def test_partial_answers_and_errors_are_not_kept(servers, make_client) -> 
     assert good.calls == 2 and bad.calls == 4
 
 
+async def test_a_partial_answer_is_not_counted_as_refused(servers, make_client) -> None:
+    """With `admit: second`, what would never be kept (a partial answer) is not offered to
+    the doorkeeper: no answer counted as refused, its key not remembered."""
+
+    async def refuse(inputs, deadline):
+        raise InvalidInput("no")
+
+    good, bad = affine("good", 1, 1), ScriptedModel("bad", refuse)
+    env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": await servers(good, bad)}
+    fan_out = partial_fan_out("both", "good", "bad")
+    result = {"ok": {"per_branch": "both", "fields": {"y": "y"}}}
+    pipes = {"part2": pipeline([fan_out], result, cache={"admit": "second"})}
+    unadmitted = metrics.CACHE_UNADMITTED.labels("part2", "")
+    before = unadmitted._value.get()
+    async with make_client(pipes, env) as client:
+        answers = [await post(client, "part2", body(1)) for _ in range(3)]
+    assert [r.json()["partial"] for r in answers] == [True] * 3
+    assert [r.headers["X-Cache"] for r in answers] == ["miss"] * 3
+    assert unadmitted._value.get() == before
+
+
 async def test_a_new_model_version_never_answers_from_old_entries(servers, make_client) -> None:
     old = affine("plus1", 1, 1)
     server = await serve(old)

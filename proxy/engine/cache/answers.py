@@ -172,13 +172,17 @@ class Answers(Generic[T]):
         return self._found(blob, unpack), seen
 
     def _write_later(self, key: bytes, value: T, lookup: asyncio.Future) -> bool:
-        """Store a computed value in the background if it is admitted; True when the lookup
-        is handed over (the shared doorkeeper's answer comes with it, maybe still on its way)."""
+        """Store a computed value in the background if it is kept and admitted; True when
+        the lookup is handed over (the shared doorkeeper's answer comes with it, maybe still
+        on its way)."""
+        entry = self._entry(value)
+        if entry is None:
+            return False
         if isinstance(self.doorkeeper, SharedDoorkeeper):
-            self._background(self._write_if_seen(key, value, lookup))
+            self._background(self._write_if_seen(key, entry, lookup))
             return True
         if self._admits(key):
-            self._background(self._write(key, value))
+            self._background(self._write(key, entry))
         return False
 
     def _background(self, work: Coroutine[None, None, None]) -> None:
@@ -186,9 +190,9 @@ class Answers(Generic[T]):
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
 
-    async def _write_if_seen(self, key: bytes, value: T, lookup: asyncio.Future) -> None:
+    async def _write_if_seen(self, key: bytes, entry: Stored, lookup: asyncio.Future) -> None:
         if (await lookup)[1]:  # bounded by the store's timeout; a failed lookup: not seen
-            await self._write(key, value)
+            await self._write(key, entry)
         else:
             self._unadmitted.inc()
 
@@ -213,27 +217,31 @@ class Answers(Generic[T]):
         self._unadmitted.inc()
         return False
 
+    def _entry(self, value: T) -> Stored | None:
+        """What of `value` is kept (None: nothing, e.g. a partial answer), asked before the
+        doorkeeper, so that only what would be kept is counted as refused."""
+        try:
+            return self.to_entry(value)
+        except Exception as exc:  # a cache that cannot keep an answer never fails it
+            self._failed(exc)
+            return None
+
     def _keep(self, key: bytes, value: T) -> None:
         """Store `value` in process (no await: nothing to wait for)."""
-        if not self._admits(key):
+        entry = self._entry(value)
+        if entry is None or not self._admits(key):
             return
         try:
-            entry = self.to_entry(value)
-            if entry is None:
-                return
             tuples, size = keep(entry)
             self.store.put_now(key, tuples, size, self.ttl_s)  # type: ignore[attr-defined]
-        except Exception as exc:  # a cache that cannot keep an answer never fails it
+        except Exception as exc:
             self._failed(exc)
             return
         self._stored.inc(size)
 
-    async def _write(self, key: bytes, value: T) -> None:
-        """Store `value` in Redis (in the background of the request)."""
+    async def _write(self, key: bytes, entry: Stored) -> None:
+        """Store `entry` in Redis (in the background of the request)."""
         try:
-            entry = self.to_entry(value)
-            if entry is None:
-                return
             blob = pack(entry)
             await self.store.put(key, blob, self.ttl_s)
         except StoreError:
