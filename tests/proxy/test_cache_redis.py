@@ -311,3 +311,32 @@ async def test_a_sighting_answered_after_the_run_still_decides(
     assert [r.headers["X-Cache"] for r in (first, second)] == ["miss", "miss"]
     assert after_first == before and unadmitted._value.get() - refused == 1
     assert entries(store, "t") - before == 1
+
+
+async def test_a_redis_refusing_writes_still_serves_hits_to_a_doorkeeper(tmp_path: Path) -> None:
+    """A full Redis under `noeviction` refuses the doorkeeper's SETBIT: the lookup still
+    answers (a stored entry found, a new key a miss, not remembered), and the cache is not
+    skipped as failing."""
+    from proxy.engine.cache.doorkeeper import SharedDoorkeeper
+    from proxy.engine.cache.stores import RedisStore
+
+    own = redis_or_skip(tmp_path / "redis")
+    plain = redis.Redis.from_url(own.url)
+    store = RedisStore(own.url, GENEROUS_CACHE_MS / 1000)
+    door = SharedDoorkeeper(b"\0doorkeeper\0full\0", keys=1024)
+    stored = b"full\0" + hashlib.sha256(b"stored").digest()
+    new = b"full\0" + hashlib.sha256(b"new").digest()
+    try:
+        await store.put(stored, b"entry", ttl_s=60)
+        plain.config_set("maxmemory-policy", "noeviction")
+        plain.config_set("maxmemory", plain.info("memory")["used_memory"])
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            plain.set(b"filler", b"x" * 100_000)  # full: writes are refused
+        for _ in range(4):  # more than the failures after which a store is skipped
+            assert await store.get_seen(new, door) == (None, False)
+        assert await store.get_seen(stored, door) == (b"entry", True)
+        assert not store.skipping() and plain.exists(door.names[0]) == 0
+    finally:
+        plain.config_set("maxmemory", 0)
+        await store.close()
+        own.stop()

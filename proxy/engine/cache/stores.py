@@ -154,11 +154,13 @@ class RedisStore:
 
     def __init__(self, url: str, timeout_s: float) -> None:
         # Only when a Redis cache is configured.
-        from redis.exceptions import RedisError
+        from redis.exceptions import RedisError, ResponseError
 
         from proxy.engine import redis_client
 
         self._errors = (RedisError, OSError, TimeoutError)
+        self._refused = ResponseError
+        """What Redis answers a command it will not run (an error reply, not a failure)."""
         self.timeout_s = timeout_s
         # One retry: a connection Redis closed (a restart) costs one round trip, not a miss.
         self._redis = redis_client.connect(url, timeout_s, retries=1, backoff=False)
@@ -207,9 +209,16 @@ class RedisStore:
         remembers it if not), in one call."""
         a, b = doorkeeper.positions(key)
         keys = [key, *doorkeeper.names]
-        value, seen = await self._call(
-            lambda: self._get_seen(keys=keys, args=[a, b, doorkeeper.keys])
-        )
+
+        async def lookup() -> list:
+            try:
+                return await self._get_seen(keys=keys, args=[a, b, doorkeeper.keys])
+            except self._refused:
+                # Redis refuses writes (full under `noeviction`, or a replica): the entry is
+                # still looked up, the key not remembered (hits served, nothing admitted).
+                return [await self._redis.get(key), 0]
+
+        value, seen = await self._call(lookup)
         return value, bool(seen)
 
     async def put(self, key: bytes, value: bytes, ttl_s: float) -> None:
