@@ -200,11 +200,11 @@ class CacheConfig(Strict):
     with Redis, its own `maxmemory` bounds every entry."""
     admit: Literal["first", "second"] = "first"
     """When a computed answer is kept: `first`, every time; `second`, only when its key was
-    seen lately (a doorkeeper of a few bits a key, in each proxy process), for the pipeline's
-    answers and the outputs its steps cache. `second` spares the cost of keeping answers
-    nobody asks for again (with no repeats, 1.11-1.29x the proxy's CPU a cheap request of no
-    cache, against ~1.05x), at the price of computing the first repeat (a client's retry)
-    once more."""
+    seen lately (a doorkeeper of a few bits a key, where the entries are: in each proxy
+    process, or in the shared Redis), for the pipeline's answers and the outputs its steps
+    cache. `second` spares the cost of keeping answers nobody asks for again (with no
+    repeats, 1.11-1.29x the proxy's CPU a cheap request of no cache, against ~1.05x), at
+    the price of computing the first repeat (a client's retry) once more."""
 
 
 class Pipeline(Strict):
