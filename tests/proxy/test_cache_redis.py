@@ -34,10 +34,18 @@ def errors(pipeline: str) -> float:
     return metrics.CACHE_LOOKUPS.labels(pipeline, "", "error")._value.get()
 
 
-async def written(store: redis.Redis, before: int) -> None:
-    """Until an entry is in Redis: entries are written in the background, after the answer."""
+def entries(store: redis.Redis, pipeline: str) -> int:
+    """A pipeline's entries in Redis (its doorkeeper's keys are not under its prefix)."""
+    return len(store.keys(pipeline.encode() + b"\0*"))
+
+
+async def written(store: redis.Redis, before: int, pipeline: str | None = None) -> None:
+    """Until an entry is in Redis (one of `pipeline`'s, when named: beyond its `before`
+    entries, else beyond `before` keys): entries are written in the background, after the
+    answer."""
+    count = store.dbsize if pipeline is None else lambda: entries(store, pipeline)
     for _ in range(500):
-        if store.dbsize() > before:
+        if count() > before:
             return
         await asyncio.sleep(0.01)
 
@@ -194,18 +202,6 @@ async def test_a_redis_that_keeps_failing_is_skipped_until_it_answers(
             own.stop()
 
 
-def entries(store: redis.Redis, pipeline: str) -> int:
-    """A pipeline's entries in Redis (its doorkeeper's keys are not under its prefix)."""
-    return len(store.keys(pipeline.encode() + b"\0*"))
-
-
-async def entry_written(store: redis.Redis, pipeline: str, before: int) -> None:
-    for _ in range(500):
-        if entries(store, pipeline) > before:
-            return
-        await asyncio.sleep(0.01)
-
-
 async def test_admitted_on_second_sighting_in_redis(servers, make_client, redis_db) -> None:
     """`admit: second` with Redis: the first answer is not written (its key only
     remembered), the second is, the third request is a hit."""
@@ -219,7 +215,7 @@ async def test_admitted_on_second_sighting_in_redis(servers, make_client, redis_
     async with make_client(pipes, env, **settings) as client:
         first = await post(client, "r", body(31))
         second = await post(client, "r", body(31))
-        await entry_written(store, "r", before)
+        await written(store, before, "r")
         third = await post(client, "r", body(31))
     assert [r.headers["X-Cache"] for r in (first, second, third)] == ["miss", "miss", "hit"]
     assert [r.json()["result"] for r in (first, second, third)] == [{"y": [32.0]}] * 3
@@ -245,7 +241,7 @@ async def test_replicas_share_their_sightings(servers, make_client, redis_db) ->
         first = await post(one, "s", body(41))
         assert entries(store, "s") == before  # remembered, not kept
         second = await post(two, "s", body(41))
-        await entry_written(store, "s", before)
+        await written(store, before, "s")
         third = await post(one, "s", body(41))
     assert [r.headers["X-Cache"] for r in (first, second, third)] == ["miss", "miss", "hit"]
     assert [r.json()["result"] for r in (first, second, third)] == [{"y": [42.0]}] * 3
@@ -307,7 +303,7 @@ async def test_a_sighting_answered_after_the_run_still_decides(
         await asyncio.sleep(0.6)  # its lookup has answered: not seen
         after_first = entries(store, "t")
         second = await post(client, "t", body(51))
-        await entry_written(store, "t", before)
+        await written(store, before, "t")
     assert [r.headers["X-Cache"] for r in (first, second)] == ["miss", "miss"]
     assert after_first == before and unadmitted._value.get() - refused == 1
     assert entries(store, "t") - before == 1
