@@ -60,6 +60,7 @@ class Answers(Generic[T]):
     doorkeeper: Doorkeeper | SharedDoorkeeper | None = None
     _flights: dict[bytes, Flight[T]] = field(default_factory=dict)
     _writes: set[asyncio.Task[None]] = field(default_factory=set)
+    _settled: bool = False
 
     def __post_init__(self) -> None:
         # Bound once: a labels() lookup per request is a measurable share of a hit's cost.
@@ -186,9 +187,25 @@ class Answers(Generic[T]):
         return False
 
     def _background(self, work: Coroutine[None, None, None]) -> None:
+        if self._settled:  # the proxy is stopping: its store is closed or about to be
+            work.close()
+            return
         task = asyncio.ensure_future(work)
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
+
+    async def settle(self, timeout_s: float) -> None:
+        """Let the writes under way finish (each is bounded by the store's timeout; any left
+        after `timeout_s` are cancelled) and start no more: the proxy is stopping. An answer
+        computed before a rolling restart is then kept, and no write opens a connection to
+        a store already closed (one that did was never closed: a leaked socket)."""
+        self._settled = True
+        if not self._writes:
+            return
+        _, late = await asyncio.wait(set(self._writes), timeout=timeout_s)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
 
     async def _write_if_seen(self, key: bytes, entry: Stored, lookup: asyncio.Future) -> None:
         if (await lookup)[1]:  # bounded by the store's timeout; a failed lookup: not seen

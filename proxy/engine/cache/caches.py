@@ -8,6 +8,7 @@ kept where the entries are (in this process, or in the shared Redis).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
@@ -61,6 +62,7 @@ class Caches:
         self._shared: Store | None = RedisStore(url, timeout_s) if url else None
         self._steps_store: Store = self._shared or MemoryStore(int(steps_mb * 2**20), STEPS_STORE)
         self._step_ttl_s = step_ttl_s
+        self._timeout_s = timeout_s
         self._stores: dict[str, Store] = {}
         answers_bytes = 0
         for name, plan in plans.items():
@@ -153,6 +155,10 @@ class Caches:
         return cleared
 
     async def close(self) -> None:
+        """The writes under way finished (within two of the store's timeouts: a sighting
+        looked up, then the entry written), then the stores closed."""
+        answers = [*self._pipelines.values(), *self._steps.values()]
+        await asyncio.gather(*(a.settle(2 * self._timeout_s) for a in answers))
         for store in {id(s): s for s in [*self._stores.values(), self._steps_store]}.values():
             await store.close()
 
