@@ -309,33 +309,59 @@ async def test_a_sighting_answered_after_the_run_still_decides(
     assert entries(store, "t") - before == 1
 
 
+@contextlib.contextmanager
+def full_redis(tmp_path: Path, stored: bytes):
+    """A Redis holding `stored`, then full under `noeviction` (every write refused), and the
+    proxy's store of it."""
+    from proxy.engine.cache.stores import RedisStore
+
+    own = redis_or_skip(tmp_path / "redis")
+    plain = redis.Redis.from_url(own.url)
+    plain.set(stored, b"entry", px=60_000)
+    plain.config_set("maxmemory-policy", "noeviction")
+    plain.config_set("maxmemory", plain.info("memory")["used_memory"])
+    with pytest.raises(redis.exceptions.OutOfMemoryError):
+        plain.set(b"filler", b"x" * 100_000)  # full: writes are refused
+    try:
+        yield plain, RedisStore(own.url, GENEROUS_CACHE_MS / 1000)
+    finally:
+        own.stop()
+
+
 async def test_a_redis_refusing_writes_still_serves_hits_to_a_doorkeeper(tmp_path: Path) -> None:
     """A full Redis under `noeviction` refuses the doorkeeper's SETBIT: the lookup still
     answers (a stored entry found, a new key a miss, not remembered), and the cache is not
     skipped as failing."""
     from proxy.engine.cache.doorkeeper import SharedDoorkeeper
-    from proxy.engine.cache.stores import RedisStore
 
-    own = redis_or_skip(tmp_path / "redis")
-    plain = redis.Redis.from_url(own.url)
-    store = RedisStore(own.url, GENEROUS_CACHE_MS / 1000)
     door = SharedDoorkeeper(b"\0doorkeeper\0full\0", keys=1024)
     stored = b"full\0" + hashlib.sha256(b"stored").digest()
     new = b"full\0" + hashlib.sha256(b"new").digest()
-    try:
-        await store.put(stored, b"entry", ttl_s=60)
-        plain.config_set("maxmemory-policy", "noeviction")
-        plain.config_set("maxmemory", plain.info("memory")["used_memory"])
-        with pytest.raises(redis.exceptions.OutOfMemoryError):
-            plain.set(b"filler", b"x" * 100_000)  # full: writes are refused
-        for _ in range(4):  # more than the failures after which a store is skipped
-            assert await store.get_seen(new, door) == (None, False)
-        assert await store.get_seen(stored, door) == (b"entry", True)
-        assert not store.skipping() and plain.exists(door.names[0]) == 0
-    finally:
-        plain.config_set("maxmemory", 0)
-        await store.close()
-        own.stop()
+    with full_redis(tmp_path, stored) as (plain, store):
+        try:
+            for _ in range(4):  # more than the failures after which a store is skipped
+                assert await store.get_seen(new, door) == (None, False)
+            assert await store.get_seen(stored, door) == (b"entry", True)
+            assert not store.skipping() and plain.exists(door.names[0]) == 0
+        finally:
+            await store.close()
+
+
+async def test_a_redis_refusing_writes_still_serves_hits(tmp_path: Path) -> None:
+    """`admit: first` on a full Redis under `noeviction`: every write is refused (an error
+    for the write), yet Redis answers, so it is not skipped as failing: lookups still serve
+    its hits (once, four refused writes tripped it, and hits went unanswered)."""
+    from proxy.engine.cache.stores import StoreError
+
+    stored = b"full\0" + hashlib.sha256(b"stored").digest()
+    with full_redis(tmp_path, stored) as (_, store):
+        try:
+            for i in range(4):  # more than the failures after which a store is skipped
+                with pytest.raises(StoreError, match="OutOfMemoryError"):
+                    await store.put(b"full\0%d" % i, b"x" * 1000, ttl_s=60)
+            assert not store.skipping() and await store.get(stored) == b"entry"
+        finally:
+            await store.close()
 
 
 async def test_a_write_under_way_is_finished_before_the_proxy_stops(

@@ -180,6 +180,10 @@ class RedisStore:
         try:
             async with asyncio.timeout(self.timeout_s):
                 out = await work()
+        except self._refused as exc:
+            # An error reply: Redis answers (a write refused when full under `noeviction`,
+            # or by a replica), so the lookups still go to it.
+            raise _failed(exc) from None
         except self._errors as exc:
             raise self._note_failure(exc) from None
         if self._failures:
