@@ -31,6 +31,12 @@ class Grouped(Generic[Item, Outcome]):
             self._storing = asyncio.create_task(self._drain())
         return await future
 
+    async def settle(self) -> None:
+        """Until the groups gathered so far are stored (their callers may have left: what
+        they submitted is stored all the same), before the store closes."""
+        if self._storing is not None:
+            await asyncio.gather(self._storing, return_exceptions=True)
+
     async def _drain(self) -> None:
         while self._waiting:
             group, self._waiting = self._waiting, []

@@ -36,6 +36,12 @@ class RedisClock:
                 await asyncio.shield(self._reading)
         return self.clock()
 
+    async def settle(self) -> None:
+        """Until a reading under way is over (before its client closes: a reading after
+        the close would open a connection nobody closes)."""
+        if self._reading is not None:
+            await asyncio.gather(self._reading, return_exceptions=True)
+
     def clock(self) -> float:
         """`now` as last read, without waiting."""
         return time.time() + self._offset

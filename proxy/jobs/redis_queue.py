@@ -8,6 +8,7 @@ without a TTL (`volatile-lru`, or `noeviction`): unfinished jobs have none."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -286,6 +287,9 @@ class RedisQueue(JobQueue):
         await self._call(self._redis.ping())
 
     async def close(self) -> None:
+        # What is under way first: a call after the close would open a connection nobody
+        # closes (each call is bounded by the client's timeout).
+        await asyncio.gather(self._submit.settle(), self._clock.settle())
         await self._redis.aclose(close_connection_pool=True)
 
 

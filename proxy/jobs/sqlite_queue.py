@@ -168,6 +168,7 @@ class SqliteQueue(JobQueue):
                 self._db.close()
                 self._db = None
 
+        await self._submit.settle()  # submissions under way stored before the database shuts
         if self._checkpoint is not None:
             self._checkpoint.cancel()
             with contextlib.suppress(asyncio.CancelledError):

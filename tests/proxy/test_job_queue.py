@@ -220,6 +220,65 @@ async def test_submissions_stored_together_keep_the_keys_and_the_bound(queue: Jo
         await queue.submit(job(payload=b"more"), 4)
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+async def test_a_submission_whose_caller_left_is_stored_before_the_queue_closes(
+    backend: str, tmp_path: Path
+) -> None:
+    """A caller that leaves does not take its submission back (grouping.py): a queue closed
+    meanwhile, as a stopping proxy closes it, stores the group first. Stored after the close
+    instead, it went through a Redis connection nobody closed, or a database shut."""
+    server = redis_or_skip(tmp_path / "redis", persistent=True) if backend == "redis" else None
+    url = server.url if server else f"sqlite:///{tmp_path / 'jobs.sqlite3'}"
+    queue = open_queue(url, keep_s=60)
+    store = queue._submit._store  # type: ignore[attr-defined]
+
+    async def slowly(group):
+        await asyncio.sleep(0.3)
+        return await store(group)
+
+    queue._submit._store = slowly  # type: ignore[attr-defined]
+    submitting = asyncio.create_task(queue.submit(job(payload=b"left"), 10))
+    await asyncio.sleep(0.05)
+    submitting.cancel()
+    await queue.close()
+    reopened = open_queue(url, keep_s=60)
+    try:
+        page = await reopened.page(None, "queued", 10, None)
+        assert len(page.jobs) == 1 and (await reopened.depth()).queued == 1
+    finally:
+        await reopened.close()
+        if server:
+            server.stop()
+
+
+async def test_a_clock_reading_under_way_ends_before_the_redis_client_closes(
+    tmp_path: Path,
+) -> None:
+    """Redis's clock is read again now and then in the background: a reading under way when
+    the queue closes ends first, so that no reading opens a connection after the close (one
+    that did was never closed)."""
+    server = redis_or_skip(tmp_path / "redis", persistent=True)
+    queue = open_queue(server.url, keep_s=60)
+    try:
+        await queue.now()  # read once
+        clock = queue._clock  # type: ignore[attr-defined]
+        read = clock._read
+
+        async def slowly():
+            await asyncio.sleep(0.3)
+            return await read()
+
+        clock._read, clock._read_at = slowly, time.monotonic() - 3600  # due again
+        await queue.now()  # answers at once, the reading under way
+        await queue.close()
+        await asyncio.sleep(0.5)  # what a reading after the close would have needed
+        pool = queue._redis.connection_pool  # type: ignore[attr-defined]
+        connections = [*pool._available_connections, *pool._in_use_connections]
+        assert not any(c.is_connected for c in connections)
+    finally:
+        server.stop()
+
+
 async def test_the_bound_counts_unfinished_jobs(queue: JobQueue) -> None:
     ids = [(await queue.submit(job(payload=bytes([i])), 3))[0].id for i in range(3)]
     with pytest.raises(QueueFull):
