@@ -212,6 +212,13 @@ def redis_or_skip(workdir: Path, **kwargs) -> redis_server.RedisServer:
     return redis_server.start(workdir, **kwargs)
 
 
+def connected(client) -> int:
+    """How many connections of a redis.asyncio client's pool are still open (a call made
+    after its close opens one that nobody closes: a leaked socket)."""
+    pool = client.connection_pool
+    return sum(c.is_connected for c in [*pool._available_connections, *pool._in_use_connections])
+
+
 @pytest.fixture(scope="session")
 def redis_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis_server.RedisServer]:
     """One Redis for the session (tests use keys of their own)."""

@@ -18,7 +18,7 @@ import pytest
 from proxy.jobs.model import IdempotencyConflict, QueueError, QueueFull, Submission
 from proxy.jobs.queue import JobQueue, open_queue
 from proxy.jobs.workers import sweep
-from tests.conftest import redis_or_skip
+from tests.conftest import connected, redis_or_skip
 
 
 @pytest.fixture(params=["sqlite", "redis"])
@@ -272,9 +272,7 @@ async def test_a_clock_reading_under_way_ends_before_the_redis_client_closes(
         await queue.now()  # answers at once, the reading under way
         await queue.close()
         await asyncio.sleep(0.5)  # what a reading after the close would have needed
-        pool = queue._redis.connection_pool  # type: ignore[attr-defined]
-        connections = [*pool._available_connections, *pool._in_use_connections]
-        assert not any(c.is_connected for c in connections)
+        assert connected(queue._redis) == 0  # type: ignore[attr-defined]
     finally:
         server.stop()
 
