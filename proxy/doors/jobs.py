@@ -18,10 +18,10 @@ from proxy.doors.pipeline_bodies import budget_s, read_tensors
 from proxy.doors.responses import json_response
 from proxy.doors.route import Route
 from proxy.doors.uploads import read_image
+from proxy.engine.accepted import check_format, check_tensors
 from proxy.engine.cache.entries import Stored, pack
 from proxy.engine.cache.keys import digest_of
 from proxy.engine.plan import Plan
-from proxy.engine.runner import check_format, check_tensors
 from proxy.errors import Problem
 from proxy.jobs.model import (
     STATUSES,

@@ -14,6 +14,7 @@ from proxy.doors.pipeline_bodies import budget_s, read_tensors
 from proxy.doors.responses import json_response
 from proxy.doors.uploads import read_image
 from proxy.engine.cache.stores import StoreError
+from proxy.engine.executor import Run
 from proxy.errors import Problem, StepError
 from proxy.state import ProxyState
 
@@ -39,13 +40,15 @@ class PipelineEndpoints:
                 given: bytes | dict[str, np.ndarray]
                 if plan.pipeline.inputs is None:
                     given = await read_image(request, state.uploads, deadline, ticket.ledger)
-                    running = ticket.run(given, request_id)
+                    running = ticket.start(given, request_id)
                 else:
                     given = await read_tensors(
                         request, plan, state.uploads, deadline, ticket.ledger
                     )
                     running = ticket.run_tensors(given, request_id)
-                run = await until_disconnect(request, running)
+                if not isinstance(running, Run):  # an answer kept in process is given now
+                    running = await until_disconnect(request, running)
+                run = running
                 # From when the ticket opened, as the console's record of it: the figure the
                 # client reads is the one the console shows, never more.
                 answer = engine.answer(name, request_id, run, ticket.opened, as_json=True)

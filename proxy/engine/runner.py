@@ -15,33 +15,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import orjson
 
-from protos import media, tracing
+from protos import media
 from protos.codec import content_bytes
-from protos.errors import InvalidInput
-from protos.labelled import child
 from protos.logs import REQUEST_ID
-from proxy import metrics
+from proxy.engine.accepted import check_format, check_tensors
 from proxy.engine.admission import Admission, Ledger
+from proxy.engine.cache.answers import Answers
 from proxy.engine.cache.caches import Caches
-from proxy.engine.cache.keys import pipeline_key
+from proxy.engine.cache.keys import pipeline_key, pipeline_key_now
 from proxy.engine.executor import Executor, Run, StepStatus, ms
 from proxy.engine.plan import Plan
 from proxy.engine.recent import Recent
-from proxy.errors import ClientGone, Problem, StepError
-from v2server.model import TensorSpec
-from v2server.validation import check_inputs
-
-log = logging.getLogger("proxy")
+from proxy.engine.recorded import Outcome, recorded
+from proxy.errors import Problem
 
 
 class Engine:
@@ -162,13 +157,31 @@ class Ticket:
         """The uploaded body through the pipeline, once its format is accepted and the
         pipeline has room for its image (503 at once when it has not); `body` is already
         on the ledger."""
+        started = self.start(body, request_id)
+        return started if isinstance(started, Run) else await started
+
+    def start(self, body: bytes, request_id: str) -> Run | Coroutine[Any, Any, Run]:
+        """`run`, begun: the answer kept in process for this body, found without waiting
+        (a door answers it with no task and no turn of the loop: ~1/10 of a hit's cost),
+        or the run to await."""
         plan = self.plan
         check_format(body, plan)
         width, height = media.declared_size(body) or (0, 0)
         upload = np.empty(1, dtype=object)
         upload[0] = body
         upload.setflags(False)  # never written: its cache digest is made once (cache/keys.py)
-        return await self._run({plan.pipeline.input: upload}, width * height, request_id)
+        inputs = {plan.pipeline.input: upload}
+        key = None
+        caches = self.engine.caches
+        answers = None if caches is None else self._answers(caches)
+        if answers is not None and self.background is None:
+            key = pipeline_key_now(plan, caches.prints, inputs)  # type: ignore[union-attr]
+            found = None if key is None else answers.hit_now(key)
+            if found is not None:
+                self.request_id = request_id
+                self.answered = _shared(found, key)  # type: ignore[arg-type]
+                return self.answered
+        return self._run(inputs, width * height, request_id, key)
 
     async def run_tensors(self, inputs: dict[str, np.ndarray], request_id: str) -> Run:
         """A pipeline's declared `inputs` through it: each checked against its declaration
@@ -177,10 +190,17 @@ class Ticket:
         self.ledger.hold(sum(content_bytes(a) for a in inputs.values()))
         return await self._run(inputs, 0, request_id)
 
-    async def _run(self, inputs: dict[str, np.ndarray], pixels: int, request_id: str) -> Run:
+    async def _run(
+        self,
+        inputs: dict[str, np.ndarray],
+        pixels: int,
+        request_id: str,
+        looked_up: bytes | None = None,
+    ) -> Run:
+        """`looked_up`: the key `start` found nothing kept for."""
         self.request_id = request_id
         if self.background is None:
-            self.answered = await self._answer(inputs, pixels, request_id)
+            self.answered = await self._answer(inputs, pixels, request_id, looked_up)
             return self.answered
         admission, name = self.engine.admission, self.plan.name
         loop = asyncio.get_running_loop()
@@ -193,33 +213,36 @@ class Ticket:
         finally:
             admission.background_done(name, pixels)
 
-    async def _answer(self, inputs: dict[str, np.ndarray], pixels: int, request_id: str) -> Run:
+    def _answers(self, caches: Caches) -> Answers[Run] | None:
+        plan, admission = self.plan, self.engine.admission
+        return caches.pipeline(plan, Run.entry, lambda e: Run.restored(plan, e, admission.ledger()))
+
+    async def _answer(
+        self,
+        inputs: dict[str, np.ndarray],
+        pixels: int,
+        request_id: str,
+        looked_up: bytes | None = None,
+    ) -> Run:
         """The run, or the pipeline's cached answer (caches/answers.py: looked up before the
         run in process, beside it in Redis; identical requests in flight share one run)."""
-        engine, plan = self.engine, self.plan
 
         def compute() -> Awaitable[Run]:
             return self._execute(inputs, pixels, request_id)
 
-        caches = engine.caches
-        if caches is None:
+        caches = self.engine.caches
+        answers = None if caches is None else self._answers(caches)
+        if answers is None:
             return await compute()
-        admission = engine.admission
-        answers = caches.pipeline(
-            plan, Run.entry, lambda e: Run.restored(plan, e, admission.ledger())
-        )
         # A model whose service cannot say its version now: no key, uncached.
-        key = None if answers is None else await pipeline_key(plan, caches.prints, inputs)
-        if answers is None or key is None:
+        key = looked_up or await pipeline_key(self.plan, caches.prints, inputs)  # type: ignore[union-attr]
+        if key is None:
             return await compute()
-        run, how = await answers.answer(key, compute, self.deadline)
+        run, how = await answers.answer(key, compute, self.deadline, looked_up is not None)
         if how == "miss":
             run.cache = "miss"
             return run
-        shared = copy.copy(run)  # a run shared with the identical request that made it
-        shared.cache = "hit"
-        shared.key = key
-        return shared
+        return _shared(run, key)
 
     async def _execute(self, inputs: dict[str, np.ndarray], pixels: int, request_id: str) -> Run:
         background = self.background is not None
@@ -229,62 +252,9 @@ class Ticket:
             return await self.engine.executor.run(run, inputs)
 
 
-def check_format(body: bytes, plan: Plan) -> None:
-    """415 unless `body` is an image format the pipeline takes."""
-    accepted = plan.pipeline.accept
-    if accepted is not None and media.sniff(body) not in accepted:
-        raise Problem(
-            415,
-            f"the upload is {media.describe(body)}; pipeline '{plan.name}' takes "
-            + ", ".join(media.ACCEPTED[k] for k in accepted),
-        )
-
-
-def check_tensors(plan: Plan, inputs: dict[str, np.ndarray]) -> None:
-    """400 naming the tensor unless `inputs` are the pipeline's declared `inputs`."""
-    declared = plan.pipeline.inputs or {}
-    specs = [TensorSpec(n, t.datatype, tuple(t.shape)) for n, t in declared.items()]
-    try:
-        check_inputs(plan.name, specs, inputs)
-    except InvalidInput as exc:
-        raise Problem(400, str(exc)) from None
-
-
-@dataclass
-class Outcome:
-    status: str = "500"
-    """The HTTP status a request ended with (499: the client left)."""
-
-
-@contextlib.contextmanager
-def recorded(pipeline: str, deadline: float, outcome: Outcome) -> Iterator[None]:
-    """Count the request under the status it ends with (499: the client left; a request
-    cancelled at its `deadline`, loop time, by whoever enforces it: 504), kept in
-    `outcome`, and time it; a failed step is logged with its code."""
-    started = time.perf_counter()
-    status = "500"
-    try:
-        yield
-        status = "200"
-    except StepError as exc:
-        status = str(exc.http_status)
-        log.info(
-            "step failed",
-            extra={"fields": {"pipeline": pipeline, "step": exc.step, "code": exc.code.name}},
-        )
-        raise
-    except Problem as exc:
-        status = str(exc.status)
-        raise
-    except (ClientGone, asyncio.CancelledError):
-        if asyncio.get_running_loop().time() >= deadline:
-            status = "504"
-            raise
-        status = "499"  # nginx's "client closed request": recorded, never sent
-        log.info("client went away", extra={"fields": {"pipeline": pipeline}})
-        raise
-    finally:
-        outcome.status = status
-        child(metrics.REQUESTS, pipeline, status).inc()
-        exemplar = tracing.exemplar() if tracing.ENABLED else None
-        child(metrics.LATENCY, pipeline).observe(time.perf_counter() - started, exemplar)
+def _shared(run: Run, key: bytes) -> Run:
+    """A cached run, or one shared with the identical request that made it."""
+    shared = copy.copy(run)
+    shared.cache = "hit"
+    shared.key = key
+    return shared

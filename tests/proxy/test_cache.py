@@ -13,6 +13,7 @@ import pytest
 
 from protos.errors import InvalidInput
 from proxy import metrics
+from proxy.doors import rest
 from proxy.engine.executor import Executor
 from tests.proxy.conftest import GENEROUS_CACHE_MS
 from tests.proxy.scripted import ScriptedModel, affine, serve
@@ -54,6 +55,34 @@ async def test_a_repeat_is_answered_from_the_cache(chain, make_client) -> None:
     assert second.json()["result"] == first.json()["result"] == {"y": [2.0, 3.0]}
     assert other.json()["result"] == {"y": [4.0]}
     assert model.calls == 2  # the repeat never reached the service
+
+
+async def test_each_lookup_is_counted_once_and_a_kept_answer_is_given_at_once(
+    chain, make_client, monkeypatch
+) -> None:
+    """/v1 looks an upload's answer up before any task is made (Ticket.start): a hit is
+    answered without a task watching its client, a miss is run with one and not looked up
+    a second time, so each request counts one lookup."""
+    watched: list[int] = []
+    watch = rest.until_disconnect
+    monkeypatch.setattr(
+        rest, "until_disconnect", lambda request, work: watched.append(1) or watch(request, work)
+    )
+    model, env = chain
+    pipes = {"counted": pipeline([call("a", "plus1", "parse")], RESULT, cache={"ttl_s": 60})}
+    lookups = {r: metrics.CACHE_LOOKUPS.labels("counted", "", r) for r in ("hit", "miss", "error")}
+    before = {r: c._value.get() for r, c in lookups.items()}
+    async with make_client(pipes, env) as client:
+        answers = [await post(client, "counted", body(9)) for _ in range(3)]
+    assert [r.headers["X-Cache"] for r in answers] == ["miss", "hit", "hit"]
+    assert [r.json()["result"] for r in answers] == [{"y": [10.0]}] * 3
+    assert {r: c._value.get() - before[r] for r, c in lookups.items()} == {
+        "hit": 2,
+        "miss": 1,
+        "error": 0,
+    }
+    assert len(watched) == 1  # the miss only
+    assert model.calls == 1
 
 
 async def test_a_hit_is_rendered_once_and_answers_as_the_miss_did(

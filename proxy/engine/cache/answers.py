@@ -74,16 +74,31 @@ class Answers(Generic[T]):
     def _count(self, result: str) -> None:
         self._counters[result].inc()
 
+    def hit_now(self, key: bytes) -> T | None:
+        """The value kept in process for `key`, found without waiting (no task, no turn of
+        the loop: a hit's door answers at once). None: nothing kept, or being computed, or
+        a remote store; `answer(key, ..., looked_up=True)` then, which counts the miss."""
+        if not self.store.local or key in self._flights:
+            return None
+        stored = self.store.get_now(key)  # type: ignore[attr-defined]
+        return None if stored is None else self._found(stored, kept)
+
     async def answer(
-        self, key: bytes, compute: Callable[[], Awaitable[T]], deadline: float
+        self,
+        key: bytes,
+        compute: Callable[[], Awaitable[T]],
+        deadline: float,
+        looked_up: bool = False,
     ) -> tuple[T, str]:
         """The value for `key` and how it came: `hit` (stored, or shared with an identical
-        request in flight) or `miss` (computed here). `deadline`: this caller's (loop time)."""
+        request in flight) or `miss` (computed here). `deadline`: this caller's (loop time).
+        `looked_up`: `hit_now` found nothing kept for it just before."""
         flight = self._flights.get(key)
         if flight is not None:
             return await self._follow(flight, compute, deadline)
         if self.store.local:  # in process: no await, no task on a hit
-            found = self._found(self.store.get_now(key), kept)  # type: ignore[attr-defined]
+            stored = None if looked_up else self.store.get_now(key)  # type: ignore[attr-defined]
+            found = self._found(stored, kept)
             if found is not None:
                 return found, "hit"
         flight = self._flights[key] = Flight()

@@ -15,7 +15,8 @@ from typing import TypeVar
 from proxy.engine.cache.answers import Answers
 from proxy.engine.cache.doorkeeper import Doorkeeper, SharedDoorkeeper
 from proxy.engine.cache.entries import Stored, Tensors
-from proxy.engine.cache.keys import STEPS, Fingerprints
+from proxy.engine.cache.fingerprints import Fingerprints
+from proxy.engine.cache.keys import STEPS
 from proxy.engine.cache.stores import MemoryStore, RedisStore, Store
 from proxy.engine.plan import Plan
 from proxy.transport.services import Services

@@ -27,64 +27,13 @@ import numpy as np
 import orjson
 
 from protos import codec
+from proxy.engine.cache.fingerprints import Base, Fingerprints
 from proxy.engine.plan import Plan
-from proxy.transport.fresh import Fresh
-from proxy.transport.services import Services
 from proxy.transport.target import Target
 
 SCHEME = b"mesh-cache-2"
 STEPS = b"steps\0"
 """Bumped when the key or the entry layout changes: old entries are never read."""
-
-
-class Fingerprints:
-    def __init__(self, services: Services, check_s: float, timeout_s: float) -> None:
-        self.services = services
-        self.check_s = check_s
-        self.timeout_s = timeout_s
-        self._fresh: dict[tuple[str, str, str], Fresh[bytes | None]] = {}
-        self.bases: dict[object, Base] = {}
-        """A plan, or a step's (target, outputs) -> its keys' base (`_key`)."""
-
-    async def of(self, target: Target) -> bytes | None:
-        key = (target.address, target.model, target.version)
-        fresh = self._fresh.get(key)
-        if fresh is None:
-            fresh = self._fresh[key] = Fresh(lambda: self._ask(*key), self.check_s)
-        return await fresh.get()
-
-    async def _ask(self, address: str, model: str, version: str) -> bytes | None:
-        try:
-            meta = await self.services.metadata(address, model, version, self.timeout_s)
-        except Exception:  # unreachable, unknown model: no fingerprint, no caching
-            return None
-        return meta.SerializeToString(deterministic=True)
-
-    async def of_all(self, targets: Sequence[Target]) -> tuple[bytes, ...] | None:
-        known = [self.now(t) for t in targets]
-        if any(p is None for p in known):  # some to ask again (once per check_s)
-            known = await asyncio.gather(*(self.of(t) for t in targets))
-        return None if any(p is None for p in known) else tuple(known)  # type: ignore[arg-type]
-
-    def all_now(self, targets: Sequence[Target]) -> tuple[bytes, ...] | None:
-        """Every target's fingerprint if all are known and fresh, without waiting."""
-        known = tuple(self.now(t) for t in targets)
-        return None if None in known else known  # type: ignore[return-value]
-
-    def fresh_until(self, targets: Sequence[Target]) -> float:
-        """When the first of these targets' fingerprints goes stale (time.monotonic)."""
-        until = float("inf")
-        for t in targets:
-            fresh = self._known(t)
-            until = min(until, float("-inf") if fresh is None else fresh.until())
-        return until
-
-    def now(self, target: Target) -> bytes | None:
-        fresh = self._known(target)
-        return None if fresh is None else fresh.peek()
-
-    def _known(self, target: Target) -> Fresh[bytes | None] | None:
-        return self._fresh.get((target.address, target.model, target.version))
 
 
 MAX_BASES = 4096
@@ -203,16 +152,6 @@ async def _finish(base: hashlib._Hash, inputs: Mapping[str, np.ndarray]) -> byte
     return digest.digest()
 
 
-class Base:
-    """The digest of everything of a key but the request, while its models' fingerprints
-    are fresh: until then a key reads one clock, not every model's fingerprint."""
-
-    __slots__ = ("digest", "fingerprints", "until")
-
-    def __init__(self, digest: hashlib._Hash, fingerprints: tuple[bytes, ...]) -> None:
-        self.digest, self.fingerprints, self.until = digest, fingerprints, float("-inf")
-
-
 async def _fresh(
     known: Base | None,
     targets: Sequence[Target],
@@ -248,6 +187,14 @@ async def pipeline_key(
     return await _key(prints, plan, plan.sorted_targets, start, plan.name.encode() + b"\0", inputs)
 
 
+def pipeline_key_now(
+    plan: Plan, prints: Fingerprints, inputs: Mapping[str, np.ndarray]
+) -> bytes | None:
+    """`pipeline_key` made without waiting, as most are (the models' fingerprints fresh,
+    the inputs small); None: ask `pipeline_key`."""
+    return _key_now(prints, plan, plan.name.encode() + b"\0", inputs)
+
+
 async def step_key(
     target: Target,
     outputs: Sequence[str],
@@ -274,11 +221,10 @@ async def _key(
     inputs: Mapping[str, np.ndarray],
 ) -> bytes | None:
     """`prefix` and the digest of `which`'s base (kept in `prints.bases`) and `inputs`."""
+    made = _key_now(prints, which, prefix, inputs)  # no await: most requests
+    if made is not None:
+        return made
     known = prints.bases.get(which)
-    if known is not None and time.monotonic() < known.until:  # no await: most requests
-        finished = _finish_now(known.digest, inputs)
-        if finished is not None:
-            return prefix + finished
     base = await _fresh(known, targets, prints, start)
     if base is None:
         return None
@@ -287,3 +233,14 @@ async def _key(
             prints.bases.clear()  # targets made anew without end (v2 model calls'): start over
         prints.bases[which] = base
     return prefix + await _finish(base.digest, inputs)
+
+
+def _key_now(
+    prints: Fingerprints, which: object, prefix: bytes, inputs: Mapping[str, np.ndarray]
+) -> bytes | None:
+    """`_key` while `which`'s base is fresh and every input can be hashed at once, else None."""
+    known = prints.bases.get(which)
+    if known is None or time.monotonic() >= known.until:
+        return None
+    finished = _finish_now(known.digest, inputs)
+    return None if finished is None else prefix + finished
