@@ -1,4 +1,5 @@
-"""uvicorn's httptools protocol with limits on what a request's head may cost.
+"""uvicorn's httptools protocol with limits on what a request's head may cost, and a hook
+that tells a request's handler at once when its client hangs up.
 
 httptools accepts a head of any size and any number of header lines, and takes longer
 than linearly to parse a huge one (a 128 MB header: 21 s of the event loop, measured);
@@ -7,11 +8,16 @@ uvicorn gives a client unlimited time to finish sending it. Here a head larger t
 `head_timeout_s` of its first byte is refused before the application sees it: 431 or
 408, `Connection: close`. A body's own limits (size, rate, the request's budget) are the
 application's: `proxy.doors.uploads`.
+
+The hook (`HANG_UP` in the scope's extensions: register a callback, get its removal) lets a
+request's work be cancelled when its connection is lost without a task per request reading
+`http.disconnect` (proxy/doors/disconnect.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -20,6 +26,9 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from protos.logs import new_id
 
 STATUS_TEXT = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+HANG_UP = "mesh.hang_up"
+"""The scope's extension: `watch(callback) -> unwatch`, the callback run once if the
+connection is lost (the client hung up) while it is registered, at once if it already is."""
 
 
 class _Refused(Exception):
@@ -41,6 +50,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_started = 0.0
         self._head_timer: asyncio.TimerHandle | None = None
         self._refusal: tuple[int, str] | None = None
+        self._hang_ups: list[Callable[[], None]] = []
 
     @classmethod
     def configured(
@@ -119,11 +129,21 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = False
         self._heads_done += 1
         self._cancel_head_timer()
+        self.scope.setdefault("extensions", {})[HANG_UP] = self._watch  # type: ignore[typeddict-item]
         super().on_headers_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
         super().connection_lost(exc)
+        hang_ups, self._hang_ups = self._hang_ups, []
+        for hung_up in hang_ups:
+            hung_up()
+
+    def _watch(self, hung_up: Callable[[], None]) -> Callable[[], None]:
+        if self.parser is None:  # lost already (or refused): at once
+            hung_up()
+        self._hang_ups.append(hung_up)
+        return lambda: self._hang_ups.remove(hung_up) if hung_up in self._hang_ups else None
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

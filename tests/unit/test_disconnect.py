@@ -1,6 +1,8 @@
 """A request's work against its client hanging up (proxy/doors/disconnect.py): work that
-needs no wait (a cache hit) is answered without watching the connection at all; work that
-waits is cancelled, its own cleanup run, when the client leaves first."""
+waits is cancelled, its own cleanup run, when the client leaves first, whether the
+connection says so itself (the proxy's HTTP protocol's hook) or a task reads the disconnect
+(any other server: work that needs no wait, a cache hit, is then answered without watching
+the connection at all)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import asyncio
 import pytest
 
 from proxy.doors.disconnect import until_disconnect
+from proxy.doors.protocol import HANG_UP
 from proxy.errors import ClientGone
 from tests.leaks import Uploads, collector_off
 
@@ -20,6 +23,7 @@ class Client:
     def __init__(self) -> None:
         self.gone = asyncio.Event()
         self.receives = 0
+        self.scope: dict = {}
 
     async def receive(self) -> dict:
         self.receives += 1
@@ -103,3 +107,106 @@ async def test_an_error_leaves_no_cycle_that_holds_the_request(waits: bool) -> N
         with pytest.raises(RuntimeError, match="at capacity"):
             await until_disconnect(Client(), refused())  # type: ignore[arg-type]
         assert uploads.alive() == 0  # gone with the error, no collection needed
+
+
+class Connection:
+    """A request behind the proxy's own protocol: the connection tells the callbacks watching
+    it when it is lost (`lose`), and nothing reads `http.disconnect`."""
+
+    def __init__(self) -> None:
+        self.watching: list = []
+        self.lost = False
+        self.scope = {"extensions": {HANG_UP: self.watch}}
+
+    def watch(self, hung_up):
+        if self.lost:
+            hung_up()
+        self.watching.append(hung_up)
+        return lambda: self.watching.remove(hung_up)
+
+    def lose(self) -> None:
+        self.lost = True
+        for hung_up in list(self.watching):
+            hung_up()
+
+    async def receive(self) -> dict:
+        raise AssertionError("nothing reads the disconnect behind the proxy's protocol")
+
+
+async def test_behind_the_proxys_protocol_a_lost_connection_cancels_the_work() -> None:
+    connection = Connection()
+    cleaned = asyncio.Event()
+
+    async def slow() -> str:
+        try:
+            await asyncio.sleep(30)
+        finally:
+            cleaned.set()
+        return "late"
+
+    asyncio.get_running_loop().call_later(0.05, connection.lose)
+    with pytest.raises(ClientGone):
+        await until_disconnect(connection, slow())  # type: ignore[arg-type]
+    assert cleaned.is_set()  # finished before ClientGone was raised
+    assert connection.watching == []  # no longer watched
+
+
+async def test_behind_the_proxys_protocol_work_answers_and_stops_watching() -> None:
+    connection = Connection()
+
+    async def run() -> int:
+        await asyncio.sleep(0.01)
+        return 7
+
+    assert await until_disconnect(connection, run()) == 7  # type: ignore[arg-type]
+    assert connection.watching == []
+    connection.lose()  # a hang-up after the answer touches nothing
+
+
+async def test_behind_the_proxys_protocol_a_connection_already_lost_never_runs_the_work() -> None:
+    connection = Connection()
+    connection.lose()
+    ran: list[int] = []
+
+    async def work() -> None:
+        ran.append(1)
+
+    with pytest.raises(ClientGone):
+        await until_disconnect(connection, work())  # type: ignore[arg-type]
+    assert ran == []
+
+
+async def test_behind_the_proxys_protocol_a_caller_cancelled_cancels_its_work() -> None:
+    connection = Connection()
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def slow() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    caller = asyncio.ensure_future(until_disconnect(connection, slow()))  # type: ignore[arg-type]
+    await started.wait()
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):  # its own cancellation, not ClientGone
+        await caller
+    assert cancelled.is_set() and connection.watching == []
+
+
+async def test_behind_the_proxys_protocol_an_error_leaves_no_cycle_that_holds_the_request() -> None:
+    uploads = Uploads()
+
+    async def refused() -> None:
+        _upload = uploads.new()
+        await asyncio.sleep(0.01)
+        raise RuntimeError("at capacity")
+
+    with collector_off():
+        with pytest.raises(RuntimeError, match="at capacity"):
+            await until_disconnect(Connection(), refused())  # type: ignore[arg-type]
+        # The loop's handle that woke this test holds the finished task until its step ends.
+        await asyncio.sleep(0)
+        assert uploads.alive() == 0
