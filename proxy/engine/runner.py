@@ -162,8 +162,8 @@ class Ticket:
 
     def start(self, body: bytes, request_id: str) -> Run | Coroutine[Any, Any, Run]:
         """`run`, begun: the answer kept in process for this body, found without waiting
-        (a door answers it with no task and no turn of the loop: ~1/10 of a hit's cost),
-        or the run to await."""
+        (a door answers it with no task and no turn of the loop: a hit's proxy CPU 186 ->
+        177 us, bench/README), or the run to await."""
         plan = self.plan
         check_format(body, plan)
         width, height = media.declared_size(body) or (0, 0)
