@@ -142,6 +142,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _watch(self, hung_up: Callable[[], None]) -> Callable[[], None]:
         if self.parser is None:  # lost already (or refused): at once
             hung_up()
+        elif self.flow is not None and self.cycle is not None and not self.cycle.more_body:
+            # uvicorn stops reading a connection whose body overran its buffer (64 KiB) until
+            # the app asks for more: a body read whole, the connection is read again, so that
+            # the client's hang-up (end of stream) is seen. A `receive()` did this before.
+            self.flow.resume_reading()
         self._hang_ups.append(hung_up)
         return lambda: self._hang_ups.remove(hung_up) if hung_up in self._hang_ups else None
 

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -48,17 +49,25 @@ def process(mesh: Mesh, module: str, **env: str) -> Iterator[subprocess.Popen]:
     """`python -m <module>` with the mesh proxy's environment changed by `env`, once its
     /healthz answers; killed on exit."""
     full = {**os.environ, **mesh.local.services["proxy"].env, "PROXY_GRPC_PORT": "off", **env}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", module], cwd=ROOT, env=full,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        wait_live(f"http://127.0.0.1:{env['PROXY_PORT']}", proc)
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(30)
+    # Its log kept, so that a process that does not start says why.
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", module], cwd=ROOT, env=full,
+            stdout=subprocess.DEVNULL, stderr=log,
+        )  # fmt: skip
+        try:
+            try:
+                wait_live(f"http://127.0.0.1:{env['PROXY_PORT']}", proc)
+            except AssertionError:
+                log.seek(0)
+                tail = log.read().decode(errors="replace")[-3000:]
+                message = f"{module} not live (exit {proc.poll()}); its log:\n{tail}"
+                raise AssertionError(message) from None
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(30)
 
 
 @contextmanager
