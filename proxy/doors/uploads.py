@@ -65,26 +65,28 @@ async def read_body(
             chunks.append(chunk)
         return not message.get("more_body", False)
 
+    def due() -> float:
+        """When the next chunk must have come: the budget's end, or the rate floor for the
+        bytes received so far."""
+        return min(deadline, started + limits.grace_s + size / limits.min_rate_bps)
+
     # A body that came with its head is taken without a timer (protos/eager.py: ~5.5 us a
     # request on uvloop); one that must be waited for, with one timer for the whole read,
     # moved on as bytes arrive (a timer per chunk, and one more for the end of the stream,
-    # cost a small body ~25 us of its ~30 us read). The next chunk is due by the budget's
-    # end or by the rate floor for the bytes received so far.
+    # cost a small body ~25 us of its ~30 us read).
     step: Message | Pending | None = eager(receive())
     if not isinstance(step, Pending):
         if took(step):  # type: ignore[arg-type]
             return b"".join(chunks)
         step = None
     try:
-        due = started + limits.grace_s + size / limits.min_rate_bps
-        async with asyncio.timeout_at(min(deadline, due)) as timer:
+        async with asyncio.timeout_at(due()) as timer:
             while True:
                 message = await (receive() if step is None else step)
                 step = None
                 if took(message):
                     break
-                rate_floor = started + limits.grace_s + size / limits.min_rate_bps
-                timer.reschedule(min(deadline, rate_floor))
+                timer.reschedule(due())
     except TimeoutError:
         if loop.time() >= deadline - 0.001:
             raise Problem(
