@@ -35,7 +35,7 @@ from bench import services
 from bench.httpload import Connection, post_bytes
 from bench.loadgen import Stats, run_async, run_threads
 from protos import messages
-from proxy.doors.grpc_front_nginx import free_port as free_port  # one helper for both
+from protos.ports import free_port as free_port  # one helper for tests, benches, proxy
 
 ROOT = Path(__file__).resolve().parent.parent
 

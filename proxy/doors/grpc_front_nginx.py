@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from string import Template
 
+from protos.ports import free_port
 from proxy.doors.grpc_front import FRONT_HEADER, PATH
 from proxy.settings import ProxySettings
 
@@ -151,12 +152,6 @@ def _loopback(host: str) -> str:
     if host == "::":
         return "[::1]"
     return f"[{host}]" if ":" in host else host
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def config(settings: ProxySettings, folder: Path) -> str:

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ import numpy as np
 import pytest
 
 from protos import pb, pb_grpc
+from protos.ports import free_port
 from samples.images import encode, render_digit
 from tests.conftest import v2_target
 from tests.modelgen import build_triton_repository
@@ -52,18 +52,12 @@ def _not_implemented(request: pytest.FixtureRequest) -> None:
         request.node.add_marker(pytest.mark.xfail(reason=why, strict=True))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def triton_predictor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     """The predictor on a repository written as Triton's documentation shows (config.pbtxt),
     started with Triton's flag names only."""
     root = build_triton_repository(tmp_path_factory.mktemp("triton-repository"))
-    port, metrics_port = _free_port(), _free_port()
+    port, metrics_port = free_port(), free_port()
     log_path = tmp_path_factory.mktemp("triton-predictor") / "predictor.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(

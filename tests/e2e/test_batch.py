@@ -22,7 +22,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from proxy.doors.grpc_front_nginx import free_port
+from protos.ports import free_port
 from samples import digits as digit_samples
 from samples import text as text_samples
 from samples.text import suite as text_suite
