@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from protos import wire
 from protos.channels import HTTP_STATUS_METADATA, METHOD_PREFIX
+from protos.eager import Pending, eager
 from proxy.doors.disconnect import until_disconnect
 from proxy.doors.middleware import key_matches
 from proxy.engine.admission import Admission, Ledger
@@ -117,9 +118,12 @@ class GrpcFront:
         try:
             # A message trickled in is bounded as REST's uploads are: by the call's budget,
             # and its bytes by the proxy's in flight (Ledger.hold_upload), as they arrive.
-            remaining = call.time_remaining()
-            async with asyncio.timeout(self.max_wait_s if remaining is None else remaining):
-                body = await _body(receive, ledger)
+            # One that came with its head is taken without a timer (protos/eager.py).
+            body = eager(_body(receive, ledger))
+            if isinstance(body, Pending):
+                remaining = call.time_remaining()
+                async with asyncio.timeout(self.max_wait_s if remaining is None else remaining):
+                    body = await body
         except TimeoutError:
             await _answer(send, grpc.StatusCode.DEADLINE_EXCEEDED, "the message came too slowly")
             return
