@@ -138,8 +138,10 @@ class PipelineModel:
             raise PipelineFailed(exc) from None
 
     def _result(self, run: Run) -> np.ndarray:
-        """/v1's result as JSON, BYTES [1]."""
-        answer = orjson.dumps(self.engine.result(run), option=orjson.OPT_SERIALIZE_NUMPY)
+        """/v1's result as JSON, BYTES [1]; a cache hit's as rendered once and kept, as /v1
+        answers it (Engine.result_to_serialise)."""
+        result = self.engine.result_to_serialise(run)
+        answer = orjson.dumps(result, option=orjson.OPT_SERIALIZE_NUMPY)
         return np.array([answer], dtype=object)
 
     def tensors(self, run: Run) -> dict[str, np.ndarray]:

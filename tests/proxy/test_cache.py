@@ -268,6 +268,36 @@ async def test_v2_rest_answers_say_where_they_came_from(chain, make_client) -> N
     assert json.loads(second.json()["outputs"][0]["data"][0]) == {"y": [3.0]}
 
 
+async def test_a_v2_hit_is_rendered_once_as_on_v1(chain, make_client, monkeypatch) -> None:
+    """A v2 answer's `result` (the /v1 result as JSON) of a hit comes from the JSON kept for
+    it, rendered on the first hit, whichever door asked first."""
+    renders: list[int] = []
+    render = Executor.result
+    monkeypatch.setattr(
+        Executor, "result", lambda self, run: renders.append(1) or render(self, run)
+    )
+    model, env = chain
+    request = {
+        "inputs": [
+            {
+                "name": "raw",
+                "datatype": "BYTES",
+                "shape": [1],
+                "data": [base64.b64encode(body(4)).decode()],
+                "parameters": {"content_type": "base64"},
+            }
+        ]
+    }
+    async with make_client(cached(), env) as client:
+        answers = [await client.post("/v2/models/p/infer", json=request) for _ in range(4)]
+        on_v1 = await post(client, "p", body(4))
+    assert [a.json()["parameters"]["cache"] for a in answers] == ["miss", "hit", "hit", "hit"]
+    results = [json.loads(a.json()["outputs"][0]["data"][0]) for a in answers]
+    assert results == [{"y": [5.0]}] * 4 and on_v1.json()["result"] == {"y": [5.0]}
+    assert len(renders) == 2  # the miss, then the first hit; later hits, /v1's too, kept
+    assert model.calls == 1
+
+
 async def test_the_grpc_door_answers_from_the_cache(chain, tmp_path) -> None:
     import yaml
     from grpc import aio
