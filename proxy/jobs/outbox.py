@@ -15,7 +15,9 @@ attempt had nobody to send it), or when the receiver was down for a while. Each 
 tried six times over ~15 s by that process alone before, and lost with it.
 
 At least once: a process that dies between a POST and writing how it went leaves the
-callback to be sent again; the body's `id` tells a receiver it has seen it."""
+callback to be sent again, as does a try that outlasts its hold while another process takes
+it; the body's `id` tells a receiver it has seen it. A callback whose delivery (or final
+refusal) is written is never sent again: each try reads it first."""
 
 from __future__ import annotations
 
@@ -131,6 +133,10 @@ class Outbox:
         if job is None or not job.callback:  # removed meanwhile
             await self._record(job_id, "", None)
             return
+        if _settled(job.callback_status):
+            # Taken again by a look that read it due (its hold ran out while a slow try was
+            # under way) and handed it over once that try had ended: already sent.
+            return
         try:  # the hosts allowed now: an operator who takes one off means its callbacks too
             callbacks.check(job.callback, self.config.callback_hosts)
         except Problem as exc:
@@ -173,3 +179,8 @@ class Outbox:
                 "job callback's outcome not written",
                 extra={"fields": {"job": job_id, "outcome": outcome, "error": str(exc)}},
             )
+
+
+def _settled(status: str | None) -> bool:
+    """A callback delivered, or refused for good: never to be sent again."""
+    return status is not None and (status == "delivered" or status.startswith("refused"))

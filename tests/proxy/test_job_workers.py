@@ -262,6 +262,33 @@ async def test_callbacks_take_turns_within_a_bound(
     assert receiver.most_at_once == 3 and set(receiver.taken.values()) == {1}
 
 
+async def test_a_callback_taken_again_as_its_try_ends_is_not_sent_again(
+    jobs_url: str,
+) -> None:
+    """A look reads a callback due (its hold ran out while its try was slow: the POST, then
+    the write of how it went, behind a busy store) and hands it over once that try has
+    ended: the second try must find it delivered and send nothing. CI saw two callbacks
+    sent twice by one process so."""
+    from proxy.jobs.service import Jobs
+
+    with callbacks_received() as receiver:
+        config = JobsConfig(jobs_url, 0, 100, 0, 60, 30, 3, 0.5, frozenset({receiver.host}))
+        jobs = Jobs(None, config)  # type: ignore[arg-type]  # nothing to run: no engine
+        jobs.start()
+        try:
+            job, _ = await jobs.submit(Submission("p", "image", b"x", 3, 1e3, receiver.url))
+            await jobs.cancel(job.id)
+            await wait_for(lambda: len(receiver.taken) == 1)
+            await wait_for(lambda: not jobs.outbox._trying)  # its outcome written
+            jobs.outbox.send(job.id)  # what the late look does
+            await wait_for(lambda: not jobs.outbox._trying)
+            shown = await jobs.get(job.id)
+        finally:
+            await jobs.stop()
+    assert receiver.taken == {(job.id, "cancelled"): 1} and len(receiver.bodies) == 1
+    assert shown is not None and shown.callback_status == "delivered"
+
+
 async def test_a_callback_to_a_host_no_longer_allowed_is_refused_not_sent(
     jobs_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
