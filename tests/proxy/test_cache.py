@@ -38,6 +38,22 @@ def cached(ttl_s: float = 60.0, **extra) -> dict:
 
 
 @pytest.fixture
+def renders(monkeypatch) -> list[int]:
+    """One entry for each result rendered from a run (Executor.result)."""
+    made: list[int] = []
+    render = Executor.result
+    monkeypatch.setattr(Executor, "result", lambda self, run: made.append(1) or render(self, run))
+    return made
+
+
+def v2_request(data: bytes) -> dict:
+    """A v2 REST request of `data` as the pipeline's BYTES input, base64 in JSON."""
+    encoded = base64.b64encode(data).decode()
+    tensor = {"name": "raw", "datatype": "BYTES", "shape": [1], "data": [encoded]}
+    return {"inputs": [{**tensor, "parameters": {"content_type": "base64"}}]}
+
+
+@pytest.fixture
 async def chain(servers):
     model = affine("plus1", 1, 1, delay_s=0.05)
     env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": await servers(model)}
@@ -86,15 +102,10 @@ async def test_each_lookup_is_counted_once_and_a_kept_answer_is_given_at_once(
 
 
 async def test_a_hit_is_rendered_once_and_answers_as_the_miss_did(
-    chain, make_client, monkeypatch
+    chain, make_client, renders
 ) -> None:
     """A hit's result is rendered on its first hit and kept as JSON; a cleared cache drops
     it with the entries."""
-    renders: list[int] = []
-    render = Executor.result
-    monkeypatch.setattr(
-        Executor, "result", lambda self, run: renders.append(1) or render(self, run)
-    )
     model, env = chain
     async with make_client(cached(), env) as client:
         answers = [await post(client, "p", body(5, 6)) for _ in range(4)]
@@ -241,17 +252,7 @@ async def test_clearing_a_pipeline_without_a_cache_is_a_404(chain, make_client) 
 
 async def test_v2_rest_answers_say_where_they_came_from(chain, make_client) -> None:
     model, env = chain
-    request = {
-        "inputs": [
-            {
-                "name": "raw",
-                "datatype": "BYTES",
-                "shape": [1],
-                "data": [base64.b64encode(body(2)).decode()],
-                "parameters": {"content_type": "base64"},
-            }
-        ]
-    }
+    request = v2_request(body(2))
     async with make_client(cached(), env) as client:
         first = await client.post("/v2/models/p/infer", json=request)
         second = await client.post("/v2/models/p/infer", json=request)
@@ -268,26 +269,11 @@ async def test_v2_rest_answers_say_where_they_came_from(chain, make_client) -> N
     assert json.loads(second.json()["outputs"][0]["data"][0]) == {"y": [3.0]}
 
 
-async def test_a_v2_hit_is_rendered_once_as_on_v1(chain, make_client, monkeypatch) -> None:
+async def test_a_v2_hit_is_rendered_once_as_on_v1(chain, make_client, renders) -> None:
     """A v2 answer's `result` (the /v1 result as JSON) of a hit comes from the JSON kept for
     it, rendered on the first hit, whichever door asked first."""
-    renders: list[int] = []
-    render = Executor.result
-    monkeypatch.setattr(
-        Executor, "result", lambda self, run: renders.append(1) or render(self, run)
-    )
     model, env = chain
-    request = {
-        "inputs": [
-            {
-                "name": "raw",
-                "datatype": "BYTES",
-                "shape": [1],
-                "data": [base64.b64encode(body(4)).decode()],
-                "parameters": {"content_type": "base64"},
-            }
-        ]
-    }
+    request = v2_request(body(4))
     async with make_client(cached(), env) as client:
         answers = [await client.post("/v2/models/p/infer", json=request) for _ in range(4)]
         on_v1 = await post(client, "p", body(4))
