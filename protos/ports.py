@@ -15,8 +15,9 @@ from pathlib import Path
 
 RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LOWEST = 30000
-"""Below it the project's meshes keep their fixed ports (a port offset of 12,000 to 20,000
-over compose's 6,380-8,100), which may be picked before their mesh binds them."""
+"""Below it the project's meshes keep their fixed ports (compose's 6,380-9,113 moved by an
+offset of up to 20,000, and the tests' extra proxies), which a pick must not take before
+their mesh binds them."""
 TRIES = 200
 
 
