@@ -105,7 +105,7 @@ class SqliteQueue(JobQueue):
             out, changed = await asyncio.get_running_loop().run_in_executor(self._thread, inside)
         except (sqlite3.Error, OSError) as exc:  # OSError: its folder cannot be made
             raise QueueError(f"the jobs' database {self.path}: {exc}") from exc
-        if changed:  # a read, or an idle claim, wrote nothing to copy back
+        if changed:  # only a change has frames to copy back (a read, an idle claim: none)
             self._checkpoint_soon()
         return out
 
@@ -143,10 +143,10 @@ class SqliteQueue(JobQueue):
                 return None
             self._wake.clear()
             polling, self._polling = not self._polling, True
-            wait_s = min(left, POLL_S) if polling else left
+            timeout = min(left, POLL_S) if polling else left
             try:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), wait_s)
+                    await asyncio.wait_for(self._wake.wait(), timeout)
             finally:
                 if polling:
                     self._polling = False
