@@ -163,6 +163,10 @@ class ProxySettings(BaseSettings):
     jobs_max_queued_mb: float = Field(default=1024.0, gt=0)
     """Uploads the unfinished jobs may hold in the queue's store (MB); a job that would pass
     it gets 429 with Retry-After. The count alone allowed 10,000 x 20 MiB."""
+    jobs_min_free_mb: float = Field(default=64.0, ge=0)
+    """SQLite: a job whose upload would leave the database's disk with less free than this
+    (MB) gets 503 with Retry-After, so that the jobs it holds can always end and give their
+    uploads' room back (on a full disk none could: the queue stood still). 0: not kept."""
     jobs_attempts: int = Field(default=3, ge=1, le=20)
     """Attempts a job gets (each with the pipeline's budget) when it fails in a way another
     attempt may not (502, 503, 504, or its worker died)."""

@@ -96,6 +96,7 @@ def _jobs_config(settings: ProxySettings) -> JobsConfig:
         callback_most_s=settings.jobs_callback_most_s,
         callback_hold_s=settings.jobs_callback_hold_s,
         callback_secret=(settings.jobs_callback_secret or "").encode() or None,
+        min_free_bytes=int(settings.jobs_min_free_mb * 1e6),
     )
 
 

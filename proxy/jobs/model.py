@@ -44,6 +44,8 @@ class JobsConfig:
     """How long a callback being tried is left to its process before another tries it."""
     callback_secret: bytes | None = None
     """Signs every callback (callbacks.signature)."""
+    min_free_bytes: int = 64_000_000
+    """SQLite: the disk room submissions leave for the jobs it holds to end (0: none kept)."""
 
     @property
     def renew_s(self) -> float:
@@ -65,6 +67,12 @@ class IdempotencyConflict(Exception):
 
 class QueueError(Exception):
     """The queue's store cannot be reached or answered wrongly (503)."""
+
+
+class StoreFull(Exception):
+    """The store's disk would keep less free than its reserve with this upload (SQLite;
+    args: the upload bytes it can take, this one's): the queue (sqlite_queue.py) says so as
+    a QueueError, 503 + Retry-After."""
 
 
 _ID_BATCH = 256

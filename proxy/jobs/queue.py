@@ -138,10 +138,13 @@ async def persisting(call: Callable[[], Awaitable[T]], for_s: float) -> T:
         wait *= 2
 
 
-def open_queue(url: str, keep_s: float, callback_hold_s: float = CALLBACK_HOLD_S) -> JobQueue:
+def open_queue(
+    url: str, keep_s: float, callback_hold_s: float = CALLBACK_HOLD_S, min_free_bytes: int = 0
+) -> JobQueue:
     """The backend `url` names: `sqlite:///path/jobs.sqlite3` or `redis://host:port/db`;
     ended jobs are kept `keep_s` seconds; a callback being tried is left to its process
-    `callback_hold_s` seconds before another may try it."""
+    `callback_hold_s` seconds before another may try it; SQLite takes no upload that would
+    leave its disk less than `min_free_bytes` free (Redis has its own `maxmemory`)."""
     if url.startswith(("redis://", "rediss://", "unix://")):
         from proxy.jobs.redis_queue import RedisQueue
 
@@ -149,7 +152,7 @@ def open_queue(url: str, keep_s: float, callback_hold_s: float = CALLBACK_HOLD_S
     if url.startswith("sqlite:///"):
         from proxy.jobs.sqlite_queue import SqliteQueue
 
-        return SqliteQueue(url, keep_s, callback_hold_s)
+        return SqliteQueue(url, keep_s, callback_hold_s, min_free_bytes)
     raise ValueError(
         f"PROXY_JOBS_URL {url!r}: use sqlite:///path/to/jobs.sqlite3 or redis://host:port/db"
     )

@@ -23,7 +23,9 @@ class Jobs:
     def __init__(self, engine: Engine, config: JobsConfig) -> None:
         self.engine = engine
         self.config = config
-        self.queue: JobQueue = open_queue(config.url, config.keep_s, config.callback_hold_s)
+        self.queue: JobQueue = open_queue(
+            config.url, config.keep_s, config.callback_hold_s, config.min_free_bytes
+        )
         self.workers = (
             Workers(self.queue, self._attempt, config, self._ended) if config.workers else None
         )

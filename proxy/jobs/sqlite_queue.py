@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +30,7 @@ from typing import Any, TypeVar
 from proxy.jobs import sqlite_outbox, sqlite_schema
 from proxy.jobs import sqlite_sql as sql
 from proxy.jobs.grouping import Grouped
-from proxy.jobs.model import CALLBACK_HOLD_S, Claimed, Job, QueueError, Submission
+from proxy.jobs.model import CALLBACK_HOLD_S, Claimed, Job, QueueError, StoreFull, Submission
 from proxy.jobs.queue import Depth, JobQueue, Page
 
 T = TypeVar("T")
@@ -42,17 +43,26 @@ POLL_S = 0.2
 
 
 class SqliteQueue(JobQueue):
-    def __init__(self, url: str, keep_s: float, callback_hold_s: float = CALLBACK_HOLD_S) -> None:
+    def __init__(
+        self,
+        url: str,
+        keep_s: float,
+        callback_hold_s: float = CALLBACK_HOLD_S,
+        min_free_bytes: int = 0,
+    ) -> None:
         self.url = url
         self.keep_s = keep_s
         self.callback_hold_s = callback_hold_s
+        self.min_free_bytes = min_free_bytes
+        """Disk room no submission takes: a full disk stood the queue still (no claim, no
+        end could be written, so no upload's room came back) until someone freed room."""
         self.path = Path(url.removeprefix("sqlite:///"))
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="jobs-sqlite")
         self._db: sqlite3.Connection | None = None
         self._wake = asyncio.Event()
         self._polling = False
         """One of this process's idle loops is the one looking every POLL_S."""
-        self._submit = Grouped(lambda group: self._run(sql.submit_many, group))
+        self._submit = Grouped(lambda group: self._run(self._submit_many, group))
         self._checkpointer = ThreadPoolExecutor(1, thread_name_prefix="jobs-checkpoint")
         self._checkpoint_db: sqlite3.Connection | None = None
         self._checkpoint: asyncio.Task[None] | None = None
@@ -82,6 +92,10 @@ class SqliteQueue(JobQueue):
             # Frames of SQLite's default 4 KiB page, each with its 24-byte header.
             if mode == "PASSIVE" and frames > WAL_MB * 2**20 // (4096 + 24):
                 self._checkpoint_db.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+            elif mode == "PASSIVE" and frames and self._free_bytes() < 2 * self.min_free_bytes:
+                # The disk is short: the WAL's file, all copied back, given back to it too
+                # (a submission counts no room in it).
+                self._checkpoint_db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
 
         await asyncio.sleep(CHECKPOINT_S if delay_s is None else delay_s)
         # On an error the next change tries again; meanwhile SQLite reads through the WAL.
@@ -109,10 +123,40 @@ class SqliteQueue(JobQueue):
             self._checkpoint_soon()
         return out
 
+    def _free_bytes(self) -> int:
+        stat = os.statvfs(self.path.parent)
+        return stat.f_bavail * stat.f_frsize
+
+    def _submit_many(self, db: sqlite3.Connection, group: list) -> list:
+        """`sql.submit_many` with the room the reserve leaves. An upload is written into the
+        WAL (the disk's room), copied into the database (into pages ended jobs freed, or
+        else the disk's room), and at its job's end written over with zeros in the WAL
+        (SQLite's secure_delete, on in Debian's build). Taken already: what the WAL holds
+        that the database file does not yet (its pages past the file's size), and the zeros
+        of the uploads held."""
+        if not self.min_free_bytes:
+            return sql.submit_many(db, group)
+        held, pages, freed, page_size = db.execute(
+            "SELECT (SELECT value FROM counts WHERE name = 'queued_bytes'), *"
+            " FROM pragma_page_count, pragma_freelist_count, pragma_page_size"
+        ).fetchone()
+        pending = max(0, pages * page_size - self.path.stat().st_size)
+        disk = self._free_bytes() - self.min_free_bytes - pending - max(0, held)
+        return sql.submit_many(db, group, min(disk // 2, (disk + freed * page_size) // 3))
+
     async def submit(
         self, job: Submission, max_queued: int, max_bytes: int = 0
     ) -> tuple[Job, bool]:
-        return await self._submit((job, max_queued, max_bytes))
+        try:
+            return await self._submit((job, max_queued, max_bytes))
+        except StoreFull as exc:
+            room, size = exc.args
+            raise QueueError(
+                f"the jobs' database {self.path}: its disk takes {max(0, room) / 1e6:.1f} MB"
+                f" more of uploads (each counted 3x: written, copied, zeroed at its job's end)"
+                f" before the {self.min_free_bytes / 1e6:.0f} MB kept free"
+                f" (PROXY_JOBS_MIN_FREE_MB), this one is {size / 1e6:.1f} MB: come back later"
+            ) from None
 
     async def get(self, job_id: str) -> Job | None:
         return await self._run(sql.get, job_id, time.time())

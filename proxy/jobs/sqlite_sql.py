@@ -11,6 +11,7 @@ from proxy.jobs.model import (
     IdempotencyConflict,
     Job,
     QueueFull,
+    StoreFull,
     Submission,
     dumps,
     loads,
@@ -35,15 +36,17 @@ def _job(row: tuple) -> Job:
 
 
 def submit_many(
-    db: sqlite3.Connection, batch: list[tuple[Submission, int, int]]
+    db: sqlite3.Connection, batch: list[tuple[Submission, int, int]], room: int | None = None
 ) -> list[tuple[Job, bool] | Exception]:
-    """Each submission in turn, in one transaction: its job, or why it was refused. The
+    """Each submission in turn, in one transaction: its job, or why it was refused (`room`:
+    the upload bytes the disk can take beyond its reserve, sqlite_queue.py). The
     bound's counts are read and written once for the group and its rows inserted together:
     four statements a job were most of the queue thread's time under a flood of submissions."""
     counts = dict(db.execute("SELECT name, value FROM counts").fetchall())
     unfinished, held = counts["unfinished"], max(0, counts["queued_bytes"])
     outcomes: list[tuple[Job, bool] | Exception] = []
     rows: list[tuple] = []
+    uploads: list[tuple[str, bytes]] = []
     taken = 0
     """The bytes of this group's uploads."""
     keyed: dict[str, tuple[Submission, Job]] = {}
@@ -58,7 +61,9 @@ def submit_many(
                 raise QueueFull(f"{unfinished} unfinished jobs")
             if max_bytes and held + len(job.payload) > max_bytes:
                 raise QueueFull(f"{held} bytes of uploads waiting, the limit {max_bytes}")
-        except (QueueFull, IdempotencyConflict) as exc:
+            if room is not None and taken + len(job.payload) > room:
+                raise StoreFull(room - taken, len(job.payload))
+        except (QueueFull, IdempotencyConflict, StoreFull) as exc:
             outcomes.append(exc)
             continue
         unfinished += 1
@@ -66,9 +71,10 @@ def submit_many(
         taken += len(job.payload)
         rows.append(
             (job.id, job.pipeline, job.created, job.created, job.created, job.max_attempts,
-             job.budget_ms, job.kind, job.payload, job.callback, job.idempotency_key,
-             job.digest, job.traceparent)
+             job.budget_ms, job.kind, job.callback, job.idempotency_key, job.digest,
+             job.traceparent)
         )  # fmt: skip
+        uploads.append((job.id, job.payload))
         stored = Job(job.id, job.pipeline, "queued", job.created, job.created, 0,
                      job.max_attempts, job.budget_ms, callback=job.callback)  # fmt: skip
         if job.idempotency_key is not None:
@@ -77,10 +83,11 @@ def submit_many(
     if rows:
         db.executemany(
             "INSERT INTO jobs (id, pipeline, status, created, updated, due, max_attempts,"
-            " budget_ms, kind, payload, callback, idem, digest, traceparent)"
-            " VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " budget_ms, kind, callback, idem, digest, traceparent)"
+            " VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             rows,
         )
+        db.executemany("INSERT INTO uploads VALUES (?, ?)", uploads)
         _ended(db, -len(rows))
         _held(db, taken)
     return outcomes
@@ -152,14 +159,14 @@ def page(
 def cancel(
     db: sqlite3.Connection, job_id: str, keep_s: float, now: float, hold_s: float
 ) -> tuple[Job | None, bool]:
-    size = _upload(db, job_id)
     done = db.execute(
         "UPDATE jobs SET status = 'cancelled', updated = ?, finished = ?, token = NULL,"
-        f" payload = NULL, expires = ?, {OUTBOX} WHERE id = ? AND status IN ('queued', 'running')",
+        f" expires = ?, {OUTBOX} WHERE id = ? AND status IN ('queued', 'running')",
         (now, now, now + keep_s, now + hold_s, job_id),
     )
     _ended(db, done.rowcount)
-    _held(db, -size * done.rowcount)
+    if done.rowcount:
+        _dropped(db, job_id)
     return get(db, job_id, now), done.rowcount == 1
 
 
@@ -182,11 +189,11 @@ def claim(db: sqlite3.Connection, lease_s: float, keep_s: float, now: float) -> 
         if status == "running" and attempts >= max_attempts:
             # Its worker died on its last attempt: failed, with why.
             error = {**LOST, "error": LOST["error"].format(n=attempts)}
-            _held(db, -_upload(db, job_id))
+            _dropped(db, job_id)
             # Nobody sends its callback at once: the outbox's next look does.
             db.execute(
                 "UPDATE jobs SET status = 'failed', updated = ?, finished = ?, token = NULL,"
-                f" payload = NULL, error = ?, expires = ?, {OUTBOX} WHERE id = ?",
+                f" error = ?, expires = ?, {OUTBOX} WHERE id = ?",
                 (now, now, dumps(error), now + keep_s, now, job_id),
             )
             _ended(db, 1)
@@ -198,8 +205,9 @@ def claim(db: sqlite3.Connection, lease_s: float, keep_s: float, now: float) -> 
             (token, now + lease_s, now, job_id),
         )
         kind, payload, traceparent = db.execute(
-            "SELECT kind, payload, traceparent FROM jobs WHERE id = ?", (job_id,)
-        ).fetchone()
+            "SELECT kind, COALESCE(uploads.payload, jobs.payload), traceparent FROM jobs"
+            " LEFT JOIN uploads USING (id) WHERE id = ?", (job_id,)
+        ).fetchone()  # fmt: skip
         job = get(db, job_id, None)
         assert job is not None
         return Claimed(job, kind, payload, token, traceparent)
@@ -226,19 +234,18 @@ def finish(
 ) -> bool:
     """`ended`: the status, result, error and time to keep."""
     status, result, error, keep_s = ended
-    size = _upload(db, claimed.job.id)
     # The token stays: the same claim's finish sent again (its first answer lost) is then
     # known for what it is, and answered True again (redis_scripts.FINISH does the same).
     done = db.execute(
         "UPDATE jobs SET status = ?, result = ?, error = ?, updated = ?, finished = ?,"
-        f" expires = ?, payload = NULL, {OUTBOX}"
+        f" expires = ?, {OUTBOX}"
         " WHERE id = ? AND token = ? AND status = 'running'",
         (status, None if result is None else dumps(result), None if error is None else dumps(error),
          now, now, now + keep_s, now + hold_s, claimed.job.id, claimed.token),
     )  # fmt: skip
     _ended(db, done.rowcount)
-    _held(db, -size * done.rowcount)
     if done.rowcount == 1:
+        _dropped(db, claimed.job.id)
         return True
     again = "SELECT 1 FROM jobs WHERE id = ? AND token = ? AND status = ?"
     return db.execute(again, (claimed.job.id, claimed.token, status)).fetchone() is not None
@@ -263,24 +270,19 @@ def sweep(db: sqlite3.Connection, now: float, most: int) -> int:
 
 
 def depth(db: sqlite3.Connection, now: float) -> Depth:
-    counts = dict(
-        db.execute(
-            "SELECT status, COUNT(*) FROM jobs WHERE status IN ('queued', 'running')"
-            " GROUP BY status"
-        ).fetchall()
-    )
+    unfinished = "SELECT status, COUNT(*) FROM jobs WHERE status IN ('queued', 'running')"
+    counts = dict(db.execute(f"{unfinished} GROUP BY status").fetchall())
     (oldest,) = db.execute("SELECT MIN(created) FROM jobs WHERE status = 'queued'").fetchone()
-    return Depth(
-        counts.get("queued", 0),
-        counts.get("running", 0),
-        0 if oldest is None else max(0.0, now - oldest),
-    )
+    waited = 0 if oldest is None else max(0.0, now - oldest)
+    return Depth(counts.get("queued", 0), counts.get("running", 0), waited)
 
 
-def _upload(db: sqlite3.Connection, job_id: str) -> int:
-    """The bytes of a job's upload still held (0 once it ended)."""
-    row = db.execute("SELECT length(payload) FROM jobs WHERE id = ?", (job_id,)).fetchone()
-    return 0 if row is None or row[0] is None else row[0]
+def _dropped(db: sqlite3.Connection, job_id: str) -> None:
+    """A job that ended gives its upload back."""
+    row = db.execute("SELECT length(payload) FROM uploads WHERE id = ?", (job_id,)).fetchone()
+    if row is not None:
+        db.execute("DELETE FROM uploads WHERE id = ?", (job_id,))
+        _held(db, -row[0])
 
 
 def _held(db: sqlite3.Connection, change: int) -> None:
