@@ -119,9 +119,18 @@ async def _run(source: Source, sink: Sink, options: Options) -> Progress:
             sink.write(row)
             progress.answered(row.status)
 
+    tasks = [
+        asyncio.create_task(feed()),
+        *(asyncio.create_task(call()) for _ in range(options.concurrency)),
+    ]
     try:
-        await asyncio.gather(feed(), *(call() for _ in range(options.concurrency)))
+        await asyncio.gather(*tasks)
     finally:
+        # One that failed (the output cannot be written) stops the others before the door
+        # closes: gather left them running, their connections left open.
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await door.close()
     return progress
 

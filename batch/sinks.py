@@ -7,6 +7,7 @@ torn by a kill mid-write is cut off first, so every key appears exactly once."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import os
@@ -44,6 +45,11 @@ class Row:
         return out
 
 
+class SinkError(RuntimeError):
+    """The output cannot be written (a full disk, a file gone read-only): the run stops
+    (exit status 1), every row written before is kept, and a rerun resumes."""
+
+
 class Sink:
     def answered(self) -> set[str]:
         """Keys already in the output (after cutting off a torn last row)."""
@@ -78,7 +84,42 @@ def _cut_torn_tail(path: Path) -> None:
         f.truncate(0)
 
 
-class JsonlSink(Sink):
+class _FileSink(Sink):
+    """A file's rows, each written and flushed at once; a write the file refuses stops the
+    run with the reason (before: a full disk ended the batch in a traceback, its flush
+    failing again in close)."""
+
+    path: Path
+    _file: io.IOBase
+    _failed = False
+
+    def _append(self, data: bytes | str) -> None:
+        try:
+            self._file.write(data)
+            self._file.flush()
+        except OSError as exc:
+            raise self._cannot(exc) from None
+
+    def _cannot(self, exc: OSError) -> SinkError:
+        self._failed = True
+        return SinkError(
+            f"the output {self.path} cannot be written ({exc.strerror or exc}): the rows before"
+            " are kept; rerun the same command to resume once it can be"
+        )
+
+    def close(self) -> None:
+        try:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        except OSError as exc:
+            if not self._failed:  # said once: a failed write has said it already
+                raise self._cannot(exc) from None
+        finally:
+            with contextlib.suppress(OSError):  # its buffer's last try; the fd closes anyway
+                self._file.close()
+
+
+class JsonlSink(_FileSink):
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -95,16 +136,10 @@ class JsonlSink(Sink):
         return keys
 
     def write(self, row: Row) -> None:
-        self._file.write(orjson.dumps(row.fields(), option=orjson.OPT_APPEND_NEWLINE))
-        self._file.flush()
-
-    def close(self) -> None:
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
+        self._append(orjson.dumps(row.fields(), option=orjson.OPT_APPEND_NEWLINE))
 
 
-class CsvSink(Sink):
+class CsvSink(_FileSink):
     """`result` and `error` as JSON text; the manifest's columns after the batch's own."""
 
     def __init__(self, path: Path, extra_columns: tuple[str, ...] = ()) -> None:
@@ -134,13 +169,7 @@ class CsvSink(Sink):
             fields[name] = "" if value is None else orjson.dumps(value).decode()
         buffer = io.StringIO()
         csv.DictWriter(buffer, self.columns, extrasaction="ignore").writerow(fields)
-        self._file.write(buffer.getvalue())  # one write per row: a kill tears one row at most
-        self._file.flush()
-
-    def close(self) -> None:
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
+        self._append(buffer.getvalue())  # one write per row: a kill tears one row at most
 
 
 def open_sink(spec: str, extra_columns: tuple[str, ...] = ()) -> Sink:

@@ -9,9 +9,8 @@ import asyncio
 import contextlib
 import os
 import shutil
-import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from proxy.jobs.model import IdempotencyConflict, QueueError, QueueFull, Submiss
 from proxy.jobs.queue import JobQueue, open_queue
 from proxy.jobs.workers import sweep
 from tests.conftest import connected, redis_or_skip
+from tests.disks import fill, small_disk
 
 
 @pytest.fixture(params=["sqlite", "redis"])
@@ -865,29 +865,6 @@ async def test_a_store_that_fails_is_named_without_its_credentials() -> None:
         await queue.close()
     assert "redis://127.0.0.1:1/0" in str(info.value)
     assert "s3cret" not in str(info.value) and "mesh@" not in str(info.value)
-
-
-@contextlib.contextmanager
-def small_disk(path: Path, size: str) -> Iterator[Path]:
-    """A tmpfs of `size` mounted at `path` (root only)."""
-    if os.geteuid() != 0:
-        if os.environ.get("CI"):
-            pytest.fail("CI must run the full-disk test: it mounts a tmpfs (root)")
-        pytest.skip("needs root to mount a tmpfs")
-    path.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=True)
-
-
-def fill(path: Path) -> None:
-    """Write `path` until its disk has no room left."""
-    with path.open("wb") as filler, contextlib.suppress(OSError):
-        while True:
-            filler.write(bytes(1 << 16))
-            filler.flush()
 
 
 async def test_a_full_disk_refuses_new_jobs_and_loses_none(tmp_path: Path) -> None:

@@ -5,6 +5,8 @@ refusal is retried while the input's own fault never is."""
 from __future__ import annotations
 
 import contextlib
+import csv
+import io
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,6 +18,7 @@ from aiohttp.test_utils import TestServer
 from batch import calls, http1, sources
 from batch.sinks import CsvSink, JsonlSink, Row
 from batch.sources import Files, Input, Manifest, SourceError
+from tests.disks import grow, small_disk
 
 
 def test_a_torn_jsonl_row_is_cut_and_answered_keys_are_found(tmp_path: Path) -> None:
@@ -192,3 +195,52 @@ async def test_the_api_key_goes_with_every_request(tmp_path: Path) -> None:
         await server.close()
     assert progress.counts["ok"] == 2
     assert asked == ["Bearer s3cret"] * 3 + [None]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
+async def test_a_full_disk_stops_the_run_with_its_reason_and_a_rerun_resumes(
+    tmp_path: Path, suffix: str
+) -> None:
+    """The output's disk fills mid-run: the run stops with SinkError naming the output and
+    the reason (the CLI's exit status 1 and one line; it was a traceback, its flush failing
+    again on close), and with room again a rerun answers every input exactly once."""
+    from batch.runner import Options, run
+    from batch.sinks import SinkError, open_sink
+
+    (tmp_path / "in").mkdir()
+    for i in range(120):
+        (tmp_path / "in" / f"{i:03d}.png").write_bytes(b"img")
+
+    async def pipelines(request: web.Request) -> web.Response:
+        return web.json_response({"digits": {}})
+
+    async def infer(request: web.Request) -> web.Response:
+        return web.json_response({"result": {"label": 1, "words": ["x" * 100]}})
+
+    app = web.Application()
+    app.router.add_get("/v1/pipelines", pipelines)
+    app.router.add_post("/v1/pipelines/digits/infer", infer)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        options = Options(str(server.make_url("/")), "digits", progress_every_s=60)
+        with small_disk(tmp_path / "disk", "12k") as disk:
+            out = disk / f"out{suffix}"
+            with pytest.raises(SinkError, match="No space left on device") as stopped:
+                await run(Files(str(tmp_path / "in")), open_sink(str(out)), options)
+            assert str(out) in str(stopped.value) and "rerun" in str(stopped.value)
+            reopened = open_sink(str(out))  # the torn last row cut off
+            kept = len(reopened.answered())
+            reopened.close()
+            assert 0 < kept < 120
+            grow(disk, "1m")
+            progress = await run(Files(str(tmp_path / "in")), open_sink(str(out)), options)
+            assert progress.counts["ok"] == 120 - kept
+            text = out.read_text()
+    finally:
+        await server.close()
+    if suffix == ".jsonl":
+        keys = [json.loads(line)["key"] for line in text.splitlines()]
+    else:
+        keys = [row["key"] for row in csv.DictReader(io.StringIO(text))]
+    assert sorted(keys) == [f"{i:03d}.png" for i in range(120)]
