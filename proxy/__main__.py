@@ -16,6 +16,7 @@ from proxy import workers
 from proxy.app import create_app
 from proxy.doors import grpc_front_nginx as nginx
 from proxy.doors.protocol import GuardedHttpToolsProtocol
+from proxy.doors.server import Server
 from proxy.errors import DefinitionError
 from proxy.settings import ProxySettings
 
@@ -67,7 +68,7 @@ def _serve(settings: ProxySettings) -> int:
         if workers.SUPERVISED in os.environ
         else None
     )
-    uvicorn.Server(config).run(sockets=sockets)
+    Server(config).run(sockets=sockets)
     return 0
 
 

@@ -18,6 +18,7 @@ from protos import heap, logs
 from protos.tls import TLSConfigError
 from proxy.app import NO_FASTAPI_TELEMETRY
 from proxy.doors.health import HealthEndpoints
+from proxy.doors.server import Server
 from proxy.errors import DefinitionError
 from proxy.settings import ProxySettings
 from proxy.state import ProxyState
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         access_log=False,
         timeout_graceful_shutdown=10,
     )
-    uvicorn.Server(config).run()
+    Server(config).run()
     return 0
 
 

@@ -41,6 +41,9 @@ class Depth:
 
 class JobQueue(abc.ABC):
     url: str
+    claim_wait_s = 1.0
+    """How long an idle worker's claim waits before it returns empty-handed (and the worker
+    sees whether it is stopping): short where a wait cannot be cut short by `notify`."""
 
     async def now(self) -> float:
         """Now, in epoch seconds, as the store's times are written and compared: every
@@ -117,6 +120,10 @@ class JobQueue(abc.ABC):
 
     def notify(self) -> None:  # noqa: B027 (a hint; most stores need none)
         """A job was submitted in this process: idle workers look now."""
+
+    def stop_claims(self) -> None:  # noqa: B027 (where claims wait claim_wait_s at most)
+        """The workers are stopping: claims waiting for a job return None now, later ones at
+        once."""
 
     @abc.abstractmethod
     async def close(self) -> None: ...

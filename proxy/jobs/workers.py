@@ -54,6 +54,8 @@ class Workers:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._stopped = asyncio.Event()
+        self._holding = asyncio.Event()
+        """Some job is held here: the renewals' loop wakes only then."""
         self._down_since = 0.0
         """When the queue stopped answering the loops' claims (0: it answers)."""
         self._said = 0.0
@@ -68,6 +70,8 @@ class Workers:
         connection half used), or is cancelled after a few seconds."""
         self._stopping = True
         self._stopped.set()
+        self._holding.set()
+        self.queue.stop_claims()  # idle loops waiting for a job see the stop at once
         for _, task in self._held.values():
             task.cancel()
         if self._tasks:  # an idle loop sees `_stopping` when its claim's wait ends
@@ -94,8 +98,8 @@ class Workers:
                 await self._pause(1.0)
 
     async def _next(self) -> None:
-        """One job claimed and run (or none within a second)."""
-        claimed = await self.queue.claim(self.config.lease_s, wait_s=1.0)
+        """One job claimed and run (or none within the queue's claim_wait_s)."""
+        claimed = await self.queue.claim(self.config.lease_s, wait_s=self.queue.claim_wait_s)
         if self._down_since:
             log.warning("jobs: the queue answers again")
             self._down_since = 0.0
@@ -121,6 +125,7 @@ class Workers:
         metrics.JOB_ATTEMPTS.labels(job.pipeline).inc()
         task = asyncio.create_task(self.attempt(claimed))
         self._held[job.id] = (claimed.token, task)
+        self._holding.set()
         try:
             outcome = await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -131,6 +136,8 @@ class Workers:
             return
         finally:
             self._held.pop(job.id, None)
+            if not self._held:
+                self._holding.clear()
         if outcome.result is not None:
             await self._final(claimed, "succeeded", outcome)
         elif outcome.retryable and job.attempts < job.max_attempts:
@@ -160,7 +167,8 @@ class Workers:
             return False
 
     async def _renew(self) -> None:
-        while await self._pause(self.config.renew_s):
+        """Every `renew_s` while a job is held (an idle proxy woke twice a second for none)."""
+        while await self._holding.wait() and await self._pause(self.config.renew_s):
             if not self._held:
                 continue
             held = {job_id: token for job_id, (token, _) in self._held.items()}

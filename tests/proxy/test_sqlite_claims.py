@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from proxy.jobs import sqlite_queue
-from proxy.jobs.model import Submission
+from proxy.jobs.model import JobsConfig, Submission
 from proxy.jobs.queue import open_queue
+from proxy.jobs.workers import Workers
 
 LOOPS = 4
 
@@ -21,31 +22,34 @@ def job(payload: bytes) -> Submission:
     return Submission("p", "image", payload, 3, 1000.0)
 
 
-async def test_an_idle_process_looks_once_a_poll_not_once_a_loop(
+async def test_idle_workers_look_once_a_poll_and_stop_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Four idle worker loops over SQLite for 2 s: one looks every POLL_S, the others only
+    when woken (each looked on its own: 48 looks; then twice a second each besides the
+    poller: 24; now 10 and their first four). Their stop ends every idle claim at once,
+    though a claim waits 30 s for a job: none of the loops is cancelled."""
     claims: list[float] = []
     claim = sqlite_queue.sql.claim
     monkeypatch.setattr(
         sqlite_queue.sql, "claim", lambda *a: claims.append(time.monotonic()) or claim(*a)
     )
-    queue = open_queue(f"sqlite:///{tmp_path / 'jobs.sqlite3'}", keep_s=60)
-    stop = time.monotonic() + 2.0
-
-    async def idle_loop() -> None:  # as a worker's loop: a claim of a second, again
-        while time.monotonic() < stop:
-            assert await queue.claim(lease_s=30, wait_s=1.0) is None
-
+    url = f"sqlite:///{tmp_path / 'jobs.sqlite3'}"
+    queue = open_queue(url, keep_s=60)
+    config = JobsConfig(url, LOOPS, 10, 0, 60, 30, 3, 0.5, frozenset())
+    workers = Workers(queue, None, config, None)  # type: ignore[arg-type]
     try:
         started = time.monotonic()
-        await asyncio.gather(*(idle_loop() for _ in range(LOOPS)))
-        elapsed = time.monotonic() - started
+        workers.start()
+        await asyncio.sleep(2.0)
+        idle = time.monotonic() - started
+        looks = len(claims)
+        await workers.stop()
+        stopped = [t for t in workers._tasks if not t.cancelled()]
     finally:
         await queue.close()
-    # One loop every POLL_S, each of the others once a claim's second (each loop looking
-    # every POLL_S made LOOPS times the first term).
-    most = elapsed / sqlite_queue.POLL_S + LOOPS * (elapsed + 2)
-    assert len(claims) <= most, (len(claims), most)
+    assert looks <= idle / sqlite_queue.POLL_S + LOOPS + 2, looks
+    assert len(stopped) == len(workers._tasks), "idle loops were cancelled, not stopped"
 
 
 async def test_a_burst_from_another_process_is_taken_by_every_idle_loop(tmp_path: Path) -> None:
