@@ -8,7 +8,7 @@ import contextlib
 import csv
 import io
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -102,24 +102,37 @@ def test_a_csv_field_over_the_limit_fails_its_row_only(tmp_path: Path, monkeypat
     ]
 
 
+Handler = Callable[[web.Request], Awaitable[web.Response]]
+
+
 @contextlib.asynccontextmanager
-async def _mesh(answers: list[tuple[int, dict, dict]], seen: list[bytes]) -> AsyncIterator[str]:
-    """A real HTTP server on 127.0.0.1 answering each POST with the next of `answers`
-    (status, JSON body, headers), the last one again once they run out."""
-
-    async def handle(request: web.Request) -> web.Response:
-        seen.append(await request.read())
-        status, body, headers = answers[min(len(seen), len(answers)) - 1]
-        return web.json_response(body, status=status, headers=headers)
-
+async def digits_mesh(pipelines: Handler | None, infer: Handler) -> AsyncIterator[str]:
+    """A real HTTP server on 127.0.0.1 standing in for the mesh's routes the batch calls;
+    its URL."""
     app = web.Application()
-    app.router.add_post("/v1/pipelines/digits/infer", handle)
+    if pipelines is not None:
+        app.router.add_get("/v1/pipelines", pipelines)
+    app.router.add_post("/v1/pipelines/digits/infer", infer)
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     try:
         yield str(server.make_url("/"))
     finally:
         await server.close()
+
+
+@contextlib.asynccontextmanager
+async def _mesh(answers: list[tuple[int, dict, dict]], seen: list[bytes]) -> AsyncIterator[str]:
+    """The mesh's /infer answering each POST with the next of `answers` (status, JSON body,
+    headers), the last one again once they run out."""
+
+    async def handle(request: web.Request) -> web.Response:
+        seen.append(await request.read())
+        status, body, headers = answers[min(len(seen), len(answers)) - 1]
+        return web.json_response(body, status=status, headers=headers)
+
+    async with digits_mesh(None, handle) as url:
+        yield url
 
 
 async def _infer(url: str, item: Input, retry: calls.Retry) -> Row:
@@ -175,13 +188,7 @@ async def test_the_api_key_goes_with_every_request(tmp_path: Path) -> None:
         asked.append(request.headers.get("Authorization"))
         return web.json_response({"result": {"label": 1}})
 
-    app = web.Application()
-    app.router.add_get("/v1/pipelines", pipelines)
-    app.router.add_post("/v1/pipelines/digits/infer", infer)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    try:
-        url = str(server.make_url("/"))
+    async with digits_mesh(pipelines, infer) as url:
         out = tmp_path / "out.jsonl"
         progress = await run(
             Files(str(tmp_path / "in")),
@@ -191,8 +198,6 @@ async def test_the_api_key_goes_with_every_request(tmp_path: Path) -> None:
         with pytest.raises(MeshError, match="answered 401"):
             await run(Files(str(tmp_path / "in")), JsonlSink(tmp_path / "x.jsonl"),
                       Options(url, "digits"))  # fmt: skip
-    finally:
-        await server.close()
     assert progress.counts["ok"] == 2
     assert asked == ["Bearer s3cret"] * 3 + [None]
 
@@ -217,13 +222,8 @@ async def test_a_full_disk_stops_the_run_with_its_reason_and_a_rerun_resumes(
     async def infer(request: web.Request) -> web.Response:
         return web.json_response({"result": {"label": 1, "words": ["x" * 100]}})
 
-    app = web.Application()
-    app.router.add_get("/v1/pipelines", pipelines)
-    app.router.add_post("/v1/pipelines/digits/infer", infer)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    try:
-        options = Options(str(server.make_url("/")), "digits", progress_every_s=60)
+    async with digits_mesh(pipelines, infer) as url:
+        options = Options(url, "digits", progress_every_s=60)
         with small_disk(tmp_path / "disk", "12k") as disk:
             out = disk / f"out{suffix}"
             with pytest.raises(SinkError, match="No space left on device") as stopped:
@@ -237,8 +237,6 @@ async def test_a_full_disk_stops_the_run_with_its_reason_and_a_rerun_resumes(
             progress = await run(Files(str(tmp_path / "in")), open_sink(str(out)), options)
             assert progress.counts["ok"] == 120 - kept
             text = out.read_text()
-    finally:
-        await server.close()
     if suffix == ".jsonl":
         keys = [json.loads(line)["key"] for line in text.splitlines()]
     else:
