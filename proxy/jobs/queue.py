@@ -123,7 +123,10 @@ class JobQueue(abc.ABC):
 
     def stop_claims(self) -> None:  # noqa: B027 (where claims wait claim_wait_s at most)
         """The workers are stopping: claims waiting for a job return None now, later ones at
-        once."""
+        once, until `allow_claims`."""
+
+    def allow_claims(self) -> None:  # noqa: B027
+        """Workers start (again): claims wait for jobs."""
 
     @abc.abstractmethod
     async def close(self) -> None: ...

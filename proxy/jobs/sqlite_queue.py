@@ -184,6 +184,8 @@ class SqliteQueue(JobQueue):
         until = loop.time() + wait_s
         # A loop back from a job looks at once, unless the poller looked just now.
         look = not self._polling or loop.time() - self._looked >= POLL_S
+        if self._stopped:  # a loop that asks again must still yield to the others
+            await asyncio.sleep(POLL_S)
         while not self._stopped:
             if look:
                 claimed = await self._run(sql.claim, lease_s, self.keep_s, time.time())
@@ -212,6 +214,9 @@ class SqliteQueue(JobQueue):
     def stop_claims(self) -> None:
         self._stopped = True
         self._wake.set()
+
+    def allow_claims(self) -> None:
+        self._stopped = False
 
     def notify(self) -> None:
         self._wake.set()

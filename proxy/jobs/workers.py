@@ -61,6 +61,7 @@ class Workers:
         self._said = 0.0
 
     def start(self) -> None:
+        self.queue.allow_claims()  # a queue whose earlier workers stopped
         loops = [self._loop() for _ in range(self.config.workers)]
         self._tasks = [asyncio.create_task(c) for c in (*loops, self._renew(), self._sweep())]
 

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from proxy.jobs import sqlite_queue
-from proxy.jobs.model import JobsConfig, Submission
+from proxy.jobs.model import Claimed, JobsConfig, Submission
 from proxy.jobs.queue import open_queue
+from proxy.jobs.running import Outcome
 from proxy.jobs.workers import Workers
 
 LOOPS = 4
@@ -38,6 +39,16 @@ async def test_idle_workers_look_once_a_poll_and_stop_at_once(
     queue = open_queue(url, keep_s=60)
     config = JobsConfig(url, LOOPS, 10, 0, 60, 30, 3, 0.5, frozenset())
     workers = Workers(queue, None, config, None)  # type: ignore[arg-type]
+    ran: list[str] = []
+
+    async def attempt(claimed: Claimed) -> Outcome:
+        ran.append(claimed.job.id)
+        return Outcome(result={"ok": True})
+
+    async def ended(job: object) -> None:
+        pass
+
+    again = Workers(queue, attempt, config, ended)
     try:
         started = time.monotonic()
         workers.start()
@@ -46,10 +57,18 @@ async def test_idle_workers_look_once_a_poll_and_stop_at_once(
         looks = len(claims)
         await workers.stop()
         stopped = [t for t in workers._tasks if not t.cancelled()]
+        again.start()  # workers started again over the same queue wait for jobs and run them
+        submitted, _ = await queue.submit(job(b"after"), 100)
+        for _ in range(100):
+            if ran:
+                break
+            await asyncio.sleep(0.05)
+        await again.stop()
     finally:
         await queue.close()
     assert looks <= idle / sqlite_queue.POLL_S + LOOPS + 2, looks
     assert len(stopped) == len(workers._tasks), "idle loops were cancelled, not stopped"
+    assert ran == [submitted.id]
 
 
 async def test_a_burst_from_another_process_is_taken_by_every_idle_loop(tmp_path: Path) -> None:
