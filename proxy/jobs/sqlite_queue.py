@@ -141,13 +141,17 @@ class SqliteQueue(JobQueue):
         of the uploads held."""
         if not self.min_free_bytes:
             return sql.submit_many(db, group)
-        held, pages, freed, page_size = db.execute(
-            "SELECT (SELECT value FROM counts WHERE name = 'queued_bytes'), *"
-            " FROM pragma_page_count, pragma_freelist_count, pragma_page_size"
+        pages, freed, page_size = db.execute(
+            "SELECT * FROM pragma_page_count, pragma_freelist_count, pragma_page_size"
         ).fetchone()
         pending = max(0, pages * page_size - self.path.stat().st_size)
-        disk = self._free_bytes() - self.min_free_bytes - pending - max(0, held)
-        return sql.submit_many(db, group, min(disk // 2, (disk + freed * page_size) // 3))
+        disk = self._free_bytes() - self.min_free_bytes - pending
+
+        def room(held: int) -> int:  # `held`: the uploads held, read by submit_many
+            left = disk - held
+            return min(left // 2, (left + freed * page_size) // 3)
+
+        return sql.submit_many(db, group, room)
 
     async def submit(
         self, job: Submission, max_queued: int, max_bytes: int = 0

@@ -4,6 +4,7 @@ thread inside one transaction."""
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from typing import Any
 
 from proxy.jobs.model import (
@@ -36,14 +37,17 @@ def _job(row: tuple) -> Job:
 
 
 def submit_many(
-    db: sqlite3.Connection, batch: list[tuple[Submission, int, int]], room: int | None = None
+    db: sqlite3.Connection,
+    batch: list[tuple[Submission, int, int]],
+    room: Callable[[int], int] | None = None,
 ) -> list[tuple[Job, bool] | Exception]:
     """Each submission in turn, in one transaction: its job, or why it was refused (`room`:
-    the upload bytes the disk can take beyond its reserve, sqlite_queue.py). The
+    the upload bytes the disk can take beyond its reserve, given those held). The
     bound's counts are read and written once for the group and its rows inserted together:
     four statements a job were most of the queue thread's time under a flood of submissions."""
     counts = dict(db.execute("SELECT name, value FROM counts").fetchall())
     unfinished, held = counts["unfinished"], max(0, counts["queued_bytes"])
+    most = None if room is None else room(held)
     outcomes: list[tuple[Job, bool] | Exception] = []
     rows: list[tuple] = []
     uploads: list[tuple[str, bytes]] = []
@@ -61,8 +65,8 @@ def submit_many(
                 raise QueueFull(f"{unfinished} unfinished jobs")
             if max_bytes and held + len(job.payload) > max_bytes:
                 raise QueueFull(f"{held} bytes of uploads waiting, the limit {max_bytes}")
-            if room is not None and taken + len(job.payload) > room:
-                raise StoreFull(room - taken, len(job.payload))
+            if most is not None and taken + len(job.payload) > most:
+                raise StoreFull(most - taken, len(job.payload))
         except (QueueFull, IdempotencyConflict, StoreFull) as exc:
             outcomes.append(exc)
             continue
@@ -278,7 +282,7 @@ def depth(db: sqlite3.Connection, now: float) -> Depth:
 
 
 def _dropped(db: sqlite3.Connection, job_id: str) -> None:
-    """A job that ended gives its upload back."""
+    """A job that ended gives its upload back (DELETE ... RETURNING wrote 3x it, not 2x)."""
     row = db.execute("SELECT length(payload) FROM uploads WHERE id = ?", (job_id,)).fetchone()
     if row is not None:
         db.execute("DELETE FROM uploads WHERE id = ?", (job_id,))

@@ -75,7 +75,7 @@ class Workers:
         self.queue.stop_claims()  # idle loops waiting for a job see the stop at once
         for _, task in self._held.values():
             task.cancel()
-        if self._tasks:  # an idle loop sees `_stopping` when its claim's wait ends
+        if self._tasks:  # an idle loop sees `_stopping` once stop_claims ends its claim
             await asyncio.wait(self._tasks, timeout=3.0)
         for task in self._tasks:
             task.cancel()
