@@ -58,6 +58,19 @@ def exposition(accept: str | None = None) -> tuple[bytes, str]:
     return encode(registry), content_type
 
 
+NOT_ANSWERING = Gauge(
+    "proxy_endpoint_not_answering",
+    "1 while an endpoint's calls fail at once: its calls got no answer, nor did a readiness "
+    "check (proxy/transport/breaker.py)",
+    ["endpoint"],
+    multiprocess_mode="max",
+)
+CALLS_REFUSED = Counter(
+    "proxy_calls_refused_total",
+    "Calls not sent because their endpoint was not answering",
+    ["endpoint"],
+)
+
 MERGED_MEMBERS = Histogram(
     "proxy_merged_call_members",
     "Requests' calls carried by each call to a batching model (1: sent alone)",

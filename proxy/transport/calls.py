@@ -4,7 +4,8 @@ The engine hands over what to send and what time is left; `Calls.call` chooses h
 goes (one message, merged with other requests' calls to the same model (merging.py), or in
 chunks along the batch axis (chunks.py)) and retries it within the request's deadline:
 UNAVAILABLE (or CANCELLED: the endpoint restarting) with jittered backoff. Every failure is
-the StepError that names the step and the endpoint (proxy/errors.py maps it to a status)."""
+the StepError that names the step and the endpoint (proxy/errors.py maps it to a status).
+A call to an endpoint that is not answering fails at once (breaker.py)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ import numpy as np
 from protos import tracing
 from protos.channels import SERVICE_NAME
 from protos.tracing import Shape, Span, SpanKind
+from proxy import metrics
 from proxy.errors import StepError
 from proxy.transport import chunks
+from proxy.transport.breaker import Breaker, Breakers
 from proxy.transport.channels import RETRYABLE, Channels, Infer
 from proxy.transport.failures import CallFailed
 from proxy.transport.members import Tensors
@@ -50,15 +53,19 @@ class Calls:
         self.channels = channels
         self.services = services
         self.merger = Merger(channels.infer, channels.max_message) if merge else None
+        self.breakers = Breakers(services.ready)
 
     async def call(
         self, call: Call, inputs: Mapping[str, np.ndarray], deadline: float, request_id: str
     ) -> Tensors:
         """`call` with `inputs`, within `deadline` (absolute, loop time)."""
         channels, target = self.channels, call.target
+        breaker = self.breakers.get(target.address)
 
         async def send(feeds: Mapping[str, np.ndarray], via: Infer | None = None) -> Tensors:
-            return await infer_with_retries(channels, call, feeds, deadline, request_id, via)
+            return await infer_with_retries(
+                channels, call, feeds, deadline, request_id, via, breaker
+            )
 
         one_call = (
             max(a.shape[0] if a.ndim else 1 for a in inputs.values()) <= 1
@@ -67,9 +74,11 @@ class Calls:
         )
         if one_call and self.merger is None:
             return await send(inputs)  # one row that fits: the common case, no lookup
+        if breaker.refusing:  # the lookup below would wait on it too
+            raise refused(call.label, breaker)
         remaining = deadline - asyncio.get_running_loop().time()
         max_batch = await self.services.batch_size(
-            target.address, target.model, target.version, max(0.05, remaining)
+            target.address, target.model, target.version, max(0.05, remaining), breaker
         )
         if one_call and self.merger is not None and max_batch > 0:
             lane = self.merger.lane(call.label, target, call.outputs, inputs, max_batch)
@@ -89,9 +98,11 @@ async def infer_with_retries(
     deadline: float,
     request_id: str,
     via: Infer | None = None,
+    breaker: Breaker | None = None,
 ) -> dict[str, np.ndarray]:
     """ModelInfer within the request's deadline, retrying UNAVAILABLE with jittered backoff;
-    `via` sends each attempt (default: channels.infer; a merging lane, merging.py)."""
+    `via` sends each attempt (default: channels.infer; a merging lane, merging.py); `breaker`
+    hears how each attempt ended, and refuses attempts while the endpoint is not answering."""
     send = channels.infer if via is None else via
     loop = asyncio.get_running_loop()
     step, address = call.label, call.target.address
@@ -103,17 +114,25 @@ async def infer_with_retries(
                 step, grpc.StatusCode.DEADLINE_EXCEEDED, "no time left in the request's budget"
             )
         timeout = remaining if call.per_call_s is None else min(call.per_call_s, remaining)
+        if breaker is not None and breaker.refusing:
+            raise refused(step, breaker)
+        token = breaker.sending(call.target.model) if breaker is not None else 0
         try:
             with attempt_span(call, attempt) if tracing.ENABLED else tracing.NO_SPAN:
-                return await send(
+                outputs = await send(
                     call.target,
                     inputs,
                     outputs=call.outputs,
                     timeout=timeout,
                     request_id=request_id,
                 )
+            if breaker is not None:
+                breaker.answered(token)
+            return outputs
         except CallFailed as exc:
             code = exc.code()
+            if breaker is not None:
+                breaker.missed(token, code, exc.details(), call.target.model)
             if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in (
                 exc.details() or ""
             ):
@@ -123,13 +142,23 @@ async def infer_with_retries(
                     f"a message to or from {address} is over the size limit ({exc.details()})",
                     http=413,
                 ) from None
-            if code in RETRYABLE and attempt < call.retries:
+            if code in RETRYABLE and attempt < call.retries and not (breaker and breaker.refusing):
                 attempt += 1
                 backoff = min(0.05 * 2**attempt, 0.5) * (0.5 + random.random() / 2)
                 if deadline - loop.time() > backoff:
                     await asyncio.sleep(backoff)
                     continue
             raise StepError(step, code, _describe(code, exc.details(), address)) from None
+        except BaseException:  # cancelled (a client gone, a sibling branch failed)
+            if breaker is not None:
+                breaker.forget(token)
+            raise
+
+
+def refused(step: str, breaker: Breaker) -> StepError:
+    """The failure of a call not sent: its endpoint is not answering."""
+    metrics.CALLS_REFUSED.labels(breaker.address).inc()
+    return StepError(step, grpc.StatusCode.UNAVAILABLE, breaker.refusal())
 
 
 def attempt_span(call: Call, attempt: int) -> Span:

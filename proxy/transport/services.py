@@ -7,6 +7,7 @@ import grpc
 from grpc import aio
 
 from protos import pb
+from proxy.transport.breaker import Breaker
 from proxy.transport.channels import RETRYABLE, Channels
 
 
@@ -15,13 +16,21 @@ class Services:
         self.channels = channels
         self._batch_sizes: dict[tuple[str, str, str], int] = {}
 
-    async def batch_size(self, address: str, model: str, version: str, timeout: float) -> int:
+    async def batch_size(
+        self,
+        address: str,
+        model: str,
+        version: str,
+        timeout: float,
+        breaker: Breaker | None = None,
+    ) -> int:
         """The model's max_batch_size from its ModelConfig (Triton's RPC, which our
         services answer): > 0 means rows are independent and may be sent in chunks. 0
         when it does not batch or the server cannot say (remembered; an unreachable
-        server is asked again next time)."""
+        server is asked again next time, and `breaker` hears it did not answer)."""
         key = (address, model, version)
         if key not in self._batch_sizes:
+            token = breaker.sending(model) if breaker is not None else 0
             try:
                 reply = await self.channels.unary(
                     address,
@@ -32,9 +41,18 @@ class Services:
                 )
                 self._batch_sizes[key] = max(0, reply.config.max_batch_size)
             except aio.AioRpcError as exc:
+                if breaker is not None:
+                    breaker.missed(token, exc.code(), exc.details() or "", model)
                 if exc.code() in RETRYABLE or exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                     return 0
                 self._batch_sizes[key] = 0
+            except BaseException:
+                if breaker is not None:
+                    breaker.forget(token)
+                raise
+            else:
+                if breaker is not None:
+                    breaker.answered(token)
         return self._batch_sizes[key]
 
     async def ready(self, address: str, model: str | None, timeout: float) -> tuple[bool, str]:

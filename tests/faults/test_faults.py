@@ -127,7 +127,9 @@ class ProxyWatch(threading.Thread):
 
 def test_hung_predictor(mesh: Mesh) -> None:
     """SIGSTOP one branch for three seconds: answers stay within the deadline + margin, and
-    nothing piles up in the proxy (in-flight requests and memory stay bounded)."""
+    nothing piles up in the proxy (in-flight requests and memory stay bounded). Once the
+    branch's calls and a readiness check got no answer, `digits` fails at once (503) rather
+    than at its deadline (504), until the branch answers again (proxy/transport/breaker.py)."""
     proc = mesh.local.procs["digits-forest"]
     watch = ProxyWatch(mesh)
     watch.sample()
@@ -150,7 +152,9 @@ def test_hung_predictor(mesh: Mesh) -> None:
         report(tally.summary(f"hung predictor, {name}"))
         assert tally.lost == 0 and tally.hung == 0
         assert max(tally.latencies) < 0.8 + 0.5, "an answer came later than its deadline"
-    assert set(strict.by_status) <= {200, 504} and strict.by_status[504] > 0
+    assert set(strict.by_status) <= {200, 503, 504} and strict.by_status[504] > 0
+    assert strict.by_status[503] > 0, "calls to the frozen branch never failed at once"
+    assert all(b"is not answering" in answer for answer in strict.bodies[503])
     assert set(partial.by_status) == {200}
     growth = max(watch.rss_mb) - watch.rss_mb[0]
     report(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from collections.abc import Sequence
 
 from proxy.transport.fresh import Fresh
@@ -29,6 +30,8 @@ class Fingerprints:
         self.check_s = check_s
         self.timeout_s = timeout_s
         self._fresh: dict[tuple[str, str, str], Fresh[bytes | None]] = {}
+        self._unknown: dict[tuple[str, str, str], float] = {}
+        """Models whose last ask got no fingerprint -> when they were last asked."""
         self.bases: dict[object, Base] = {}
         """A plan, or a step's (target, outputs) -> its keys' base (`_key`)."""
 
@@ -37,13 +40,27 @@ class Fingerprints:
         fresh = self._fresh.get(key)
         if fresh is None:
             fresh = self._fresh[key] = Fresh(lambda: self._ask(*key), self.check_s)
-        return await fresh.get()
+        asked = self._unknown.get(key)
+        if asked is None:
+            return await fresh.get()
+        # It could not say when last asked (unreachable, frozen, unknown model): asked again
+        # once per check_s, but no request waits for it. Each request waited up to
+        # timeout_s before (0.5 s a `digits-partial` request while one branch was frozen).
+        now = time.monotonic()
+        if now - asked >= self.check_s:
+            self._unknown[key] = now
+            task = asyncio.ensure_future(fresh.get())
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return fresh.peek()
 
     async def _ask(self, address: str, model: str, version: str) -> bytes | None:
+        key = (address, model, version)
         try:
             meta = await self.services.metadata(address, model, version, self.timeout_s)
         except Exception:  # unreachable, unknown model: no fingerprint, no caching
+            self._unknown.setdefault(key, time.monotonic())
             return None
+        self._unknown.pop(key, None)
         return meta.SerializeToString(deterministic=True)
 
     async def of_all(self, targets: Sequence[Target]) -> tuple[bytes, ...] | None:
