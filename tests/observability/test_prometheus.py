@@ -152,7 +152,7 @@ def test_every_panel_and_rule_has_labelled_series(
             missing = [name for name in panel.labels if not labels.get(name)]
             assert not missing, (panel.title, legend, labels)
     rules = server.rules()
-    assert len(rules) == 13
+    assert len(rules) == 15
     unhealthy = [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]
     assert not unhealthy, unhealthy
     # The recorded series each alert compares carry what its summary names.
@@ -162,6 +162,7 @@ def test_every_panel_and_rule_has_labelled_series(
         ("mesh:pipeline_latency_p99:5m", "pipeline"),
         ("mesh:step_latency_p99:5m", "step"),
         ("mesh:model_queue_depth:max", "model"),
+        ("mesh:endpoint_not_answering:max", "endpoint"),
     ):
         assert record in by_name
         assert all(s["metric"].get(label) for s in server.query(record)), record
