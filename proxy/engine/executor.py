@@ -246,13 +246,21 @@ class Executor:
         succeeded = {
             n: t.result() for n, t in tasks.items() if not t.cancelled() and t.exception() is None
         }
+        combined, unfit = combine(step.combine, succeeded)
+        if unfit:
+            for name, why in unfit.items():
+                del succeeded[name]
+                _failed(run, f"{step.name}/{name}", why)
+            if step.aggregation == "all_or_nothing" or not succeeded:
+                name, why = next(iter(unfit.items()))
+                raise StepError(f"{step.name}/{name}", grpc.StatusCode.INTERNAL, why)
         if not succeeded:
             first = next(t.exception() for t in tasks.values() if not t.cancelled())
             raise StepError(step.name, first.code, f"every branch failed; {first}")  # type: ignore[union-attr]
         if len(succeeded) < len(tasks):
             run.partial = True
         run.put_branches(step.name, succeeded)
-        for name, value in combine(step.combine, succeeded).items():
+        for name, value in combined.items():
             run.put(f"{step.name}.{name}", value)
         latency = ms(time.perf_counter() - start)
         status = "ok" if len(succeeded) == len(tasks) else "partial"
@@ -278,3 +286,11 @@ class Executor:
         since = ms(time.perf_counter() - run.origin)
         run.steps.append(StepStatus(step.name, "ok", 0.0, start_ms=since))
         await self._steps(chosen, run)
+
+
+def _failed(run: Run, label: str, why: str) -> None:
+    """A call that answered, its answer refused after all (combine.misfits)."""
+    for status in reversed(run.steps):
+        if status.name == label:
+            status.status, status.error = "internal", why
+            return

@@ -23,7 +23,7 @@ _REF = re.compile(r"^(?P<step>[A-Za-z0-9_\-]+)\.(?P<tensor>.+?)(?:\[(?P<index>-?
 def to_json(value: Any) -> Any:
     """Tensors (and their elements) as JSON values; BYTES become UTF-8 text."""
     if isinstance(value, np.ndarray):
-        if value.dtype == object:
+        if value.dtype == object or value.dtype.kind == "S":  # a row of BYTES: numpy bytes
             return [to_json(v) for v in value] if value.ndim else to_json(value.item())
         return value.tolist()
     if isinstance(value, bytes):

@@ -337,3 +337,50 @@ async def test_env_var_repoints_a_step(servers, make_client) -> None:
         async with make_client(pipes, {"PARSE_URL": parse, "MODELS_URL": target}) as client:
             results.append((await post(client, "p", body(1))).json()["result"]["y"])
     assert results == [[2.0], [1001.0], [0.0]]
+
+
+@pytest.mark.parametrize("aggregation", ["partial", "all_or_nothing"])
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        (lambda x: np.concatenate([x, x], axis=1), "has shape [1, 4], unlike [1, 2]"),
+        (lambda x: np.full_like(x, np.nan), "not finite"),
+        (lambda x: np.array([[b"a"] * x.shape[1]] * len(x), dtype=object), "is not numbers"),
+    ],
+    ids=["wider", "nan", "bytes"],
+)
+async def test_a_branch_answering_what_cannot_be_combined_is_a_failed_branch(
+    servers, make_client, aggregation: str, answer, why: str
+) -> None:
+    """A swapped-in predictor that answers unlike the others (another shape, NaN, text):
+    its branch fails, named, and the others answer, or the step fails as all-or-nothing
+    says; never a 500, never a NaN-poisoned mean."""
+
+    async def misanswer(inputs, deadline):
+        return {"y": answer(inputs["x"])}
+
+    env = {"PARSE_URL": await servers(parse_model())}
+    env["BRANCH_ONE_URL"] = await servers(affine("one", 1, 1))
+    env["BRANCH_TWO_URL"] = await servers(affine("two", 1, 3))
+    env["BRANCH_ODD_URL"] = await servers(ScriptedModel("odd", misanswer))
+    ensemble = {
+        "name": "ens",
+        "branches_from": {"prefix": "BRANCH_"},
+        "inputs": {"x": "parse.x"},
+        "aggregation": aggregation,
+        "combine": {"op": "mean", "tensor": "y"},
+    }
+    result = {"mean": "ens.y[0]", "members": {"per_branch": "ens", "fields": {"y": "y[0]"}}}
+    pipes = {"ens": pipeline([{"parallel": ensemble}], result)}
+    async with make_client(pipes, env) as client:
+        r = await post(client, "ens", body(0, 10))
+    if aggregation == "partial":
+        assert r.status_code == 200, r.text
+        odd = next(s for s in r.json()["steps"] if s["name"] == "ens/odd")
+        assert odd["status"] == "internal" and why in odd["error"], odd
+        assert r.json()["result"]["mean"] == [2.0, 12.0]
+        assert set(r.json()["result"]["members"]) == {"one", "two"}
+        assert r.json()["partial"] is True
+    else:
+        assert r.status_code == 502, r.text
+        assert r.json()["step"] == "ens/odd" and why in r.json()["error"]

@@ -4,6 +4,7 @@ grouped under the records they belong to (OCR's words under their lines)."""
 from __future__ import annotations
 
 import numpy as np
+import orjson
 
 from proxy.engine.results import render
 
@@ -61,3 +62,22 @@ def test_a_record_per_branch_and_rows_by_index() -> None:
         "beyond": None,  # a row that is not there: null, never an error
         "members": {"a": {"label": 7, "p": [0.5, 0.25]}, "b": {"label": None, "p": None}},
     }
+
+
+def test_a_row_of_text_renders_as_text() -> None:
+    """A row of a BYTES tensor is a numpy bytes scalar, not an object: it rendered as raw
+    bytes, which JSON cannot carry (a branch answering its label as text made every
+    request a 500)."""
+    labels = np.array([b"seven", "\u00e9t\u00e9".encode()], dtype=object)
+    template = {
+        "first": "e.label[0]",
+        "all": "e.label",
+        "members": {"per_branch": "e", "fields": {"label": "label[1]"}},
+    }
+    out = render(template, {"e.label": labels}, {"e": {"a": {"label": labels}}})
+    assert out == {
+        "first": "seven",
+        "all": ["seven", "\u00e9t\u00e9"],
+        "members": {"a": {"label": "\u00e9t\u00e9"}},
+    }
+    assert isinstance(orjson.dumps(out), bytes)
