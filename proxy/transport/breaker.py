@@ -14,7 +14,8 @@ endpoint is asked whether it is ready (ServerReady/ModelReady, CHECK_TIMEOUT_S).
 endpoint that answers is alive, its calls merely slow for their budgets (an OCR page under
 a 300 ms budget), and nothing changes. One that does not is *not answering*: its calls fail
 UNAVAILABLE at once (503 with Retry-After; a partial pipeline's branch), and the check is
-repeated every CHECK_EVERY_S; the first answer opens it to calls again. No request waits on a check.
+repeated every CHECK_EVERY_S; the first answer opens it to calls again. No request waits on
+a check, and the calls out when it is found not answering fail then, not at their deadline.
 
 Per address, whatever models it serves: a frozen process stalls all of them. An address
 naming several replicas (balancing.py) is checked through the balancer, so it is not
@@ -60,6 +61,7 @@ class Breaker:
     __slots__ = (
         "_check",
         "_next",
+        "_released",
         "_task",
         "_timer",
         "address",
@@ -69,6 +71,7 @@ class Breaker:
         "refusing",
         "started",
         "typical_s",
+        "waiting",
     )
 
     def __init__(self, address: str, check: Check) -> None:
@@ -83,6 +86,9 @@ class Breaker:
         """True while the endpoint is not answering: calls fail at once."""
         self.started: dict[int, float] = {}
         """Calls out: token -> when it left (oldest first)."""
+        self.waiting: dict[int, asyncio.Task] = {}
+        """The tasks waiting on calls out, to release when the endpoint is not answering."""
+        self._released: set[int] = set()
         self.typical_s = 0.0
         """What an answered call took, recently (an exponentially weighted mean)."""
         self._next = 0
@@ -90,12 +96,16 @@ class Breaker:
         self._timer: asyncio.TimerHandle | None = None
         metrics.NOT_ANSWERING.labels(address).set(0)  # a series from the first call on
 
-    def sending(self, model: str) -> int:
-        """A call leaves: its token, for `answered` or `missed`."""
+    def sending(self, model: str, task: asyncio.Task | None = None) -> int:
+        """A call leaves: its token, for `answered`, `missed` or `forget`. `task`, waiting
+        on the call, is cancelled if the endpoint is found not answering meanwhile (the
+        caller then asks `let_go`)."""
         # Inline, no helper calls: it runs on every call (stalls.py has the same rule).
         token = self._next = self._next + 1
         now = time.monotonic()
         self.started[token] = now
+        if task is not None:
+            self.waiting[token] = task
         if self._timer is None:
             self._look_later(model, now)
         return token
@@ -132,7 +142,10 @@ class Breaker:
     def answered(self, token: int | None = None) -> None:
         now = self.answered_at = time.monotonic()
         self.misses = 0
-        if token is not None and (began := self.started.pop(token, None)) is not None:
+        if token is None:
+            return
+        self.waiting.pop(token, None)
+        if (began := self.started.pop(token, None)) is not None:
             typical = self.typical_s
             self.typical_s = (
                 now - began if typical == 0.0 else typical + 0.1 * (now - began - typical)
@@ -141,10 +154,28 @@ class Breaker:
     def forget(self, token: int) -> None:
         """The call of `token` ended its caller's way (cancelled): it says nothing."""
         self.started.pop(token, None)
+        self.waiting.pop(token, None)
+
+    def let_go(self, token: int) -> bool:
+        """Whether the call of `token` was cancelled because the endpoint is not answering
+        (its caller then fails it as refused, its own cancellation taken back)."""
+        if token in self._released:
+            self._released.discard(token)
+            return True
+        return False
+
+    def _release(self) -> None:
+        """Calls out now fail at once, not at their deadline: a frozen process's calls
+        would otherwise hold their requests for their whole budget (15 s for an OCR page)."""
+        for token, task in list(self.waiting.items()):
+            self._released.add(token)
+            task.cancel()
+        self.waiting.clear()
 
     def missed(self, token: int, code: grpc.StatusCode, details: str, model: str) -> None:
         """The call of `token` ended with `code`."""
         sent_at = self.started.pop(token, 0.0)
+        self.waiting.pop(token, None)
         out_s = time.monotonic() - sent_at
         if code not in NO_ANSWER:
             self.answered()  # an error is an answer: the endpoint is there
@@ -184,6 +215,7 @@ class Breaker:
                 return
             if not self.refusing:
                 self.refusing = True
+                self._release()
                 metrics.NOT_ANSWERING.labels(self.address).set(1)
                 log.warning(
                     "endpoint %s is not answering (calls without an answer: %d ended, %d "

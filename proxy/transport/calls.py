@@ -76,9 +76,11 @@ class Calls:
             return await send(inputs)  # one row that fits: the common case, no lookup
         if breaker.refusing:  # the lookup below would wait on it too
             raise refused(call.label, breaker)
+        # Asked once a model (remembered), within a second at most: a silent endpoint held
+        # each first call here for its whole budget. Unanswered, the call goes alone.
         remaining = deadline - asyncio.get_running_loop().time()
         max_batch = await self.services.batch_size(
-            target.address, target.model, target.version, max(0.05, remaining), breaker
+            target.address, target.model, target.version, max(0.05, min(remaining, 1.0)), breaker
         )
         if one_call and self.merger is not None and max_batch > 0:
             lane = self.merger.lane(call.label, target, call.outputs, inputs, max_batch)
@@ -116,7 +118,9 @@ async def infer_with_retries(
         timeout = remaining if call.per_call_s is None else min(call.per_call_s, remaining)
         if breaker is not None and breaker.refusing:
             raise refused(step, breaker)
-        token = breaker.sending(call.target.model) if breaker is not None else 0
+        token = (
+            breaker.sending(call.target.model, asyncio.current_task()) if breaker is not None else 0
+        )
         try:
             with attempt_span(call, attempt) if tracing.ENABLED else tracing.NO_SPAN:
                 outputs = await send(
@@ -128,11 +132,15 @@ async def infer_with_retries(
                 )
             if breaker is not None:
                 breaker.answered(token)
+                if breaker.let_go(token):  # answered as it was let go: the answer stands
+                    _taken_back()
             return outputs
         except CallFailed as exc:
             code = exc.code()
             if breaker is not None:
                 breaker.missed(token, code, exc.details(), call.target.model)
+                if breaker.let_go(token) and _taken_back():  # a layer below made it a failure
+                    raise refused(step, breaker) from None
             if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in (
                 exc.details() or ""
             ):
@@ -149,10 +157,20 @@ async def infer_with_retries(
                     await asyncio.sleep(backoff)
                     continue
             raise StepError(step, code, _describe(code, exc.details(), address)) from None
-        except BaseException:  # cancelled (a client gone, a sibling branch failed)
+        except BaseException as exc:  # cancelled (a client gone, a sibling branch failed)
             if breaker is not None:
                 breaker.forget(token)
+                cancelled = isinstance(exc, asyncio.CancelledError)
+                if cancelled and breaker.let_go(token) and _taken_back():
+                    raise refused(step, breaker) from None
             raise
+
+
+def _taken_back() -> bool:
+    """The breaker's cancellation of this task taken back (breaker.py let the call go: its
+    endpoint is not answering); False when the task is cancelled besides, by its caller."""
+    task = asyncio.current_task()
+    return task is not None and task.uncancel() == 0
 
 
 def refused(step: str, breaker: Breaker) -> StepError:

@@ -253,3 +253,71 @@ async def test_a_cancelled_call_leaves_no_record(merge: bool) -> None:
     finally:
         await channels.close()
         await server.stop(0)
+
+
+@pytest.mark.parametrize("streams", [2, 0], ids=["streams", "unary"])
+@pytest.mark.parametrize("merge", [True, False], ids=["merged", "alone"])
+async def test_calls_out_when_an_endpoint_is_found_silent_fail_then_not_at_their_deadline(
+    monkeypatch: pytest.MonkeyPatch, streams: int, merge: bool
+) -> None:
+    """A frozen process's calls would hold their requests for their whole budget (15 s for
+    an OCR page): once the check goes unanswered they fail at once, and the tasks that made
+    them go on as tasks that were never cancelled."""
+    monkeypatch.setattr(breakers, "CHECK_TIMEOUT_S", 0.3)
+    sink = Sink()
+    port = await sink.start()
+    channels = Channels(streams=streams)
+    calls = Calls(channels, Services(channels), merge=merge)
+    call = Call("m", Target("M_URL", f"127.0.0.1:{port}", "affine"), ["y"], None, 0)
+    loop = asyncio.get_running_loop()
+
+    async def one(i: int) -> tuple[str, float, bool]:
+        t0 = time.monotonic()
+        try:
+            await calls.call(call, {"x": np.ones((1, 2), np.float32)}, loop.time() + 10, f"r{i}")
+        except StepError as exc:
+            outcome = f"{exc.code.name}: {exc.message}"
+        waited = time.monotonic() - t0
+        await asyncio.sleep(0.01)  # raises CancelledError if the task were left cancelled
+        task = asyncio.current_task()
+        return outcome, waited, task is not None and task.cancelling() == 0
+
+    try:
+        results = await asyncio.gather(*(one(i) for i in range(4)))
+    finally:
+        await sink.close()
+        await channels.close()
+    for outcome, waited, clean in results:
+        assert outcome.startswith("UNAVAILABLE") and "is not answering" in outcome, outcome
+        assert waited < 3.0, "let go once the endpoint was found silent, not at 10 s"
+        assert clean
+    assert calls.breakers.get(call.target.address).waiting == {}
+
+
+async def test_a_call_let_go_whose_caller_is_cancelled_too_stays_cancelled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The breaker's cancellation is taken back, never the caller's own."""
+    monkeypatch.setattr(breakers, "CHECK_TIMEOUT_S", 0.3)
+    sink = Sink()
+    port = await sink.start()
+    channels = Channels(streams=0)
+    calls = Calls(channels, Services(channels))
+    call = Call("m", Target("M_URL", f"127.0.0.1:{port}", "affine"), ["y"], None, 0)
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(
+        calls.call(call, {"x": np.ones((1, 2), np.float32)}, loop.time() + 10, "r")
+    )
+    breaker = calls.breakers.get(call.target.address)
+    try:
+        for _ in range(500):  # until the call is out
+            if breaker.waiting:
+                break
+            await asyncio.sleep(0.01)
+        task.cancel()  # the caller's own, then the breaker's (same loop turn)
+        breaker._release()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        await sink.close()
+        await channels.close()
