@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -159,3 +160,35 @@ async def hang_ups(
 
     await asyncio.gather(*(client() for _ in range(clients)))
     return count
+
+
+def load_with_events(
+    url: str,
+    path: str,
+    body: bytes,
+    duration_s: float,
+    events: list[tuple[float, Callable[[], None]]],
+    after: Callable[[], None],
+) -> Tally:
+    """Eight closed-loop clients (3 s budgets) for `duration_s`, each event's action run at
+    its second from the start (a fault, its healing); `after` once the load and every event
+    are done, whatever happened (a fault always healed)."""
+    timers = [threading.Timer(at, action) for at, action in events]
+    for timer in timers:
+        timer.start()
+    try:
+        return asyncio.run(
+            run(
+                url,
+                path,
+                body,
+                requests=0,
+                concurrency=8,
+                timeout_ms=3000,
+                min_duration_s=duration_s,
+            )
+        )
+    finally:
+        for timer in timers:
+            timer.join()
+        after()

@@ -6,11 +6,7 @@ the silent branch: 8 clients got ~3 answers a second, where they got ~1,000."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import signal
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,9 +16,16 @@ import pytest
 
 from tests.conftest import Mesh
 from tests.faults import netns
-from tests.faults.load import run
-from tests.faults.test_stalled_replica import BODY, FAULTS, MODEL, VARIABLE, WINDOW_S, _rows
-from tests.procs import ROOT, Service, metric_of, start_service
+from tests.faults.load import load_with_events
+from tests.faults.test_stalled_replica import (
+    BODY,
+    FAULTS,
+    VARIABLE,
+    WINDOW_S,
+    _rows,
+    isolated_predictor,
+)
+from tests.procs import Service, metric_of
 from tests.report import report
 
 pytestmark = pytest.mark.alone  # how the mesh holds under load: no other test beside it
@@ -36,20 +39,8 @@ then a readiness check's 1 s."""
 @pytest.fixture
 def silent(tmp_path: Path) -> Iterator[tuple[netns.Netns, Service]]:
     """The branch's only replica, in a network namespace of its own."""
-    if not netns.available():
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the network fault tests: they need {netns.NEEDS}")
-        pytest.skip(f"needs {netns.NEEDS}")
-    args = ["--repository", str(ROOT / "models" / "repository"), "--models", MODEL]
-    with netns.namespace(1) as ns:
-        service = start_service(
-            "predictors", [*args, "--host", ns.address], tmp_path, prefix=ns.prefix
-        )
-        try:
-            yield ns, service
-        finally:
-            service.proc.send_signal(signal.SIGCONT)
-            service.stop()
+    with isolated_predictor(tmp_path) as (ns, service):
+        yield ns, service
 
 
 def _branch_answers(url: str) -> bool:
@@ -76,28 +67,14 @@ def test_a_silent_branch_costs_a_partial_pipeline_nothing_once_noticed(
         rows["healed"] = _rows(address)
 
     with mesh.extra_proxy(27590, **{VARIABLE: address}) as url:
-        timers = [
-            threading.Timer(HEALTHY_S, start_fault, (ns, service)),
-            threading.Timer(HEALTHY_S + FAULT_S, healed),
-        ]
-        for timer in timers:
-            timer.start()
-        try:
-            tally = asyncio.run(
-                run(
-                    url,
-                    "/v1/pipelines/digits-partial/infer",
-                    BODY,
-                    requests=0,
-                    concurrency=8,
-                    timeout_ms=3000,
-                    min_duration_s=HEALTHY_S + FAULT_S + AFTER_S,
-                )
-            )
-        finally:
-            for timer in timers:
-                timer.join()
-            heal(ns, service)
+        tally = load_with_events(
+            url,
+            "/v1/pipelines/digits-partial/infer",
+            BODY,
+            HEALTHY_S + FAULT_S + AFTER_S,
+            [(HEALTHY_S, lambda: start_fault(ns, service)), (HEALTHY_S + FAULT_S, healed)],
+            after=lambda: heal(ns, service),
+        )
         refused = metric_of(url, "proxy_calls_refused_total", endpoint=address)
         give_up = time.monotonic() + 10
         while not _branch_answers(url):

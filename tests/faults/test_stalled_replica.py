@@ -7,11 +7,10 @@ it heals. Before proxy/transport/hedging.py and a 1 s keepalive, a blackholed re
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
-import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -22,7 +21,7 @@ from protos import pb, pb_grpc
 from samples.images import encode, render_digit
 from tests.conftest import Mesh
 from tests.faults import netns
-from tests.faults.load import Tally, run
+from tests.faults.load import Tally, load_with_events
 from tests.procs import ROOT, Service, start_service
 from tests.report import report
 
@@ -38,24 +37,35 @@ than the 2 s keepalive takes to close a dead connection. The old path's blackhol
 WINDOW_S = 2.0
 
 
-@pytest.fixture
-def replicas(tmp_path: Path) -> Iterator[tuple[netns.Netns, Service, Service]]:
-    """Replica A in a network namespace of its own, replica B beside the tests."""
+@contextmanager
+def isolated_predictor(tmp_path: Path) -> Iterator[tuple[netns.Netns, Service]]:
+    """A `digits_mlp` replica in a network namespace of its own (thawed, then stopped on
+    exit); CI must be able to make one."""
     if not netns.available():
         if os.environ.get("CI"):
             pytest.fail(f"CI must run the network fault tests: they need {netns.NEEDS}")
         pytest.skip(f"needs {netns.NEEDS}")
     args = ["--repository", str(ROOT / "models" / "repository"), "--models", MODEL]
     with netns.namespace(1) as ns:
-        isolated = start_service(
+        service = start_service(
             "predictors", [*args, "--host", ns.address], tmp_path, prefix=ns.prefix
         )
+        try:
+            yield ns, service
+        finally:
+            service.proc.send_signal(signal.SIGCONT)
+            service.stop()
+
+
+@pytest.fixture
+def replicas(tmp_path: Path) -> Iterator[tuple[netns.Netns, Service, Service]]:
+    """Replica A in a network namespace of its own, replica B beside the tests."""
+    with isolated_predictor(tmp_path) as (ns, isolated):
+        args = ["--repository", str(ROOT / "models" / "repository"), "--models", MODEL]
         beside = start_service("predictors", [*args, "--host", "127.0.0.1"], tmp_path)
         try:
             yield ns, isolated, beside
         finally:
-            isolated.proc.send_signal(signal.SIGCONT)
-            isolated.stop()
             beside.stop()
 
 
@@ -126,29 +136,18 @@ def test_one_replica_stops_answering(
         rows["healed"] = _rows(isolated_address)
 
     with mesh.extra_proxy(27580, **{VARIABLE: target}, **env) as url:
-        timers = [
-            threading.Timer(HEALTHY_S - 0.5, lambda: rows.update(before=_rows(isolated_address))),
-            threading.Timer(HEALTHY_S, start_fault, (ns, isolated)),
-            threading.Timer(HEALTHY_S + fault_s, healed),
-        ]
-        for timer in timers:
-            timer.start()
-        try:
-            tally = asyncio.run(
-                run(
-                    url,
-                    "/v1/pipelines/digits/infer",
-                    BODY,
-                    requests=0,
-                    concurrency=8,
-                    timeout_ms=3000,
-                    min_duration_s=HEALTHY_S + fault_s + AFTER_S,
-                )
-            )
-        finally:
-            for timer in timers:
-                timer.join()
-            heal(ns, isolated)
+        tally = load_with_events(
+            url,
+            "/v1/pipelines/digits/infer",
+            BODY,
+            HEALTHY_S + fault_s + AFTER_S,
+            [
+                (HEALTHY_S - 0.5, lambda: rows.update(before=_rows(isolated_address))),
+                (HEALTHY_S, lambda: start_fault(ns, isolated)),
+                (HEALTHY_S + fault_s, healed),
+            ],
+            after=lambda: heal(ns, isolated),
+        )
         rows["after"] = _rows(isolated_address)
     before, after, windows, during, failed = _windows(tally, fault_s)
     name = f"{fault}{' (unary)' if env else ''}"

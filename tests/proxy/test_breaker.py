@@ -141,6 +141,15 @@ class Sink:
         await self.server.wait_closed()
 
 
+def _calls_to(
+    port: int, streams: int, merge: bool = False, model: str = "affine"
+) -> tuple[Channels, Calls, Call]:
+    """This process's calls (real channels) and one step's call to a model at `port`."""
+    channels = Channels(streams=streams)
+    calls = Calls(channels, Services(channels), merge=merge)
+    return channels, calls, Call("m", Target("M_URL", f"127.0.0.1:{port}", model), ["y"], None, 0)
+
+
 @pytest.mark.parametrize("streams", [2, 0], ids=["streams", "unary"])
 @pytest.mark.parametrize("merge", [True, False], ids=["merged", "alone"])
 async def test_a_silent_endpoint_fails_calls_at_once_then_serves_once_it_answers(
@@ -150,9 +159,7 @@ async def test_a_silent_endpoint_fails_calls_at_once_then_serves_once_it_answers
     monkeypatch.setattr(breakers, "CHECK_EVERY_S", 0.05)
     sink = Sink()
     port = await sink.start()
-    channels = Channels(streams=streams)
-    calls = Calls(channels, Services(channels), merge=merge)
-    call = Call("m", Target("M_URL", f"127.0.0.1:{port}", "affine"), ["y"], None, 0)
+    channels, calls, call = _calls_to(port, streams, merge)
     x = {"x": np.ones((1, 2), np.float32)}
     loop = asyncio.get_running_loop()
     try:
@@ -232,9 +239,7 @@ async def test_a_cancelled_call_leaves_no_record(merge: bool) -> None:
     """A call its caller cancels (a client gone) is forgotten, neither answer nor miss:
     the endpoint's record of calls out would otherwise grow with every hang-up."""
     server = await serve(affine("slow", 1.0, 0.0, delay_s=10.0))
-    channels = Channels(streams=2)
-    calls = Calls(channels, Services(channels), merge=merge)
-    call = Call("m", Target("M_URL", f"127.0.0.1:{server.port}", "slow"), ["y"], None, 0)
+    channels, calls, call = _calls_to(server.port, 2, merge, model="slow")
     loop = asyncio.get_running_loop()
     try:
         tasks = [
@@ -266,9 +271,7 @@ async def test_calls_out_when_an_endpoint_is_found_silent_fail_then_not_at_their
     monkeypatch.setattr(breakers, "CHECK_TIMEOUT_S", 0.3)
     sink = Sink()
     port = await sink.start()
-    channels = Channels(streams=streams)
-    calls = Calls(channels, Services(channels), merge=merge)
-    call = Call("m", Target("M_URL", f"127.0.0.1:{port}", "affine"), ["y"], None, 0)
+    channels, calls, call = _calls_to(port, streams, merge)
     loop = asyncio.get_running_loop()
 
     async def one(i: int) -> tuple[str, float, bool]:
@@ -301,9 +304,7 @@ async def test_a_call_let_go_whose_caller_is_cancelled_too_stays_cancelled(
     monkeypatch.setattr(breakers, "CHECK_TIMEOUT_S", 0.3)
     sink = Sink()
     port = await sink.start()
-    channels = Channels(streams=0)
-    calls = Calls(channels, Services(channels))
-    call = Call("m", Target("M_URL", f"127.0.0.1:{port}", "affine"), ["y"], None, 0)
+    channels, calls, call = _calls_to(port, 0)
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(
         calls.call(call, {"x": np.ones((1, 2), np.float32)}, loop.time() + 10, "r")
