@@ -17,6 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TypeVar
 
+import grpc
 import numpy as np
 from grpc import aio
 
@@ -27,6 +28,7 @@ from protos.logs import REQUEST_ID, new_id
 from protos.version import VERSION
 from proxy.doors.pipeline_models import PipelineModel
 from proxy.state import ProxyState
+from proxy.transport.breaker import Breaker, Breakers
 from proxy.transport.channels import Channels
 from proxy.transport.failures import CallFailed
 from proxy.transport.fresh import Fresh
@@ -59,6 +61,7 @@ class ProxyPlane(DataPlane):
         timeout_s: float,
         ready_timeout_s: float,
         ready_cache_s: float,
+        breakers: Breakers | None = None,
     ) -> None:
         """`forwarded`: model name -> the address of the service that hosts it (a pipeline
         of the same name wins the name); `addresses`: every service a pipeline calls, whose
@@ -75,6 +78,9 @@ class ProxyPlane(DataPlane):
         self.ready_timeout_s = ready_timeout_s
         self._addresses = sorted(set(addresses))
         self._services_ready = Fresh(self._all_services_ready, ready_cache_s)
+        self.breakers = breakers
+        """The pipelines' record of endpoints not answering (breaker.py): a forwarded call
+        to one fails at once, as the pipelines' calls do."""
         self._signatures: dict[tuple[str, str], Signature | None] = {}
         self._versions: dict[str, list[str]] = {}
 
@@ -93,6 +99,11 @@ class ProxyPlane(DataPlane):
         if address is None and name not in self._pipelines:
             raise NotFound(f"unknown model '{name}' (served: {', '.join(self.names())})")
         return address
+
+    def _not_answering(self, address: str) -> Breaker | None:
+        """The endpoint's breaker while its calls fail at once (breaker.py), else None."""
+        breaker = None if self.breakers is None else self.breakers.get(address)
+        return breaker if breaker is not None and breaker.refusing else None
 
     async def _ask(self, call: Callable[[], Awaitable[T]]) -> T:
         """A question to a service; its error passed on with its own status and message."""
@@ -189,6 +200,8 @@ class ProxyPlane(DataPlane):
             return await super().signature(name, version)
         key = (name, version)
         if key not in self._signatures:
+            if self._not_answering(address):
+                return None  # not asked: `run` refuses the call at once
             try:
                 meta = await self.services.metadata(address, name, version, self.ready_timeout_s)
             except aio.AioRpcError:
@@ -207,6 +220,8 @@ class ProxyPlane(DataPlane):
         address = self._address(request.model)
         if address is None:
             return await super().run(request)
+        if breaker := self._not_answering(address):
+            raise Downstream(grpc.StatusCode.UNAVAILABLE, breaker.refuse())
         signature = await self.signature(request.model, request.version)
         if signature is not None:
             # Metadata cannot say which inputs are optional (Triton's config can): the service
@@ -265,4 +280,5 @@ def build(state: ProxyState) -> ProxyPlane:
         timeout_s=s.v2_timeout_ms / 1000,
         ready_timeout_s=s.ready_timeout_ms / 1000,
         ready_cache_s=s.ready_cache_ms / 1000,
+        breakers=engine.executor.calls.breakers,
     )

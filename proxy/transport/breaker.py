@@ -1,14 +1,14 @@
 """Calls to an endpoint that has stopped answering fail at once, until it answers again.
 
-An endpoint whose calls get no answer (a process frozen, a node gone, an address that is
-not a gRPC server, one that refuses) costs each request its whole budget or a retry's
-back-off: a partial pipeline answers from its other branches only at its deadline, an
-all-or-nothing one holds every client until its 504. Measured before this, with one
-branch's endpoint a port that accepts and never answers: `digits-partial` took 3 s a request
-(its budget) instead of 5 ms; with one that refuses, 60-100 ms (the retry's back-off).
+An endpoint whose calls get no answer (a process frozen, a node gone, an address that
+accepts connections and is no gRPC server) costs each request its whole budget: a partial
+pipeline answers from its other branches only at its deadline, an all-or-nothing one holds
+every client until its 504. Measured before this, with one branch's endpoint a port that
+accepts and never answers: `digits-partial` took 3 s a request (its budget) instead of 5 ms.
+An endpoint that refuses is failed at once by gRPC itself, then retried (NEITHER).
 
-After THRESHOLD calls in a row ended without an answer (UNAVAILABLE, CANCELLED, or out of
-time after STALL_S or more), each sent after the endpoint last answered, or as soon as a
+After THRESHOLD calls in a row ended without an answer (out of time after STALL_S or
+more), each sent after the endpoint last answered, or as soon as a
 call has been out a stall (stalls.py, at least STALL_S) with no answer since it left, the
 endpoint is asked whether it is ready (ServerReady/ModelReady, CHECK_TIMEOUT_S). An
 endpoint that answers is alive, its calls merely slow for their budgets (an OCR page under
@@ -47,9 +47,11 @@ says nothing about the endpoint."""
 CHECK_TIMEOUT_S = 1.0
 CHECK_EVERY_S = 0.25
 
-NO_ANSWER = frozenset(
-    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED}
-)
+NEITHER = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
+"""Ends that are neither an answer nor a miss: a connection refused or closed is already
+failed at once by gRPC, and a retry after a short back-off is what lets a restarting
+service's calls through (counted as misses, a refusal for a few milliseconds under load
+turned the next 0.25 s of calls into 503s)."""
 
 Check = Callable[[str, str, float], Awaitable[tuple[bool, str]]]
 """(address, model, timeout) -> (ready, why not): Services.ready."""
@@ -177,12 +179,12 @@ class Breaker:
         sent_at = self.started.pop(token, 0.0)
         self.waiting.pop(token, None)
         out_s = time.monotonic() - sent_at
-        if code not in NO_ANSWER:
+        if code in NEITHER:
+            return
+        if code != grpc.StatusCode.DEADLINE_EXCEEDED:
             self.answered()  # an error is an answer: the endpoint is there
             return
-        if sent_at < self.answered_at or (
-            code == grpc.StatusCode.DEADLINE_EXCEEDED and out_s < STALL_S
-        ):
+        if sent_at < self.answered_at or out_s < STALL_S:
             return
         self.misses += 1
         self.last_miss = f"{code.name}: {details}"
@@ -193,6 +195,11 @@ class Breaker:
         if self._task is None:
             self._task = asyncio.ensure_future(self._watch(model))
             self._task.add_done_callback(self._watched)
+
+    def refuse(self) -> str:
+        """Why a call is not sent (while `refusing`), the refusal counted."""
+        metrics.CALLS_REFUSED.labels(self.address).inc()
+        return self.refusal()
 
     def refusal(self) -> str:
         """Why a call is not sent (while `refusing`)."""

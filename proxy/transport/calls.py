@@ -21,7 +21,6 @@ import numpy as np
 from protos import tracing
 from protos.channels import SERVICE_NAME
 from protos.tracing import Shape, Span, SpanKind
-from proxy import metrics
 from proxy.errors import StepError
 from proxy.transport import chunks
 from proxy.transport.breaker import Breaker, Breakers
@@ -175,8 +174,7 @@ def _taken_back() -> bool:
 
 def refused(step: str, breaker: Breaker) -> StepError:
     """The failure of a call not sent: its endpoint is not answering."""
-    metrics.CALLS_REFUSED.labels(breaker.address).inc()
-    return StepError(step, grpc.StatusCode.UNAVAILABLE, breaker.refusal())
+    return StepError(step, grpc.StatusCode.UNAVAILABLE, breaker.refuse())
 
 
 def attempt_span(call: Call, attempt: int) -> Span:

@@ -68,6 +68,11 @@ class Channels:
             # A frozen or unreachable service is noticed by keepalive (PROXY_KEEPALIVE_MS).
             ("grpc.keepalive_time_ms", keepalive_ms),
             ("grpc.keepalive_timeout_ms", keepalive_ms),
+            # This channel's own connections, not gRPC's process-wide pool: a channel made
+            # anew to an address whose earlier server is gone would otherwise take over that
+            # server's refused connection and its reconnect back-off (up to 1 s of refusals
+            # for a service started again on the same port; seen in the tests).
+            ("grpc.use_local_subchannel_pool", 1),
         ]
 
     def get(self, address: str) -> aio.Channel:
@@ -75,10 +80,8 @@ class Channels:
         channel = self._channels.get(address)
         if channel is None:
             key = address
-            address, _, index = key.partition(CONNECTION)
-            options = list(self._options)
-            if index:  # channels with equal arguments would share one connection
-                options += [("grpc.use_local_subchannel_pool", 1)]
+            address = key.partition(CONNECTION)[0]
+            options = list(self._options)  # a pool of its own: one connection each
             if self._balance == "grpc" and names_replicas(address):
                 # Every call to the next address. Not for one address: pick_first reconnects
                 # on the next call, round_robin only after its backoff.
