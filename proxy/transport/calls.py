@@ -159,8 +159,10 @@ async def infer_with_retries(
         except BaseException as exc:  # cancelled (a client gone, a sibling branch failed)
             if breaker is not None:
                 breaker.forget(token)
+                # Let go as it failed otherwise: the breaker's cancellation is taken back
+                # first (in that order), or it would cancel the request at its next await.
                 cancelled = isinstance(exc, asyncio.CancelledError)
-                if cancelled and breaker.let_go(token) and _taken_back():
+                if breaker.let_go(token) and _taken_back() and cancelled:
                     raise refused(step, breaker) from None
             raise
 

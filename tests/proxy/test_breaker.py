@@ -16,7 +16,7 @@ from proxy.engine.cache.fingerprints import Fingerprints
 from proxy.errors import StepError
 from proxy.transport import breaker as breakers
 from proxy.transport.breaker import Breaker
-from proxy.transport.calls import Call, Calls
+from proxy.transport.calls import Call, Calls, infer_with_retries
 from proxy.transport.channels import Channels
 from proxy.transport.services import Services
 from proxy.transport.target import Target
@@ -353,3 +353,36 @@ async def test_the_v2_doors_forwards_fail_at_once_too(
     assert refused.status_code == 503 and "is not answering" in refused.json()["error"]
     assert door.status_code == 503 and "is not answering" in door.json()["error"], door.text
     assert waited < 1.0, "both failed at once, not at their budgets"
+
+
+async def test_a_call_let_go_whose_layer_below_fails_otherwise_leaves_its_task_uncancelled() -> (
+    None
+):
+    """A layer below may answer the breaker's cancellation with an error of its own: that
+    error is the call's, and the cancellation is still taken back, or it would cancel the
+    request at its next await."""
+    breaker = Breaker("a:1", Checks())
+    call = Call("m", Target("M_URL", "a:1", "m"), ["y"], None, 0)
+    waiting = asyncio.Event()
+
+    async def converts(target, inputs, *, outputs, timeout, request_id):
+        waiting.set()
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            raise StepError("m", grpc.StatusCode.INTERNAL, "the layer's own failure") from None
+        raise AssertionError("not let go")
+
+    async def caller() -> tuple[str, int]:
+        loop = asyncio.get_running_loop()
+        try:
+            await infer_with_retries(None, call, {}, loop.time() + 10, "r", converts, breaker)  # type: ignore[arg-type]
+        except StepError as exc:
+            outcome = exc.message
+        await asyncio.sleep(0.01)  # raises CancelledError if the task were left cancelled
+        return outcome, asyncio.current_task().cancelling()  # type: ignore[union-attr]
+
+    task = asyncio.ensure_future(caller())
+    await waiting.wait()
+    breaker._release()
+    assert await task == ("the layer's own failure", 0)
