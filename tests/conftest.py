@@ -20,7 +20,7 @@ from bench.foreign import servers as foreign
 from compose.local import DEFAULT_FILE, LocalMesh
 from compose.topology import load
 from protos import pb_grpc
-from tests import report
+from tests import offsets, report
 from tests.modelgen import build_test_repository
 from tests.pki import PKI, make_pki
 from tests.procs import ROOT, Service, start_service
@@ -90,11 +90,9 @@ def preprocess_service(workdir: Path) -> Iterator[Service]:
     service.stop()
 
 
-PORT_OFFSET = 20000 - 6000 * worker_index()
+PORT_OFFSET = offsets.session_mesh(worker_index())
 """The shared mesh's ports, beside a mesh a developer may be running with ./mesh up; each
-pytest-xdist worker has a mesh of its own (+ 20000, + 14000, + 8000, ...), below the
-kernel's ephemeral ports (32768 and up) and clear of the ports tests fix (18080: the Compose
-smoke test's; 27xxx)."""
+pytest-xdist worker has a mesh of its own (tests/offsets.py says where, and why there)."""
 
 
 TLS = ssl.create_default_context()

@@ -21,9 +21,16 @@ LATENCY = Histogram(
 )
 
 
+class BindError(Exception):
+    """A port the service was told to serve on cannot be bound; the message names it."""
+
+
 def serve_metrics(host: str, port: int) -> int:
     """Start the /metrics HTTP server in a daemon thread; return its bound port."""
-    server, _thread = start_http_server(port, addr=host)
+    try:
+        server, _thread = start_http_server(port, addr=host)
+    except OSError as exc:
+        raise BindError(f"cannot serve metrics on {host}:{port}: {exc.strerror}") from None
     return int(server.server_port)
 
 

@@ -20,7 +20,7 @@ from protos.tls import TLSConfigError, server_credentials
 from v2server import metrics
 from v2server.dataplane import DataPlane
 from v2server.interceptors import ErrorMappingInterceptor, InFlight
-from v2server.metrics import serve_metrics
+from v2server.metrics import BindError, serve_metrics
 from v2server.model import LoadError
 from v2server.registry import Registry
 from v2server.servicer import InferenceServicer, rpc_handler
@@ -131,7 +131,10 @@ class V2Server:
         s = self.settings
         credentials = server_credentials(s.tls_cert, s.tls_key, s.tls_client_ca)
         if credentials is None:
-            self.port = self._server.add_insecure_port(address)
+            try:
+                self.port = self._server.add_insecure_port(address)
+            except RuntimeError:
+                raise BindError(f"cannot serve gRPC on {address}: is the port in use?") from None
         else:
             try:
                 self.port = self._server.add_secure_port(address, credentials)
@@ -142,7 +145,7 @@ class V2Server:
                     f"{s.tls_key}: is the key the certificate's, and the port free?"
                 ) from None
         if self.port == 0:
-            raise OSError(f"could not bind gRPC port {address}")
+            raise BindError(f"cannot serve gRPC on {address}: is the port in use?")
         await self._server.start()
         where = {"address": f"{self.settings.host}:{self.port}", "tls": credentials is not None}
         log.info("listening", extra={"fields": where})
@@ -218,7 +221,7 @@ def run_service(
         # and on uvloop a service spent ~10% less CPU per call, c=1 p50 -5% (bench/README,
         # 2026-11-27, evening).
         uvloop.run(serve(server))
-    except (TLSConfigError, LoadError) as exc:
+    except (TLSConfigError, LoadError, BindError) as exc:
         log.error("cannot start: %s", exc)
         return 2
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -456,3 +457,17 @@ def test_start_up_objects_are_set_aside_from_the_collector(predictor: Service) -
         assert time.monotonic() < deadline, "the service never froze its start-up objects"
         time.sleep(0.1)
     assert frozen > 10_000  # modules, grpc, numpy, onnxruntime's bindings
+
+
+@pytest.mark.parametrize("which", ["--port", "--metrics-port"])
+def test_a_port_in_use_fails_start_naming_it(test_repository: Path, which: str) -> None:
+    # Not a traceback: `./mesh up` shows the failed service's last lines, and CI lost a run
+    # to a clash it took a log of shutdowns to find.
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        other = {"--port": "--metrics-port", "--metrics-port": "--port"}[which]
+        args = ["--repository", str(test_repository), which, str(port), other, "0"]
+        done = run_module("predictors", args)
+    assert done.returncode == 2, done.stderr
+    assert "cannot start: cannot serve" in done.stderr and f"127.0.0.1:{port}" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -4,6 +4,7 @@ with the shipped Redis as its jobs' queue where Debian's redis-server is install
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,11 +16,10 @@ import pytest
 
 from bench import redis_server
 from samples.images import encode, render_digit
+from tests import offsets
 from tests.procs import ROOT
 
-# Ports 30002..31113: below the ephemeral range (32768+), where a client connection may
-# already hold the port, and clear of the session mesh (+20000).
-OFFSET = 22000
+OFFSET = offsets.RUN_COMMAND
 
 
 def _job(url: str, digit: bytes) -> dict:
@@ -37,6 +37,14 @@ def _job(url: str, digit: bytes) -> dict:
             return job
         assert time.monotonic() < deadline, job
         time.sleep(0.1)
+
+
+def _why_down(text: str) -> str:
+    """The lines of the service whose exit brought the mesh down (the tail of the log is
+    mostly the others shutting down), then that tail."""
+    match = re.search(r"service '([\w-]+)' exited", text)
+    own = [line for line in text.splitlines() if match and line.startswith(match.group(1) + " ")]
+    return "\n".join(own[-40:]) + "\n...\n" + text[-1500:]
 
 
 def test_local_runner_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
@@ -66,7 +74,7 @@ def test_local_runner_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
     try:
         deadline = time.monotonic() + 180
         while "Ctrl-C stops every service" not in log.read_text():
-            assert proc.poll() is None, log.read_text()[-3000:]
+            assert proc.poll() is None, _why_down(log.read_text())
             assert time.monotonic() < deadline, "mesh not up in 180 s"
             time.sleep(0.5)
         url = f"http://127.0.0.1:{8080 + OFFSET}"

@@ -22,6 +22,7 @@ from compose.local import DEFAULT_FILE, LocalMesh
 from compose.topology import load
 from protos import messages, pb, pb_grpc
 from samples.images import encode, render_digit
+from tests import offsets
 
 DIGITS_SERVICES = {"preprocess", "digits-logreg", "digits-mlp", "digits-forest"}
 BODY = encode(render_digit(np.eye(8) * 16))
@@ -46,7 +47,9 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TracedMesh]:
             "PROXY_CACHE": "false",
             "PROXY_JOBS_URL": f"sqlite:///{folder}/jobs.sqlite3",
         }
-        services = load([DEFAULT_FILE], environ=environ, port_offset=23000, leave_out={"redis"})
+        services = load(
+            [DEFAULT_FILE], environ=environ, port_offset=offsets.TRACES, leave_out={"redis"}
+        )
         for service in services.values():
             service.env.update(environ)
         with (folder / "mesh.log").open("w") as out:
