@@ -15,6 +15,7 @@ from bench import (
     pipelines,
     predictor,
     readiness,
+    shedding,
     swapin,
     traces,
 )
@@ -28,6 +29,7 @@ BENCHMARKS = {
     "capacity": capacity.main,
     "foreign": swapin.main,
     "readiness": readiness.main,
+    "shedding": shedding.main,
     "cache": cache.main,
     "jobs": jobs.main,
     "batch": batch.main,

@@ -47,7 +47,7 @@ def shipped_mesh(
     """The shipped topology (compose/compose.yaml) as local processes, its log in a temporary
     folder named `prefix*`, `extra` in every process's environment; yields the running
     compose.local.LocalMesh. Ports 20002..21113 (offset 12000): below the ephemeral range,
-    clear of the tests (+20000, +22000, +23000); a second mesh: +14500."""
+    clear of the tests' meshes (tests/offsets.py); a second mesh: +14500."""
     from compose.local import DEFAULT_FILE, LocalMesh
     from compose.topology import load
 

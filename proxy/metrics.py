@@ -65,6 +65,11 @@ NOT_ANSWERING = Gauge(
     ["endpoint"],
     multiprocess_mode="max",
 )
+SHED = Counter(
+    "proxy_requests_shed_total",
+    "Requests refused at once (503) because the work ahead of them would outlast their budget",
+    ["pipeline"],
+)
 CALLS_REFUSED = Counter(
     "proxy_calls_refused_total",
     "Calls not sent because their endpoint was not answering",

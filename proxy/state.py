@@ -55,6 +55,7 @@ class ProxyState:
             {name: _limits(plan.pipeline) for name, plan in plans.items()},
             busy_background=settings.jobs_busy_workers,
             quiet_s=settings.jobs_quiet_ms / 1000,
+            shed_late=settings.shed_late,
         )
         services = Services(channels)
         caches = _caches(plans, services, settings)

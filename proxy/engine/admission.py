@@ -18,13 +18,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 import weakref
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 from proxy import metrics
+from proxy.engine.pace import Pace
 from proxy.errors import Problem
+
+LATE_SHARE = 0.95
+"""A request that fails after this share of its budget ran out of time (a 504, or cancelled
+at its deadline by whoever enforced it)."""
+SHED_FROM = 2
+"""Requests of a pipeline in flight before one may be refused for its budget: a pipeline
+with one request in flight has cores to spare, and a rate read at one request at a time
+would overstate the wait."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +53,7 @@ class Admission:
         *,
         busy_background: int | None = None,
         quiet_s: float = 1.0,
+        shed_late: bool = True,
     ) -> None:
         self.max_requests = max_requests
         self.max_bytes = max_bytes
@@ -52,6 +63,9 @@ class Admission:
         self._limits = dict(pipelines or {})
         self._in_flight: dict[str, int] = {}
         self._pixels: dict[str, int] = {}
+        self._pace: dict[str, Pace] = {}
+        self.shed_late = shed_late
+        """Per pipeline, its work in flight and how fast it answers (engine/pace.py)."""
         self._background: dict[str, tuple[int, int]] = {}
         """Per pipeline, the background requests running and their pixels."""
         self._freed = asyncio.Event()
@@ -125,12 +139,13 @@ class Admission:
 
     @contextlib.asynccontextmanager
     async def admit(
-        self, pipeline: str, pixels: int, background: bool = False
+        self, pipeline: str, pixels: int, background: bool = False, left_s: float | None = None
     ) -> AsyncIterator[None]:
         """Room for one request of `pipeline` with an image of `pixels`, for as long as it
         runs; 503 at once when the proxy's or the pipeline's limits are reached (an image
-        larger than the whole pixel budget may still pass alone). `background`: a job's,
-        admitted after wait_background (not a client that waits)."""
+        larger than the whole pixel budget may still pass alone), or when the work ahead
+        would outlast `left_s`, the seconds left of its budget (engine/pace.py).
+        `background`: a job's, admitted after wait_background (not a client that waits)."""
         limits = self._limits.get(pipeline, PipelineLimits())
         if self._requests >= self.max_requests:
             raise Problem(503, f"proxy at capacity ({self.max_requests} requests in flight)")
@@ -144,15 +159,38 @@ class Admission:
                 f"pipeline '{pipeline}' at capacity ({held / 1e6:.1f} of "
                 f"{limits.max_pixels / 1e6:g} megapixels in flight)",
             )
+        pace = self._pace.get(pipeline) or self._pace.setdefault(pipeline, Pace())
+        work = max(pixels, 1)
+        if self.shed_late and left_s is not None and not background and pace.running >= SHED_FROM:
+            expected = pace.expected_s(work)
+            if expected is not None and expected > left_s:
+                metrics.SHED.labels(pipeline).inc()
+                ahead = (
+                    "none of its recent requests was answered in time"
+                    if math.isinf(expected)
+                    else f"~{expected:.2f} s of work ahead at its pace now"
+                )
+                raise Problem(
+                    503,
+                    f"pipeline '{pipeline}' would not answer within the request's budget: "
+                    f"{ahead}, {left_s:.2f} s left",
+                )
         self._requests += 1
         self._in_flight[pipeline] = running + 1
         self._pixels[pipeline] = held + pixels
+        pace.started(work)
         if self.sets_gauges:
             metrics.IN_FLIGHT.inc()
         if not background:
             self._clients += 1
+        started, late = time.monotonic(), False
         try:
             yield
+        except BaseException:
+            # Out of time (504, or cancelled at its deadline): the pipeline did not get its
+            # work through. Other failures and hang-ups say nothing of its pace.
+            late = left_s is not None and time.monotonic() - started >= left_s * LATE_SHARE
+            raise
         finally:
             if not background:
                 self._clients -= 1
@@ -162,6 +200,7 @@ class Admission:
             self._requests -= 1
             self._in_flight[pipeline] -= 1
             self._pixels[pipeline] -= pixels
+            pace.ended(work, answered=not late)
 
     def ledger(self) -> Ledger:
         return Ledger(self)

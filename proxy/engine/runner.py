@@ -246,7 +246,8 @@ class Ticket:
 
     async def _execute(self, inputs: dict[str, np.ndarray], pixels: int, request_id: str) -> Run:
         background = self.background is not None
-        async with self.engine.admission.admit(self.plan.name, pixels, background):
+        left_s = self.deadline - asyncio.get_running_loop().time()
+        async with self.engine.admission.admit(self.plan.name, pixels, background, left_s):
             run = Run(self.plan, request_id, self.deadline, self.ledger, steps=self.steps)
             run.origin = self.opened
             return await self.engine.executor.run(run, inputs)

@@ -106,16 +106,22 @@ def _relay_counts(relay: Service) -> dict[str, int]:
     return dict(zip(("received", "forwarded", "abandoned"), map(int, found.groups()), strict=True))
 
 
-def test_slow_middle_step_under_load(mesh: Mesh, tmp_path: Path) -> None:
+def _chain_env(mesh: Mesh, tmp_path: Path, relay: Service) -> dict[str, str]:
     pipelines = tmp_path / "chain.yaml"
     pipelines.write_text(yaml.safe_dump(CHAIN))
-    relay = _relay(mesh, "digits-logreg", tmp_path)
-    env = {
+    return {
         "PROXY_PIPELINES": str(pipelines),
         "CHAIN_LOGREG_URL": relay.address,
         "CHAIN_MLP_URL": f"127.0.0.1:{_grpc_port(mesh, 'digits-mlp')}",
         "CHAIN_FOREST_URL": f"127.0.0.1:{_grpc_port(mesh, 'digits-forest')}",
     }
+
+
+def test_slow_middle_step_under_load(mesh: Mesh, tmp_path: Path) -> None:
+    relay = _relay(mesh, "digits-logreg", tmp_path)
+    # Every request sent on to the slow step, to see each run out of time there: without
+    # shedding (the next test has it), which refuses most of them before they are sent.
+    env = {**_chain_env(mesh, tmp_path, relay), "PROXY_SHED_LATE": "false"}
     try:
         with mesh.extra_proxy(CHAIN_PORT, **env) as url:
             # With time to spare the chain runs through the slow step to the end.
@@ -166,6 +172,37 @@ def test_slow_middle_step_under_load(mesh: Mesh, tmp_path: Path) -> None:
     # (A call whose members all ran out of time while it was being written may never arrive.)
     assert counts["forwarded"] == 1 and 0 < counts["received"] - 1 <= calls
     assert counts["abandoned"] == counts["received"] - 1
+
+
+def test_requests_a_slow_step_cannot_answer_in_time_are_refused_at_once(
+    mesh: Mesh, tmp_path: Path
+) -> None:
+    relay = _relay(mesh, "digits-logreg", tmp_path)
+    try:
+        with mesh.extra_proxy(CHAIN_PORT, **_chain_env(mesh, tmp_path, relay)) as url:
+            tally = asyncio.run(
+                run(
+                    url,
+                    "/v1/pipelines/chain/infer",
+                    BODY,
+                    requests=400,
+                    concurrency=16,
+                    timeout_ms=BUDGET_MS,
+                    margin_s=0.5,
+                )
+            )
+            shed = metric_of(url, "proxy_requests_shed_total", pipeline="chain")
+    finally:
+        counts = _relay_counts(relay)
+    report(tally.summary(f"slow step ({DELAY_MS} ms), {BUDGET_MS} ms budgets, shedding on"))
+    report(f"relay with shedding: {counts}")
+    assert tally.lost == 0 and tally.hung == 0
+    assert set(tally.by_status) <= {503, 504}, tally.by_status
+    # Once the pipeline's pace shows a request takes longer than its budget, the next are
+    # refused before any call: the slow service is spared the work no one would get.
+    assert tally.by_status[503] == shed >= 300, tally.by_status
+    assert all(b"would not answer within the request's budget" in b for b in tally.bodies[503])
+    assert counts["received"] <= 100, counts
 
 
 @pytest.fixture(scope="module")
