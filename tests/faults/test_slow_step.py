@@ -120,7 +120,7 @@ def _chain_env(mesh: Mesh, tmp_path: Path, relay: Service) -> dict[str, str]:
 def test_slow_middle_step_under_load(mesh: Mesh, tmp_path: Path) -> None:
     relay = _relay(mesh, "digits-logreg", tmp_path)
     # Every request sent on to the slow step, to see each run out of time there: without
-    # shedding (the next test has it), which refuses most of them before they are sent.
+    # shedding (the next test turns it on), which refuses most of them before they are sent.
     env = {**_chain_env(mesh, tmp_path, relay), "PROXY_SHED_LATE": "false"}
     try:
         with mesh.extra_proxy(CHAIN_PORT, **env) as url:
@@ -179,7 +179,8 @@ def test_requests_a_slow_step_cannot_answer_in_time_are_refused_at_once(
 ) -> None:
     relay = _relay(mesh, "digits-logreg", tmp_path)
     try:
-        with mesh.extra_proxy(CHAIN_PORT, **_chain_env(mesh, tmp_path, relay)) as url:
+        env = {**_chain_env(mesh, tmp_path, relay), "PROXY_SHED_LATE": "true"}
+        with mesh.extra_proxy(CHAIN_PORT, **env) as url:
             tally = asyncio.run(
                 run(
                     url,

@@ -98,6 +98,7 @@ def test_requests_that_cost_little_are_never_refused(clock: Clock) -> None:
 
 
 async def _primed(clock: Clock, **kwargs: object) -> Admission:
+    kwargs.setdefault("shed_late", True)
     admission = Admission(100, 1 << 30, 1 << 28, **kwargs)  # type: ignore[arg-type]
     for _ in range(8):  # one request a second of busy time
         async with admission.admit("ocr", 1_000_000, left_s=10):
