@@ -25,16 +25,15 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 from proxy import metrics
-from proxy.engine.pace import Pace
+from proxy.engine.pace import SHARED, Pace
 from proxy.errors import Problem
 
 LATE_SHARE = 0.95
 """A request that fails after this share of its budget ran out of time (a 504, or cancelled
 at its deadline by whoever enforced it)."""
-SHED_FROM = 2
+SHED_FROM = SHARED
 """Requests of a pipeline in flight before one may be refused for its budget: a pipeline
-with one request in flight has cores to spare, and a rate read at one request at a time
-would overstate the wait."""
+with one request in flight has cores to spare."""
 
 
 @dataclass(frozen=True)
@@ -178,7 +177,7 @@ class Admission:
         self._requests += 1
         self._in_flight[pipeline] = running + 1
         self._pixels[pipeline] = held + pixels
-        pace.started(work)
+        token = pace.started(work)
         if self.sets_gauges:
             metrics.IN_FLIGHT.inc()
         if not background:
@@ -200,7 +199,7 @@ class Admission:
             self._requests -= 1
             self._in_flight[pipeline] -= 1
             self._pixels[pipeline] -= pixels
-            pace.ended(work, answered=not late)
+            pace.ended(token, answered=not late)
 
     def ledger(self) -> Ledger:
         return Ledger(self)

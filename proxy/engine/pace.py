@@ -4,14 +4,19 @@ at once instead of taking a share of the cores it would only waste.
 Requests in flight share the services' cores. When more arrive than the cores can answer
 within the clients' budgets, every one of them finishes late: 32 clients sending OCR pages
 with 1.5 s budgets got 43 answers in 30 s, against 91 in 20 s from two such clients
-(bench/README, 2026-11-30). By Little's law a request arriving now takes, on average, the
-work in flight plus its own over the rate at which the pipeline gets through work while it
-has any; a request whose remaining budget is shorter than that is refused (503 with
-Retry-After) before it takes any of the cores.
+(bench/README, 2026-11-30). The requests in flight share the pipeline's pace as processor
+sharing would: a virtual clock advances by the pipeline's rate over the requests in flight,
+so each request's work left is its work less what the clock gave it since it came. A request
+of work w arriving now waits for min(w, what is left) of each request in flight and its
+own w, at the pipeline's rate; one whose remaining budget is shorter than that is refused
+(503 with Retry-After) before it takes any of the cores.
 
 Work is counted in pixels for image inputs (what `max_inflight_mpx` bounds: an OCR page
-costs about its pixels) and one unit otherwise. The rate forgets with a half-life, so a
-change of load or of the services' speed is followed within seconds.
+costs about its pixels) and one unit otherwise. The rate is read only while two or more
+requests share the pipeline: one at a time runs its services one after the other, well
+under the cores' pace, and a burst judged at that pace was refused work it could do in time
+(bench/README). It forgets with a half-life, so a change of load or of the services' speed
+is followed within seconds.
 """
 
 from __future__ import annotations
@@ -23,7 +28,11 @@ HALF_LIFE_S = 5.0
 """How fast what was measured fades: a pipeline that sped up or slowed down is read anew
 within a few seconds."""
 MIN_DONE = 3.0
-"""Requests ended (decayed) before the rate is trusted: none is refused before."""
+"""Requests ended while sharing the pipeline (decayed) before its rate is trusted: none is
+refused before."""
+SHARED = 2
+"""Requests in flight from which the pipeline's rate is read (and a request may be
+refused: admission.py)."""
 MIN_COST_S = 0.01
 """The pipeline's busy time a request takes on average, below which none is refused. A
 refusal costs the proxy an HTTP exchange (~0.1-0.2 ms here); where a request costs the mesh
@@ -33,20 +42,30 @@ budgets answered 220-395 req/s in time with refusals, 823-1,166 without (bench/R
 
 
 class Pace:
-    """One pipeline's work in flight and the rate it answers work at while busy."""
+    """One pipeline's requests in flight, the work each has left, and the rate it gets
+    through work while shared."""
 
     def __init__(self) -> None:
         self.running = 0
         """Requests in flight."""
-        self.held = 0
-        """Their work."""
+        self._flights: dict[int, tuple[float, int]] = {}
+        """Per request in flight: the virtual clock when it came, and its work."""
+        self._tokens = 0
+        self._clock = 0.0
+        """Work each request in flight has received, were they served in equal shares."""
         self._done = 0.0
-        """Work answered (decayed)."""
+        """Work answered while shared (decayed)."""
         self._ended = 0.0
-        """Requests out of flight, answered or not (decayed)."""
+        """Requests out of flight while shared, answered or not (decayed)."""
         self._busy_s = 0.0
-        """Seconds with any request in flight (decayed)."""
+        """Seconds shared (decayed)."""
         self._at = time.monotonic()
+
+    def _rate(self) -> float | None:
+        """Work a second while shared; None while too few requests ended to say."""
+        if self._ended < MIN_DONE or self._busy_s <= 0:
+            return None
+        return self._done / self._busy_s
 
     def _advance(self) -> None:
         now = time.monotonic()
@@ -54,34 +73,45 @@ class Pace:
         if elapsed <= 0:
             return
         self._at = now
+        if self.running and (rate := self._rate()):
+            self._clock += rate * elapsed / self.running
         keep = 0.5 ** (elapsed / HALF_LIFE_S)
         self._done *= keep
         self._ended *= keep
-        self._busy_s = self._busy_s * keep + (elapsed if self.running else 0.0)
+        self._busy_s = self._busy_s * keep + (elapsed if self.running >= SHARED else 0.0)
 
-    def started(self, work: int) -> None:
+    def started(self, work: int) -> int:
+        """A request in flight; its token for `ended`."""
         self._advance()
         self.running += 1
-        self.held += work
+        self._tokens += 1
+        self._flights[self._tokens] = (self._clock, work)
+        return self._tokens
 
-    def ended(self, work: int, answered: bool) -> None:
+    def ended(self, token: int, answered: bool) -> None:
         """One request out of flight; `answered`: it did not run out of time. One that did
         took the pipeline's time without getting its work through: a pipeline where most
         run out is read as slow, and sheds until they are answered again."""
         self._advance()
+        _, work = self._flights.pop(token)
+        if self.running >= SHARED:
+            self._ended += 1
+            if answered:
+                self._done += work
         self.running -= 1
-        self.held -= work
-        self._ended += 1
-        if answered:
-            self._done += work
 
     def expected_s(self, work: int) -> float | None:
         """Seconds a request of `work` arriving now is expected to take (inf: of late,
-        none got through in time); None while the pipeline has not seen enough requests to
-        say, or where they cost too little for a refusal to save anything (MIN_COST_S)."""
+        none got through in time); None while the pipeline has not been shared by enough
+        requests to say, or where they cost too little for a refusal to save anything
+        (MIN_COST_S)."""
         self._advance()
         if self._ended < MIN_DONE or self._busy_s < MIN_COST_S * self._ended:
             return None
-        if self._done <= 0:
+        rate = self._rate()
+        if not rate:
             return math.inf  # busy, and nothing got through in time
-        return (self.held + work) * self._busy_s / self._done
+        ahead = sum(
+            min(work, max(0.0, w - (self._clock - came))) for came, w in self._flights.values()
+        )
+        return (ahead + work) / rate
