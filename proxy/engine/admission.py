@@ -158,37 +158,24 @@ class Admission:
                 f"pipeline '{pipeline}' at capacity ({held / 1e6:.1f} of "
                 f"{limits.max_pixels / 1e6:g} megapixels in flight)",
             )
-        pace = self._pace.get(pipeline) or self._pace.setdefault(pipeline, Pace())
-        work = max(pixels, 1)
-        if self.shed_late and left_s is not None and not background and pace.running >= SHED_FROM:
-            expected = pace.expected_s(work)
-            if expected is not None and expected > left_s:
-                metrics.SHED.labels(pipeline).inc()
-                ahead = (
-                    "none of its recent requests was answered in time"
-                    if math.isinf(expected)
-                    else f"~{expected:.2f} s of work ahead at its pace now"
-                )
-                raise Problem(
-                    503,
-                    f"pipeline '{pipeline}' would not answer within the request's budget: "
-                    f"{ahead}, {left_s:.2f} s left",
-                )
+        # Kept only while shedding is on: off, a request pays nothing for it.
+        pace = self._paced(pipeline, pixels, background, left_s) if self.shed_late else None
         self._requests += 1
         self._in_flight[pipeline] = running + 1
         self._pixels[pipeline] = held + pixels
-        token = pace.started(work)
+        token = 0 if pace is None else pace.started(max(pixels, 1))
         if self.sets_gauges:
             metrics.IN_FLIGHT.inc()
         if not background:
             self._clients += 1
-        started, late = time.monotonic(), False
+        started, late = (0.0 if pace is None else time.monotonic()), False
         try:
             yield
         except BaseException:
             # Out of time (504, or cancelled at its deadline): the pipeline did not get its
             # work through. Other failures and hang-ups say nothing of its pace.
-            late = left_s is not None and time.monotonic() - started >= left_s * LATE_SHARE
+            if pace is not None and left_s is not None:
+                late = time.monotonic() - started >= left_s * LATE_SHARE
             raise
         finally:
             if not background:
@@ -199,7 +186,29 @@ class Admission:
             self._requests -= 1
             self._in_flight[pipeline] -= 1
             self._pixels[pipeline] -= pixels
-            pace.ended(token, answered=not late)
+            if pace is not None:
+                pace.ended(token, answered=not late)
+
+    def _paced(self, pipeline: str, pixels: int, background: bool, left_s: float | None) -> Pace:
+        """The pipeline's pace, once a request of `pixels` with `left_s` of its budget is
+        judged to fit: 503 at once when the work ahead would outlast it (engine/pace.py)."""
+        pace = self._pace.get(pipeline) or self._pace.setdefault(pipeline, Pace())
+        if left_s is None or background or pace.running < SHED_FROM:
+            return pace
+        expected = pace.expected_s(max(pixels, 1))
+        if expected is None or expected <= left_s:
+            return pace
+        metrics.SHED.labels(pipeline).inc()
+        ahead = (
+            "none of its recent requests was answered in time"
+            if math.isinf(expected)
+            else f"~{expected:.2f} s of work ahead at its pace now"
+        )
+        raise Problem(
+            503,
+            f"pipeline '{pipeline}' would not answer within the request's budget: "
+            f"{ahead}, {left_s:.2f} s left",
+        )
 
     def ledger(self) -> Ledger:
         return Ledger(self)
