@@ -63,8 +63,9 @@ class Admission:
         self._in_flight: dict[str, int] = {}
         self._pixels: dict[str, int] = {}
         self._pace: dict[str, Pace] = {}
-        self.shed_late = shed_late
         """Per pipeline, its work in flight and how fast it answers (engine/pace.py)."""
+        self.shed_late = shed_late
+        """Whether a request is refused for its budget (PROXY_SHED_LATE)."""
         self._background: dict[str, tuple[int, int]] = {}
         """Per pipeline, the background requests running and their pixels."""
         self._freed = asyncio.Event()
