@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+import numpy as np
+
 from bench.httpload import post_bytes
 from bench.loadgen import Stats
 from bench.mesh import http_closed_loop, median, second_proxy, shipped_mesh
@@ -28,8 +30,6 @@ def _ocr(url: str, budget_ms: int) -> list[bytes]:
 
 
 def _digits(url: str) -> list[bytes]:
-    import numpy as np
-
     rng = np.random.default_rng(5)
     path = f"{url}/v1/pipelines/digits/infer"
     images = [encode(render_digit(rng.integers(0, 17, (8, 8)).astype(float))) for _ in range(64)]

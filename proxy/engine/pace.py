@@ -46,8 +46,6 @@ class Pace:
     through work while shared."""
 
     def __init__(self) -> None:
-        self.running = 0
-        """Requests in flight."""
         self._flights: dict[int, tuple[float, int]] = {}
         """Per request in flight: the virtual clock when it came, and its work."""
         self._tokens = 0
@@ -61,6 +59,11 @@ class Pace:
         """Seconds shared (decayed)."""
         self._at = time.monotonic()
 
+    @property
+    def running(self) -> int:
+        """Requests in flight."""
+        return len(self._flights)
+
     def _rate(self) -> float | None:
         """Work a second while shared; None while too few requests ended to say."""
         if self._ended < MIN_DONE or self._busy_s <= 0:
@@ -73,17 +76,17 @@ class Pace:
         if elapsed <= 0:
             return
         self._at = now
-        if self.running and (rate := self._rate()):
-            self._clock += rate * elapsed / self.running
+        running = self.running
+        if running and (rate := self._rate()):
+            self._clock += rate * elapsed / running
         keep = 0.5 ** (elapsed / HALF_LIFE_S)
         self._done *= keep
         self._ended *= keep
-        self._busy_s = self._busy_s * keep + (elapsed if self.running >= SHARED else 0.0)
+        self._busy_s = self._busy_s * keep + (elapsed if running >= SHARED else 0.0)
 
     def started(self, work: int) -> int:
         """A request in flight; its token for `ended`."""
         self._advance()
-        self.running += 1
         self._tokens += 1
         self._flights[self._tokens] = (self._clock, work)
         return self._tokens
@@ -93,12 +96,11 @@ class Pace:
         took the pipeline's time without getting its work through: a pipeline where most
         run out is read as slow, and sheds until they are answered again."""
         self._advance()
-        _, work = self._flights.pop(token)
-        if self.running >= SHARED:
+        if self.running >= SHARED:  # counting this one
             self._ended += 1
             if answered:
-                self._done += work
-        self.running -= 1
+                self._done += self._flights[token][1]
+        del self._flights[token]
 
     def expected_s(self, work: int) -> float | None:
         """Seconds a request of `work` arriving now is expected to take (inf: of late,
