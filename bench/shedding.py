@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
+import urllib.request
 
 import numpy as np
 
@@ -36,6 +38,15 @@ def _digits(url: str) -> list[bytes]:
     return [post_bytes(path, image, "image/png") for image in images]
 
 
+def _refused(url: str) -> float:
+    """Requests the proxy at `url` refused for their budget so far (proxy_requests_shed_total):
+    told apart from those answered late. Read after the run, so it may count a refusal the
+    client no longer waited for as the run ended."""
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    found = re.findall(r"^proxy_requests_shed_total\{[^}]*\} (\S+)", text, re.M)
+    return sum(float(m) for m in found)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description="answers in time with and without shedding")
     parser.add_argument("--duration", type=float, default=15.0)
@@ -56,11 +67,14 @@ def main(argv: list[str]) -> int:
                 for label, c, make in cases:
                     for name, url in (("on", on), ("off", off)):
                         raw = make(url, args.budget_ms) if make else _digits(url)
+                        before = _refused(url)
                         stats = asyncio.run(http_closed_loop(url, raw, c, args.duration, ok=(200,)))
+                        refused = _refused(url) - before
                         runs.setdefault((label, name), []).append(stats)
                         print(
                             f"round {r} {label:<28} shedding {name:<3} "
-                            f"{stats.rps:8.1f} answers/s, others {stats.errors}",
+                            f"{stats.rps:8.1f} answers/s, {stats.errors} not "
+                            f"(refused at once: {refused:.0f})",
                             flush=True,
                         )
             print("\n| case | shedding on, answers/s | off | on / off |\n| --- | --- | --- | --- |")
