@@ -69,13 +69,24 @@ class Problem(Exception):
     """An error answer: its HTTP status and a message naming the reason (the REST doors
     answer it as JSON, the gRPC door as the status HTTP_TO_GRPC gives)."""
 
-    def __init__(self, status: int, message: str, *, close: bool = False, **extra: Any) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        close: bool = False,
+        retry_after: str | None = None,
+        **extra: Any,
+    ) -> None:
         message = capped(message)
         super().__init__(message)
         self.status = status
         self.message = message
         self.close = close
         """The client's connection is closed after the answer (e.g. a body left unread)."""
+        self.retry_after = retry_after or RETRY_AFTER.get(status)
+        """Seconds after which coming back may help (`Retry-After`), where the situation
+        says better than RETRY_AFTER's default (a refusal for the work ahead: its wait)."""
         self.extra = extra
 
 

@@ -12,7 +12,7 @@ import orjson
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from proxy.errors import RETRY_AFTER, Problem
+from proxy.errors import Problem
 
 log = logging.getLogger("proxy")
 
@@ -30,8 +30,8 @@ def json_response(
 
 def problem_response(exc: Problem, request_id: str) -> Response:
     headers = {"X-Request-Id": request_id}
-    if exc.status in RETRY_AFTER:
-        headers["Retry-After"] = RETRY_AFTER[exc.status]
+    if exc.retry_after is not None:
+        headers["Retry-After"] = exc.retry_after
     if exc.close:
         headers["Connection"] = "close"
     return json_response({"error": exc.message, "id": request_id, **exc.extra}, exc.status, headers)

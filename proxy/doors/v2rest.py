@@ -45,7 +45,13 @@ def problem(exc: MeshError) -> Problem:
         # holds the Problem itself; the two would be a cycle (with the request's upload in
         # their tracebacks' frames) that only a full collection frees.
         known = exc.problem
-        return Problem(known.status, known.message, close=known.close, **known.extra)
+        return Problem(
+            known.status,
+            known.message,
+            close=known.close,
+            retry_after=known.retry_after,
+            **known.extra,
+        )
     return Problem(http_status(exc.code), str(exc), code=exc.code.name)
 
 

@@ -200,15 +200,17 @@ class Admission:
         if expected is None or expected <= left_s:
             return pace
         metrics.SHED.labels(pipeline).inc()
-        ahead = (
-            "none of its recent requests was answered in time"
-            if math.isinf(expected)
-            else f"~{expected:.2f} s of work ahead at its pace now"
-        )
+        if math.isinf(expected):
+            ahead, wait_s = "none of its recent requests was answered in time", 1
+        else:
+            # Come back once the work ahead, were none added, would fit this budget.
+            ahead = f"~{expected:.2f} s of work ahead at its pace now"
+            wait_s = max(1, math.ceil(expected - left_s))
         raise Problem(
             503,
             f"pipeline '{pipeline}' would not answer within the request's budget: "
             f"{ahead}, {left_s:.2f} s left",
+            retry_after=str(wait_s),
         )
 
     def ledger(self) -> Ledger:

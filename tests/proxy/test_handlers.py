@@ -103,3 +103,20 @@ def test_a_refused_v2_request_leaves_no_cycle_that_holds_its_upload() -> None:
         assert raised.value.status == 503
         del raised
         assert uploads.alive() == 0  # gone with the error, no collection needed
+
+
+def test_a_refusals_own_wait_reaches_the_client_on_both_rest_doors() -> None:
+    # A refusal for the work ahead says when that work would fit (engine/admission.py);
+    # other 503s and 429s come back after RETRY_AFTER's second; other statuses never.
+    from proxy.doors.pipeline_models import PipelineFailed
+    from proxy.doors.responses import problem_response
+    from proxy.doors.v2rest import problem
+
+    shed = Problem(
+        503, "pipeline 'ocr' would not answer within the request's budget", retry_after="7"
+    )
+    for door in (shed, problem(PipelineFailed(shed))):  # /v1, and v2 REST's copy of it
+        assert problem_response(door, "r1").headers["Retry-After"] == "7"
+    assert problem_response(Problem(503, "proxy at capacity"), "r2").headers["Retry-After"] == "1"
+    assert problem_response(Problem(429, "queue full"), "r3").headers["Retry-After"] == "1"
+    assert "Retry-After" not in problem_response(Problem(400, "bad image"), "r4").headers

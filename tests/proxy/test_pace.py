@@ -127,7 +127,13 @@ async def test_a_request_its_budget_cannot_cover_is_refused_at_once(clock: Clock
         assert info.value.status == 503
         assert "would not answer within the request's budget" in info.value.message
         assert "~3.00 s of work ahead" in info.value.message and "2.50 s left" in info.value.message
-        assert _shed("ocr") == shed + 1
+        assert info.value.retry_after == "1"
+        # Told to come back when the work ahead would fit its budget, not a fixed second.
+        with pytest.raises(Problem) as info:
+            async with admission.admit("ocr", 1_000_000, left_s=0.4):
+                pass
+        assert info.value.retry_after == "3"  # ~3 s ahead, 0.4 s left: in 2.6 s
+        assert _shed("ocr") == shed + 2
         pace = admission._pace["ocr"]
         rate = pace._rate()
         with pytest.raises(ValueError):  # a failure in time: the work went through
