@@ -52,7 +52,7 @@ class Admission:
         *,
         busy_background: int | None = None,
         quiet_s: float = 1.0,
-        shed_late: bool = False,
+        shed_late: bool = True,
     ) -> None:
         self.max_requests = max_requests
         self.max_bytes = max_bytes

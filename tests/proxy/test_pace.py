@@ -105,7 +105,6 @@ def test_requests_that_cost_little_are_never_refused(clock: Clock) -> None:
 
 
 async def _primed(clock: Clock, **kwargs: object) -> Admission:
-    kwargs.setdefault("shed_late", True)
     admission = Admission(100, 1 << 30, 1 << 28, **kwargs)  # type: ignore[arg-type]
     async with admission.admit("ocr", 1_000_000, left_s=100):  # beside them: shared
         for _ in range(8):  # a megapixel answered a second
