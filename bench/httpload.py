@@ -8,6 +8,7 @@ Content-Length framed answers, which is all the proxy ever returns.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from urllib.parse import urlsplit
 
 
@@ -15,6 +16,8 @@ class Connection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
+        self.retry_after: float | None = None
+        """The last answer's `Retry-After`, in seconds (None: it had none)."""
 
     @classmethod
     async def open(cls, url: str) -> Connection:
@@ -28,15 +31,19 @@ class Connection:
         lines = head.split(b"\r\n")
         status = int(lines[0].split()[1])
         length = 0
+        self.retry_after = None
         for line in lines[1:]:
             if line[:15].lower() == b"content-length:":
                 length = int(line[15:])
+            elif line[:12].lower() == b"retry-after:":
+                self.retry_after = float(line[12:])
         body = await self.reader.readexactly(length) if length else b""
         return status, body
 
     async def close(self) -> None:
         self.writer.close()
-        await self.writer.wait_closed()
+        with contextlib.suppress(OSError):  # the server closed it first
+            await self.writer.wait_closed()
 
 
 def post_bytes(

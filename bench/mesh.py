@@ -126,9 +126,11 @@ async def http_closed_loop(
     concurrency: int,
     duration: float,
     ok: tuple[int, ...] = (200,),
+    polite: bool = False,
 ) -> Stats:
     """Closed loop over pre-built requests (a list is sent in turn); a status not in `ok`
-    is an error."""
+    is an error. `polite`: a client told `Retry-After` waits that long before its next
+    request (the wait counted in the error's time)."""
     conns = [await Connection.open(url) for _ in range(concurrency)]
     free = list(conns)
     following = cycle(raw if isinstance(raw, list) else [raw])
@@ -138,6 +140,12 @@ async def http_closed_loop(
         try:
             status, _ = await conn.request(following())  # type: ignore[arg-type]
             if status not in ok:
+                if polite and conn.retry_after is not None:
+                    await asyncio.sleep(conn.retry_after)
+                    # Idle that long, the server may have closed it (its keep-alive timeout).
+                    await conn.close()
+                    conn = await Connection.open(url)
+                    conns.append(conn)
                 raise RuntimeError(status)
         finally:
             free.append(conn)

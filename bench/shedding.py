@@ -3,7 +3,8 @@ with requests refused at once for their budget (PROXY_SHED_LATE, proxy/engine/pa
 without. Two proxies beside one shipped mesh, rounds interleaved: OCR pages from
 samples/text.py by clients with a budget (`X-Request-Timeout-Ms`), and `digits` without one,
 to show what the bookkeeping costs where nothing is refused. Each row: answers (200) a
-second on each proxy and their ratio."""
+second on each proxy and their ratio. `--polite`: the OCR clients wait the `Retry-After`
+they are told, as a well-behaved client (or `mesh batch`) does."""
 
 from __future__ import annotations
 
@@ -53,6 +54,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--budget-ms", type=int, default=1500)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
+    parser.add_argument(
+        "--polite",
+        action="store_true",
+        help="OCR clients wait the Retry-After they are told (else they send again at once)",
+    )
     args = parser.parse_args(argv)
     with shipped_mesh("bench-shedding-") as mesh:
         env = dict(mesh.services["proxy"].env)
@@ -60,7 +66,11 @@ def main(argv: list[str]) -> int:
             second_proxy({**env, "PROXY_SHED_LATE": "true"}) as on,
             second_proxy({**env, "PROXY_SHED_LATE": "false"}) as off,
         ):
-            cases = [(f"ocr c={c}, {args.budget_ms} ms budgets", c, _ocr) for c in args.concurrency]
+            polite = ", polite" if args.polite else ""
+            cases = [
+                (f"ocr c={c}, {args.budget_ms} ms budgets{polite}", c, _ocr)
+                for c in args.concurrency
+            ]
             cases.append(("digits c=32, no budget", 32, None))
             runs: dict[tuple[str, str], list[Stats]] = {}
             for r in range(args.rounds):
@@ -68,7 +78,10 @@ def main(argv: list[str]) -> int:
                     for name, url in (("on", on), ("off", off)):
                         raw = make(url, args.budget_ms) if make else _digits(url)
                         before = _refused(url)
-                        stats = asyncio.run(http_closed_loop(url, raw, c, args.duration, ok=(200,)))
+                        waits = args.polite and make is not None
+                        stats = asyncio.run(
+                            http_closed_loop(url, raw, c, args.duration, polite=waits)
+                        )
                         refused = _refused(url) - before
                         runs.setdefault((label, name), []).append(stats)
                         print(
