@@ -6,6 +6,7 @@ import mmap
 import os
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.loadgen import Stats, run_async
 from compose.processes import start_service
@@ -163,3 +165,15 @@ async def grpc_closed_loop(
                 await infer(request, timeout=30)
 
         return await run_async(call, concurrency, duration)
+
+
+def metric_of(base_url: str, sample: str, **labels: str) -> float:
+    """Sum of a Prometheus sample (e.g. `proxy_requests_shed_total`) over the series whose
+    labels include `labels`, scraped from `<base_url>/metrics` (e.g. the proxy's)."""
+    text = urllib.request.urlopen(f"{base_url}/metrics", timeout=10).read().decode()
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == sample and labels.items() <= s.labels.items()
+    )

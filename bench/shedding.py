@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
-import urllib.request
 
 import numpy as np
 
 from bench.httpload import post_bytes
 from bench.loadgen import Stats
 from bench.mesh import http_closed_loop, median, second_proxy, shipped_mesh
+from bench.services import metric_of
 from samples import text
 from samples.images import encode, render_digit
 
@@ -40,12 +39,10 @@ def _digits(url: str) -> list[bytes]:
 
 
 def _refused(url: str) -> float:
-    """Requests the proxy at `url` refused for their budget so far (proxy_requests_shed_total):
-    told apart from those answered late. Read after the run, so it may count a refusal the
-    client no longer waited for as the run ended."""
-    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
-    found = re.findall(r"^proxy_requests_shed_total\{[^}]*\} (\S+)", text, re.M)
-    return sum(float(m) for m in found)
+    """Requests the proxy at `url` refused for their budget so far: told apart from those
+    answered late. Read after the run, so it may count a refusal the client no longer
+    waited for as the run ended."""
+    return metric_of(url, "proxy_requests_shed_total")
 
 
 def main(argv: list[str]) -> int:

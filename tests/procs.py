@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import urllib.request
 
-from prometheus_client.parser import text_string_to_metric_families
-
+from bench.services import metric_of as metric_of  # one reader for tests and benches
 from compose.processes import ROOT, Service, socket_inodes, start_service, tcp_sockets
 
 
@@ -15,17 +13,6 @@ def metric(metrics_port: int | str, sample: str, **labels: str) -> float:
     """Sum of a Prometheus sample (e.g. `v2_requests_total`) over the series whose labels
     include `labels`, scraped from a service's /metrics port."""
     return metric_of(f"http://127.0.0.1:{metrics_port}", sample, **labels)
-
-
-def metric_of(base_url: str, sample: str, **labels: str) -> float:
-    """The same, from `<base_url>/metrics` (e.g. the proxy's)."""
-    text = urllib.request.urlopen(f"{base_url}/metrics", timeout=10).read().decode()
-    return sum(
-        s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == sample and labels.items() <= s.labels.items()
-    )
 
 
 LISTEN, ESTABLISHED = "0A", "01"
