@@ -16,6 +16,9 @@ HTTP_STATUS_PARAMETER = "http_status"
 a unary call's trailing metadata `http-status`): the status its REST door gives the same
 failure, which one gRPC code may not tell apart (413 and 429 are both RESOURCE_EXHAUSTED)."""
 HTTP_STATUS_METADATA = "http-status"
+PUSHBACK_METADATA = "grpc-retry-pushback-ms"
+"""On a refusal that says when to come back (REST's `Retry-After`): the milliseconds a
+client's gRPC retry policy waits before its next attempt (gRFC A6), instead of its backoff."""
 STREAM_CANCEL_PARAMETER = "cancel"
 """A stream message with this parameter (bool true) and a request's id cancels that request
 if it is still running (it is then not answered)."""

@@ -89,6 +89,11 @@ class Problem(Exception):
         says better than RETRY_AFTER's default (a refusal for the work ahead: its wait)."""
         self.extra = extra
 
+    @property
+    def http_status(self) -> int:
+        """As other errors name the REST status they stand for (the gRPC door's trailer)."""
+        return self.status
+
 
 class ClientGone(Exception):
     """The client closed its connection before its answer was ready."""

@@ -21,7 +21,7 @@ import grpc
 from grpc import aio
 
 from protos import tracing
-from protos.channels import HTTP_STATUS_METADATA
+from protos.channels import HTTP_STATUS_METADATA, PUSHBACK_METADATA
 from protos.errors import MeshError
 from protos.logs import REQUEST_ID, plain_id
 from v2server import metrics
@@ -65,6 +65,17 @@ def error_status(exc: Exception, method: str) -> tuple[grpc.StatusCode, str]:
         return exc.code, exc.message
     log.exception("unhandled error in %s", method)
     return grpc.StatusCode.INTERNAL, "internal server error"
+
+
+def error_trailers(exc: Exception) -> tuple[tuple[str, str], ...]:
+    """A unary call's trailing metadata for its error: the REST door's status for it, and
+    when to come back where the error says (`retry_after`, seconds, as REST's header)."""
+    trailers: tuple[tuple[str, str], ...] = ()
+    if (http := getattr(exc, "http_status", None)) is not None:
+        trailers += ((HTTP_STATUS_METADATA, str(http)),)
+    if (retry_after := getattr(exc, "retry_after", None)) is not None:
+        trailers += ((PUSHBACK_METADATA, str(round(float(retry_after) * 1000))),)
+    return trailers
 
 
 class InFlight:
@@ -166,7 +177,11 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):
         in_flight = self.in_flight
 
         async def wrapped(request: Any, context: aio.ServicerContext) -> Any:
-            return await answer_unary(in_flight, method, inner, request, context)
+            answer = await answer_unary(in_flight, method, inner, request, context)
+            if isinstance(answer, Refusal):
+                del request  # not held by the abort's traceback (Refusal)
+                await answer.abort(context)
+            return answer
 
         return grpc.unary_unary_rpc_method_handler(
             wrapped,
@@ -182,8 +197,9 @@ async def answer_unary(
     request: Any,
     context: aio.ServicerContext,
 ) -> Any:
-    """One unary call's answer from `inner`, in its CallScope, its errors as statuses (also
-    for ModelInfer, which reads its own message: v2server/servicer.py, ModelInferRead)."""
+    """One unary call's answer from `inner`, in its CallScope, or its error as a Refusal
+    for the caller to send (also for ModelInfer, which reads its own message:
+    v2server/servicer.py, ModelInferRead)."""
     with CallScope(in_flight, method, request, request_id_of(context), context) as call:
         try:
             return await inner(request, context)
@@ -195,14 +211,27 @@ async def answer_unary(
             raise
         except Exception as exc:
             call.code, text = error_status(exc, method)
-            http = getattr(exc, "http_status", None)
-            # The status set, not raised with context.abort: grpc.aio keeps the AbortError it
-            # raises on the call's state, which its handler's frames hold, and the error's
-            # traceback holds those frames and the request in them: a cycle only a full
-            # collection frees (19 refused 18 MiB images kept 340 MiB in the preprocessing).
-            # gRPC sends no message with a status that is not OK.
-            context.set_code(call.code)
-            context.set_details(text)
-            if http is not None:
-                context.set_trailing_metadata(((HTTP_STATUS_METADATA, str(http)),))
-            return None
+            return Refusal(call.code, text, error_trailers(exc))
+
+
+class Refusal:
+    """A unary call's error, sent by `abort` from the frame that called answer_unary once it
+    has let go of the request.
+
+    Aborted, because a status set on the context and a handler that returns make grpc.aio
+    send the call's headers before its status: a call whose headers came is committed, and
+    the caller's gRPC retry policy never retries it (gRFC A6), whatever the status and its
+    `grpc-retry-pushback-ms`. An abort sends the status alone (Trailers-Only). From that
+    frame, because grpc.aio keeps the AbortError on the call's state, and the error's
+    traceback holds the frames it left with their locals: a cycle only a full collection
+    frees (19 refused 18 MiB images kept 340 MiB in the preprocessing)."""
+
+    __slots__ = ("code", "text", "trailers")
+
+    def __init__(
+        self, code: grpc.StatusCode, text: str, trailers: tuple[tuple[str, str], ...]
+    ) -> None:
+        self.code, self.text, self.trailers = code, text, trailers
+
+    async def abort(self, context: aio.ServicerContext) -> None:
+        await context.abort(self.code, self.text, self.trailers)

@@ -20,7 +20,14 @@ from protos.errors import Overloaded
 from protos.mailbox import Mailbox
 from v2server.bytewindow import ByteWindow
 from v2server.dataplane import DataPlane
-from v2server.interceptors import CallScope, InFlight, answer_unary, error_status, request_id_of
+from v2server.interceptors import (
+    CallScope,
+    InFlight,
+    Refusal,
+    answer_unary,
+    error_status,
+    request_id_of,
+)
 
 STREAM_WINDOW = 128
 """Requests of one stream that may be running or answered but not yet sent; beyond
@@ -134,7 +141,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "ModelInfer sent no request")
             self._held.resize(reserved, request.size)
             reserved = request.size
-            return await answer_unary(self._in_flight, "ModelInfer", self._infer, request, context)
+            answer = await answer_unary(
+                self._in_flight, "ModelInfer", self._infer, request, context
+            )
+            if isinstance(answer, Refusal):
+                del request  # not held by the abort's traceback (interceptors.Refusal)
+                await answer.abort(context)
+            return answer
         finally:
             self._held.give(reserved)
 

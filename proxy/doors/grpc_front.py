@@ -24,13 +24,13 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from protos import wire
-from protos.channels import HTTP_STATUS_METADATA, METHOD_PREFIX
+from protos.channels import METHOD_PREFIX
 from protos.eager import Pending, eager
 from proxy.doors.disconnect import until_disconnect
 from proxy.doors.middleware import key_matches
 from proxy.engine.admission import Admission, Ledger
 from proxy.errors import ClientGone, Problem, grpc_code
-from v2server.interceptors import REQUEST_ID_KEY, CallScope, error_status
+from v2server.interceptors import REQUEST_ID_KEY, CallScope, error_status, error_trailers
 from v2server.server import V2Server
 
 PATH = METHOD_PREFIX + "ModelInfer"
@@ -39,6 +39,9 @@ FRONT_HEADER = b"x-mesh-grpc-front"
 """Set by the front's nginx on what it hands here: without it, a POST to PATH is plain HTTP,
 answered by the REST door (404)."""
 REQUEST_ID_HEADER = REQUEST_ID_KEY.encode()
+STATUS_ONLY = 599
+"""HTTP status of the route's answers that are a gRPC status alone (an error): nginx answers
+them as a Trailers-Only response of their headers (grpc_front_nginx.py, @status_only)."""
 _UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 _SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
 """grpc-message is percent-encoded: everything but printable ASCII and '%' (gRPC's spec)."""
@@ -130,7 +133,7 @@ class GrpcFront:
         except ClientGone:
             return
         except Problem as exc:  # the proxy at capacity: UNAVAILABLE, as REST's 503
-            await _answer(send, grpc_code(exc.status), exc.message, exc.status)
+            await _answer(send, grpc_code(exc.status), exc.message, error_trailers(exc))
             return
         parsed = _message(body)
         request = Request(scope, receive)
@@ -161,9 +164,9 @@ class GrpcFront:
                 return
             except Exception as exc:
                 scope_.code, text = error_status(exc, "ModelInfer")
-                await _answer(send, scope_.code, text, getattr(exc, "http_status", None))
+                await _answer(send, scope_.code, text, error_trailers(exc))
                 return
-        await _answer(send, grpc.StatusCode.OK, "", None, answer)
+        await _answer(send, grpc.StatusCode.OK, "", (), answer)
 
 
 class _Refused(Exception):
@@ -202,18 +205,21 @@ async def _answer(
     send: Send,
     code: grpc.StatusCode,
     text: str,
-    http_status: int | None = None,
+    trailers: tuple[tuple[str, str], ...] = (),
     message: bytes | None = None,
 ) -> None:
-    headers = [
-        (b"content-type", b"application/grpc"),
-        (b"grpc-status", str(code.value[0]).encode()),
-    ]
+    """The call's answer to nginx: its message (nginx adds the trailer `grpc-status: 0`), or
+    its status alone as STATUS_ONLY's headers."""
+    if message is not None:
+        body = b"\x00" + len(message).to_bytes(4, "big") + message
+        headers = [(b"content-type", b"application/grpc")]
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        return
+    headers = [(b"grpc-status", str(code.value[0]).encode()), (b"content-length", b"0")]
     if text:
         headers.append((b"grpc-message", quote(text, safe=_SAFE).encode()))
-    if http_status is not None:
-        headers.append((HTTP_STATUS_METADATA.encode(), str(http_status).encode()))
-    body = b"" if message is None else b"\x00" + len(message).to_bytes(4, "big") + message
-    headers.append((b"content-length", str(len(body)).encode()))
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    headers.extend((key.encode(), value.encode()) for key, value in trailers)
+    await send({"type": "http.response.start", "status": STATUS_ONLY, "headers": headers})
+    await send({"type": "http.response.body", "body": b""})

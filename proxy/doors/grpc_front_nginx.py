@@ -29,7 +29,7 @@ from pathlib import Path
 from string import Template
 
 from protos.ports import free_port
-from proxy.doors.grpc_front import FRONT_HEADER, PATH
+from proxy.doors.grpc_front import FRONT_HEADER, PATH, STATUS_ONLY
 from proxy.settings import ProxySettings
 
 log = logging.getLogger("proxy")
@@ -75,23 +75,36 @@ http {
     error_page 413 = @too_large;
     error_page 502 503 504 = @unavailable;
     error_page 408 = @too_slow;
+    error_page $status_only = @status_only;
+    # Every error a status alone (Trailers-Only: one HEADERS frame that ends the stream,
+    # :status 200, content-type application/grpc): one whose headers came first is committed,
+    # never retried by a client's retry policy; and a 204 is no gRPC answer (nginx drops its
+    # content-type), whatever clients make of it.
+    location @status_only {
+      default_type application/grpc;
+      add_header grpc-status $$upstream_http_grpc_status always;
+      add_header grpc-message $$upstream_http_grpc_message always;
+      add_header http-status $$upstream_http_http_status always;
+      add_header grpc-retry-pushback-ms $$upstream_http_grpc_retry_pushback_ms always;
+      return 200;
+    }
     location @too_large {
       default_type application/grpc;
       add_header grpc-status 8 always;
       add_header grpc-message "message larger than the door accepts (PROXY_MAX_BODY_MB)" always;
-      return 204;
+      return 200;
     }
     location @unavailable {
       default_type application/grpc;
       add_header grpc-status 14 always;
       add_header grpc-message "the proxy is not answering (starting or stopping)" always;
-      return 204;
+      return 200;
     }
     location @too_slow {
       default_type application/grpc;
       add_header grpc-status 4 always;
       add_header grpc-message "the call's message was not received in time" always;
-      return 204;
+      return 200;
     }
     location = $path {
       proxy_pass http://rest;
@@ -99,14 +112,10 @@ http {
       proxy_set_header Connection "";
       proxy_set_header $front_header 1;
       proxy_request_buffering off;
+      proxy_intercept_errors on;  # the route's errors ($status_only): @status_only
       proxy_read_timeout ${budget}s;
       proxy_send_timeout ${budget}s;
-      proxy_hide_header grpc-status;
-      proxy_hide_header grpc-message;
-      proxy_hide_header http-status;
-      add_trailer grpc-status $$upstream_http_grpc_status;
-      add_trailer grpc-message $$upstream_http_grpc_message;
-      add_trailer http-status $$upstream_http_http_status;
+      add_trailer grpc-status 0;
     }
     location / {
       grpc_pass grpc://door;
@@ -181,6 +190,7 @@ def config(settings: ProxySettings, folder: Path) -> str:
         body_kb=body_kb,
         path=PATH,
         front_header=FRONT_HEADER.decode(),
+        status_only=STATUS_ONLY,
         budget=int(settings.max_timeout_ms / 1000) + 30,
         stream_idle=STREAM_IDLE_S,
     )

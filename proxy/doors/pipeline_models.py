@@ -41,6 +41,8 @@ class PipelineFailed(MeshError):
         self.problem = problem
         self.http_status = problem.status
         """Told to gRPC callers beside the code (protos.channels.HTTP_STATUS_PARAMETER)."""
+        self.retry_after = problem.retry_after
+        """REST's `Retry-After`, told to gRPC callers as their retries' pushback."""
 
 
 class PipelineModel:

@@ -73,10 +73,10 @@ def _grpc_port(mesh: Mesh, service: str) -> str:
     return next(v for k, v in env.items() if k.endswith("_PORT") and "METRICS" not in k)
 
 
-def _relay(mesh: Mesh, service: str, workdir: Path) -> Service:
+def _relay(mesh: Mesh, service: str, workdir: Path, delay_ms: int = DELAY_MS) -> Service:
     upstream = f"127.0.0.1:{_grpc_port(mesh, service)}"
     return start_service(
-        "tests.faults.slow_relay", ["--upstream", upstream, "--delay-ms", str(DELAY_MS)], workdir
+        "tests.faults.slow_relay", ["--upstream", upstream, "--delay-ms", str(delay_ms)], workdir
     )
 
 
@@ -106,9 +106,11 @@ def _relay_counts(relay: Service) -> dict[str, int]:
     return dict(zip(("received", "forwarded", "abandoned"), map(int, found.groups()), strict=True))
 
 
-def _chain_env(mesh: Mesh, tmp_path: Path, relay: Service) -> dict[str, str]:
+def _chain_env(mesh: Mesh, tmp_path: Path, relay: Service, **limits: int) -> dict[str, str]:
+    """A proxy's environment for CHAIN through `relay`, with the pipeline's `limits`."""
     pipelines = tmp_path / "chain.yaml"
-    pipelines.write_text(yaml.safe_dump(CHAIN))
+    chain = {**CHAIN["pipelines"]["chain"], **limits}
+    pipelines.write_text(yaml.safe_dump({"pipelines": {"chain": chain}}))
     return {
         "PROXY_PIPELINES": str(pipelines),
         "CHAIN_LOGREG_URL": relay.address,

@@ -16,7 +16,7 @@ from starlette.responses import PlainTextResponse
 
 from protos import messages, pb
 from protos.logs import REQUEST_ID
-from proxy.doors.grpc_front import FRONT_HEADER, PATH, GrpcFront, grpc_timeout
+from proxy.doors.grpc_front import FRONT_HEADER, PATH, STATUS_ONLY, GrpcFront, grpc_timeout
 from proxy.engine.admission import Admission
 from tests.proxy.scripted import affine
 from v2server.registry import Registry
@@ -53,7 +53,12 @@ async def _call(client: httpx.AsyncClient, body: bytes, **headers: str) -> httpx
 
 
 def _status(answer: httpx.Response) -> tuple[int, str]:
-    """(grpc-status, grpc-message as sent: percent-encoded)."""
+    """(grpc-status, grpc-message as sent: percent-encoded). An answer with its message is
+    OK by nginx's trailer; an error is its status alone."""
+    if answer.status_code == 200:
+        assert "grpc-status" not in answer.headers and answer.content
+        return 0, ""
+    assert answer.status_code == STATUS_ONLY and answer.content == b""
     return int(answer.headers["grpc-status"]), answer.headers.get("grpc-message", "")
 
 
@@ -62,7 +67,7 @@ async def test_a_call_is_answered_with_its_message_and_status_ok() -> None:
     async with client:
         answer = await _call(client, _framed(_request(x=2.0)), **{"x-request-id": "front-1"})
     assert answer.status_code == 200 and answer.headers["content-type"] == "application/grpc"
-    assert _status(answer) == (0, "")
+    assert "grpc-status" not in answer.headers  # nginx's trailer: grpc-status 0
     body = answer.content
     assert body[0] == 0 and int.from_bytes(body[1:5], "big") == len(body) - 5
     response = pb.ModelInferResponse.FromString(body[5:])
@@ -144,7 +149,8 @@ async def test_bad_calls_get_the_doors_status_and_message(
     async with client:
         answer = await _call(client, body)
     status, message = _status(answer)
-    assert answer.status_code == 200 and answer.content == b""
+    # nginx answers it as a status alone (Trailers-Only: grpc_front_nginx.py).
+    assert answer.status_code == STATUS_ONLY and answer.content == b""
     assert status == code and says in unquote(message), message
     assert model.calls == 0 and door.in_flight.count == 0
 
@@ -197,4 +203,7 @@ async def test_a_message_counts_in_the_bytes_in_flight_and_is_refused_past_them(
     code, text = _status(answer)
     assert code == grpc.StatusCode.UNAVAILABLE.value[0]
     assert "requests in flight" in unquote(text)
+    # As REST's 503 and its Retry-After: 1, for a client's gRPC retry policy (gRFC A6).
+    assert answer.headers["http-status"] == "503"
+    assert answer.headers["grpc-retry-pushback-ms"] == "1000"
     assert tight.bytes_in_flight == 20 and model.calls == 0  # its own bytes let go
