@@ -148,7 +148,8 @@ class ProxySettings(BaseSettings):
     cache_check_ms: float = Field(default=1000.0, gt=0)
     """How often the fingerprints of the models a cached pipeline calls (their versions and
     tensors, from the services' metadata) are asked again: a model loaded in a new version
-    stops matching its old entries within this."""
+    stops matching its old entries within this. Also how long a model's metadata is trusted
+    when a call refused INVALID_ARGUMENT is checked against the pipeline's wiring."""
     jobs_url: str | None = None
     """The jobs' queue: `sqlite:///path/jobs.sqlite3` (one machine: the proxy's processes
     and worker processes beside it) or `redis://host:6379/1` (shared by every replica and

@@ -15,6 +15,7 @@ from proxy.engine.cache.caches import Caches
 from proxy.engine.executor import Executor
 from proxy.engine.recent import Recent
 from proxy.engine.runner import Engine
+from proxy.engine.wiring import Wiring
 from proxy.jobs.callbacks import allowed_hosts
 from proxy.jobs.model import JobsConfig
 from proxy.jobs.service import Jobs
@@ -59,7 +60,8 @@ class ProxyState:
         )
         services = Services(channels)
         caches = _caches(plans, services, settings)
-        executor = Executor(Calls(channels, services, merge=settings.merge), caches)
+        wiring = Wiring(services, settings.cache_check_ms / 1000, settings.ready_timeout_ms / 1000)
+        executor = Executor(Calls(channels, services, merge=settings.merge), caches, wiring)
         recent = Recent(settings.console_requests) if settings.console else None
         engine = Engine(plans, executor, admission, caches, recent)
         jobs = Jobs(engine, _jobs_config(settings))

@@ -35,6 +35,7 @@ from proxy.engine.definitions import (
 )
 from proxy.engine.plan import Plan
 from proxy.engine.step_spans import step_span
+from proxy.engine.wiring import Wiring
 from proxy.errors import StepError
 from proxy.transport.calls import Call, Calls
 from proxy.transport.target import Target
@@ -123,11 +124,10 @@ class Run:
 
 
 class Executor:
-    def __init__(self, calls: Calls, caches: Caches | None = None) -> None:
-        self.calls = calls
-        """The transport's seam: how each call travels is decided behind it."""
-        self.caches = caches
-        """The data cache of steps marked `cache: true` (None: off)."""
+    def __init__(self, calls: Calls, caches: Caches | None, wiring: Wiring) -> None:
+        self.calls = calls  # the transport's seam: how each call travels is decided behind it
+        self.caches = caches  # the data cache of steps marked `cache: true` (None: off)
+        self.wiring = wiring  # tells a call refused for the pipeline's wiring from a bad request
         self._specs: dict[tuple[int, str, Target], tuple[CallingStep, Call]] = {}
 
     async def run(self, run: Run, inputs: dict[str, np.ndarray]) -> Run:
@@ -178,8 +178,11 @@ class Executor:
                 )
                 return outputs
             except StepError as exc:
-                status, error = exc.code.name.lower(), exc.message
-                raise
+                failed = await self.wiring.explained(exc, run.plan, step)
+                status, error = failed.code.name.lower(), failed.message
+                if failed is exc:
+                    raise
+                raise failed from None
             except asyncio.CancelledError:
                 status, error = "cancelled", "cancelled: the request ended first"
                 raise

@@ -1,0 +1,121 @@
+"""Whether a call's model takes what its pipeline sends it, from the services' metadata.
+
+A predictor swapped for one with other inputs (an endpoint variable re-pointed, a new model
+version) refuses every call with INVALID_ARGUMENT, which the proxy would pass on as the
+client's 400: yet no request could fix it. When a call is refused so, the metadata of its
+model and of the models that produced its inputs say whether the pipeline's wiring is the
+cause; if it is, the call fails as the mesh's own configuration error (INTERNAL: 502),
+naming both sides, as Triton refuses to load an ensemble whose models do not fit.
+Only asked on that error path (a correct call costs nothing), each model's metadata at most
+once per `check_s`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grpc
+
+from protos import pb
+from proxy.engine.definitions import CallingStep
+from proxy.engine.plan import Plan
+from proxy.errors import StepError
+from proxy.transport.fresh import Fresh
+from proxy.transport.services import Services
+from proxy.transport.target import Target
+
+Declared = tuple[str, tuple[int, ...]]
+"""A tensor's datatype and shape (-1: any size)."""
+IMAGE: Declared = ("BYTES", (-1,))
+"""What a pipeline sends for its uploaded image (one element a request; merged calls more)."""
+
+
+def fits(sent: Declared, taken: Declared) -> bool:
+    """Whether a tensor declared `sent` always fits an input declared `taken`."""
+    (sent_type, sent_shape), (taken_type, taken_shape) = sent, taken
+    return (
+        sent_type == taken_type
+        and len(sent_shape) == len(taken_shape)
+        and all(a == b or a < 0 or b < 0 for a, b in zip(sent_shape, taken_shape, strict=True))
+    )
+
+
+def _named(tensor: pb.ModelMetadataResponse.TensorMetadata) -> str:
+    return f"'{tensor.name}' {tensor.datatype} {list(tensor.shape)}"
+
+
+def mismatch(
+    target: Target,
+    taken: Sequence[pb.ModelMetadataResponse.TensorMetadata],
+    sent: dict[str, tuple[str, Declared | None]],
+) -> str | None:
+    """Why `target`'s model, declaring inputs `taken`, cannot take `sent` (input name ->
+    (reference, what the reference is declared as, if known)); None when it can."""
+    by_name = {t.name: t for t in taken}
+    model = f"model '{target.model}' at {target.address}"
+    for name, (ref, declared) in sent.items():
+        spec = by_name.get(name)
+        if spec is None:
+            inputs = ", ".join(_named(t) for t in taken)
+            return f"{model} has no input '{name}' (it takes {inputs}); the pipeline sends {ref}"
+        if declared is not None and not fits(declared, (spec.datatype, tuple(spec.shape))):
+            return (
+                f"{model} takes {_named(spec)}; the pipeline sends {ref} as "
+                f"{declared[0]} {list(declared[1])}"
+            )
+    return None
+
+
+class Wiring:
+    def __init__(self, services: Services, check_s: float, timeout_s: float) -> None:
+        self.services = services
+        self.check_s = check_s
+        self.timeout_s = timeout_s
+        self._fresh: dict[Target, Fresh[tuple[pb.ModelMetadataResponse | None]]] = {}
+
+    async def explained(self, exc: StepError, plan: Plan, step: CallingStep) -> StepError:
+        """`exc` of the call `exc.step` as the configuration error it is, when the wiring
+        explains its INVALID_ARGUMENT; else `exc` itself."""
+        target = plan.targets.get(exc.step)
+        if exc.code != grpc.StatusCode.INVALID_ARGUMENT or target is None:
+            return exc
+        meta = await self.metadata(target)
+        if meta is None or not meta.inputs:  # it cannot say: the service judged the call
+            return exc
+        sent = {name: (ref, await self._declared(plan, ref)) for name, ref in step.inputs.items()}
+        why = mismatch(target, meta.inputs, sent)
+        if why is None:
+            return exc
+        return StepError(exc.step, grpc.StatusCode.INTERNAL, f"pipeline misconfigured: {why}")
+
+    async def metadata(self, target: Target) -> pb.ModelMetadataResponse | None:
+        fresh = self._fresh.get(target)
+        if fresh is None:
+            fresh = self._fresh[target] = Fresh(lambda: self._ask(target), self.check_s)
+        return (await fresh.get())[0]
+
+    async def _ask(self, target: Target) -> tuple[pb.ModelMetadataResponse | None]:
+        try:
+            return (
+                await self.services.metadata(
+                    target.address, target.model, target.version, self.timeout_s
+                ),
+            )
+        except Exception:  # unreachable, unknown model: it cannot say
+            return (None,)
+
+    async def _declared(self, plan: Plan, ref: str) -> Declared | None:
+        """What `ref` is declared as: the request's image or tensor, or a call step's output
+        in its model's metadata; None when nothing says (a parallel step's combination)."""
+        producer, _, tensor = ref.partition(".")
+        if producer == "request":
+            inputs = plan.pipeline.inputs
+            if inputs is None:
+                return IMAGE
+            spec = inputs[tensor]
+            return spec.datatype, tuple(spec.shape)
+        target = plan.targets.get(producer)
+        meta = None if target is None else await self.metadata(target)
+        for output in () if meta is None else meta.outputs:
+            if output.name == tensor:
+                return output.datatype, tuple(output.shape)
+        return None

@@ -1,0 +1,81 @@
+"""A step swapped for a model that does not take what its pipeline sends: the service's
+INVALID_ARGUMENT is the mesh's configuration error (502, naming both sides), not the client's
+400; a refusal the wiring does not explain stays the client's. Real gRPC services
+(tests/proxy/scripted.py) declaring their tensors in their metadata."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.engine.wiring import fits
+from tests.proxy.scripted import ScriptedModel, affine
+from tests.proxy.test_pipelines import body, call, parse_model, pipeline, post
+from v2server.model import TensorSpec
+
+
+def _taking(spec: TensorSpec) -> ScriptedModel:
+    """plus1, but declaring (and so checking, in the service) input `spec`."""
+    model = affine("plus1", 1, 1)
+    model.inputs = (spec,)
+    return model
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        (
+            TensorSpec("x", "FP32", (-1, 3, 3)),
+            "takes 'x' FP32 [-1, 3, 3]; the pipeline sends parse.x as FP32 [-1, -1]",
+        ),
+        (
+            TensorSpec("x", "INT64", (-1, -1)),
+            "takes 'x' INT64 [-1, -1]; the pipeline sends parse.x as FP32 [-1, -1]",
+        ),
+        (
+            TensorSpec("pixels", "FP32", (-1, -1)),
+            "has no input 'x' (it takes 'pixels' FP32 [-1, -1]); the pipeline sends parse.x",
+        ),
+    ],
+    ids=["shape", "datatype", "name"],
+)
+async def test_a_model_that_does_not_take_what_the_pipeline_sends_is_a_502(
+    servers, make_client, spec: TensorSpec, says: str
+) -> None:
+    env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": await servers(_taking(spec))}
+    pipes = {"p": pipeline([call("s", "plus1", "parse")], {"y": "s.y[0]"})}
+    async with make_client(pipes, env) as client:
+        r = await post(client, "p", body(1, 2))
+    assert r.status_code == 502, r.text
+    assert r.json()["step"] == "s" and r.json()["code"] == "INTERNAL"
+    assert f"pipeline misconfigured: model 'plus1' at {env['MODELS_URL']} {says}" in r.text
+
+
+async def test_a_refusal_the_wiring_does_not_explain_stays_the_clients(
+    servers, make_client
+) -> None:
+    """The model takes what the pipeline sends as declared; it refuses these values."""
+    model = _taking(TensorSpec("x", "FP32", (-1, 2)))  # the pipeline declares [-1, -1]
+    env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": await servers(model)}
+    pipes = {"p": pipeline([call("s", "plus1", "parse")], {"y": "s.y[0]"})}
+    async with make_client(pipes, env) as client:
+        fitting = await post(client, "p", body(1, 2))
+        three = await post(client, "p", body(1, 2, 3))
+    assert fitting.status_code == 200, fitting.text
+    assert three.status_code == 400 and three.json()["step"] == "s", three.text
+    assert "misconfigured" not in three.text
+
+
+@pytest.mark.parametrize(
+    ("sent", "taken", "expected"),
+    [
+        (("FP32", (-1, 64)), ("FP32", (-1, 64)), True),
+        (("FP32", (1, 64)), ("FP32", (-1, -1)), True),
+        (("FP32", (-1, -1)), ("FP32", (-1, 64)), True),  # may fit: the service judges
+        (("FP32", (-1, 64)), ("FP32", (-1, 784)), False),
+        (("FP32", (-1, 64)), ("FP32", (-1, 8, 8)), False),
+        (("FP32", (-1, 64)), ("FP64", (-1, 64)), False),
+        (("BYTES", (-1,)), ("BYTES", (1,)), True),
+    ],
+)
+def test_what_fits(sent, taken, expected: bool) -> None:
+    assert fits(sent, taken) is expected
