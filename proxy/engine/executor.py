@@ -178,7 +178,7 @@ class Executor:
                 )
                 return outputs
             except StepError as exc:
-                failed = await self.wiring.explained(exc, run.plan, step)
+                failed = await self.wiring.explained(exc, run.plan, step, run.deadline)
                 status, error = failed.code.name.lower(), failed.message
                 if failed is exc:
                     raise

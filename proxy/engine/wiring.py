@@ -11,6 +11,7 @@ once per `check_s`."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 import grpc
@@ -72,20 +73,30 @@ class Wiring:
         self.timeout_s = timeout_s
         self._fresh: dict[Target, Fresh[tuple[pb.ModelMetadataResponse | None]]] = {}
 
-    async def explained(self, exc: StepError, plan: Plan, step: CallingStep) -> StepError:
+    async def explained(
+        self, exc: StepError, plan: Plan, step: CallingStep, deadline: float
+    ) -> StepError:
         """`exc` of the call `exc.step` as the configuration error it is, when the wiring
-        explains its INVALID_ARGUMENT; else `exc` itself."""
+        explains its INVALID_ARGUMENT; else `exc` itself (also when the metadata does not
+        come before the request's `deadline`, loop time)."""
         target = plan.targets.get(exc.step)
         if exc.code != grpc.StatusCode.INVALID_ARGUMENT or target is None:
             return exc
-        meta = await self.metadata(target)
-        if meta is None or not meta.inputs:  # it cannot say: the service judged the call
+        try:
+            async with asyncio.timeout_at(deadline):
+                why = await self._why(plan, step, target)
+        except TimeoutError:
             return exc
-        sent = {name: (ref, await self._declared(plan, ref)) for name, ref in step.inputs.items()}
-        why = mismatch(target, meta.inputs, sent)
         if why is None:
             return exc
         return StepError(exc.step, grpc.StatusCode.INTERNAL, f"pipeline misconfigured: {why}")
+
+    async def _why(self, plan: Plan, step: CallingStep, target: Target) -> str | None:
+        meta = await self.metadata(target)
+        if meta is None or not meta.inputs:  # it cannot say: the service judged the call
+            return None
+        sent = {name: (ref, await self._declared(plan, ref)) for name, ref in step.inputs.items()}
+        return mismatch(target, meta.inputs, sent)
 
     async def metadata(self, target: Target) -> pb.ModelMetadataResponse | None:
         fresh = self._fresh.get(target)
