@@ -105,6 +105,7 @@ def create_app(
             admission=state.engine.admission,
             api_key=settings.api_key,
             max_wait_s=wait_s,
+            max_message_bytes=int(settings.door_message_mb() * (1 << 20)),
         )
 
     async def on_error(request: Request, exc: Exception) -> Response:

@@ -221,5 +221,10 @@ class ProxySettings(BaseSettings):
     def jobs_queue_url(self) -> str:
         return self.jobs_url or f"sqlite:///{Path('data', 'jobs.sqlite3').resolve()}"
 
+    def door_message_mb(self) -> float:
+        """The largest message the gRPC door takes (once inflated): what REST takes, an image
+        up to the body limit, plus the message's own few bytes."""
+        return self.max_body_mb + 1 / 16
+
     def upload_limits(self) -> UploadLimits:
         return UploadLimits(int(self.max_body_mb * 2**20), self.min_upload_kbps * 1024)

@@ -77,9 +77,7 @@ def grpc_door(
         grace_s=s.grpc_grace_s,
         linger_s=0.5,
         max_message_mb=s.max_message_mb,
-        # The door takes what REST takes: an image up to the body limit, plus the message's
-        # own few bytes.
-        max_receive_mb=s.max_body_mb + 1 / 16,
+        max_receive_mb=s.door_message_mb(),
         max_connections=s.grpc_max_connections,
         max_connection_idle_s=s.grpc_idle_s,
         handshake_timeout_s=s.head_timeout_s,

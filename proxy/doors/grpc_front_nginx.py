@@ -169,8 +169,7 @@ def config(settings: ProxySettings, folder: Path) -> str:
     assert settings.grpc_port is not None and settings.grpc_door_port is not None
     host, port = settings.host, settings.grpc_port
     listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    # REST's limit plus the message's own few bytes, as the door takes (grpc_door.py).
-    body_kb = int((settings.max_body_mb + 1 / 16) * 1024) + 1
+    body_kb = int(settings.door_message_mb() * 1024) + 1
     # PROXY_GRPC_MAX_CONNECTIONS bounds nginx's connections, the clients' and its own to the
     # proxy: descriptors stay bounded under a flood of idle connections (beyond it nginx
     # closes the oldest idle ones for the new), and calls in flight then wait for it.
