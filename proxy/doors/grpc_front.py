@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import zlib
 from urllib.parse import quote
 
 import grpc
@@ -27,6 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from protos import wire
 from protos.channels import METHOD_PREFIX
 from protos.eager import Pending, eager
+from proxy.doors import inflate
 from proxy.doors.disconnect import until_disconnect
 from proxy.doors.middleware import key_matches
 from proxy.engine.admission import Admission, Ledger
@@ -215,45 +215,20 @@ async def _message(
         return wire.parse_infer_request(body[5:])
     if body[0] != 1:
         return _Refused(grpc.StatusCode.INVALID_ARGUMENT, "the message's flag is not 0 or 1")
-    # Large messages inflate off the loop: ~5 ms a MiB, and REST is answered meanwhile.
-    args = (memoryview(body)[5:], encoding, limit)
-    message = await asyncio.to_thread(_inflate, *args) if len(body) > 1 << 16 else _inflate(*args)
-    return message if isinstance(message, _Refused) else wire.parse_infer_request(message)
-
-
-_WBITS = {b"gzip": 31, b"deflate": 15}
-"""The encodings gRPC's clients compress with (zlib's window bits: gzip's framing, zlib's)."""
-
-
-def _inflate(payload: memoryview, encoding: bytes | None, limit: int) -> bytes | _Refused:
-    """A compressed message as it was, up to `limit` bytes (a small message may inflate to
-    gigabytes: never more is made than the door would take uncompressed)."""
-    if not encoding or encoding == b"identity":
+    name = (encoding or b"").decode("latin-1")
+    if not name or name == "identity":
         return _Refused(
             grpc.StatusCode.INVALID_ARGUMENT, "a compressed message without its grpc-encoding"
         )
-    wbits = _WBITS.get(encoding)
-    name = encoding.decode("latin-1")
-    if wbits is None:
+    if not inflate.taken(name):
         return _Refused(
             grpc.StatusCode.UNIMPLEMENTED,
             f"message encoding '{name}' is not supported (gzip, deflate, identity)",
         )
-    inflater = zlib.decompressobj(wbits)
     try:
-        message = inflater.decompress(payload, limit + 1)
-    except zlib.error as exc:
-        return _Refused(
-            grpc.StatusCode.INVALID_ARGUMENT, f"the {name} message does not inflate: {exc}"
-        )
-    if len(message) > limit or inflater.unconsumed_tail:
-        return _Refused(
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
-            f"message larger than the door takes once inflated ({limit} bytes, PROXY_MAX_BODY_MB)",
-        )
-    if not inflater.eof:
-        return _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"the {name} message is cut short")
-    return message
+        return wire.parse_infer_request(await inflate.inflated(memoryview(body)[5:], name, limit))
+    except Problem as exc:
+        return _Refused(grpc_code(exc.status), exc.message)
 
 
 async def _answer(

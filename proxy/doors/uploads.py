@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.types import Message
 
 from protos.eager import Pending, eager
+from proxy.doors import inflate
 from proxy.engine.admission import Ledger
 from proxy.errors import ClientGone, Problem
 
@@ -77,7 +78,7 @@ async def read_body(
     step: Message | Pending | None = eager(receive())
     if not isinstance(step, Pending):
         if took(step):  # type: ignore[arg-type]
-            return b"".join(chunks)
+            return await _decoded(request, b"".join(chunks), limits, ledger)
         step = None
     try:
         async with asyncio.timeout_at(due()) as timer:
@@ -95,7 +96,27 @@ async def read_body(
         raise Problem(
             408, f"body arriving slower than {limits.min_rate_bps / 1024:g} KiB/s", close=True
         ) from None
-    return b"".join(chunks)
+    return await _decoded(request, b"".join(chunks), limits, ledger)
+
+
+async def _decoded(
+    request: Request, body: bytes, limits: UploadLimits, ledger: Ledger | None
+) -> bytes:
+    """The body as it was before its Content-Encoding (gzip, deflate: tritonclient's
+    `request_compression_algorithm`), within the same limit; its inflated bytes go on
+    `ledger` too."""
+    encoding = request.headers.get("content-encoding")
+    if not encoding or encoding.lower() == "identity":
+        return body
+    encoding = encoding.strip().lower()
+    if not inflate.taken(encoding):
+        raise Problem(
+            415, f"Content-Encoding '{encoding}' is not supported: send gzip, deflate or identity"
+        )
+    data = await inflate.inflated(body, encoding, limits.max_bytes)
+    if ledger is not None:
+        ledger.hold_upload(len(data))
+    return data
 
 
 async def read_image(

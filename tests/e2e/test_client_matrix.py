@@ -71,6 +71,7 @@ def assert_same(seen: dict[str, dict]) -> None:
     triton = {n: a for n, a in seen.items() if n.startswith("tritonclient")}
     first_name, first = next(iter(triton.items()))
     for name, answer in triton.items():
+        assert answer["compressed"] == answer["outputs"], f"gzipped request: {name}"
         for key in TRITON_ONLY:
             assert answer[key] == first[key], f"{key}: {name} != {first_name}"
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import zlib
 from typing import Any
 
+import numpy as np
 import pytest
 from starlette.requests import Request
 
@@ -117,3 +119,48 @@ async def test_uploads_arriving_together_stop_at_the_bytes_in_flight() -> None:
     assert refused and all(r.status == 503 for r in refused)
     assert [r for r in results if isinstance(r, bytes)] == [b"x" * 2000] * (3 - len(refused))
     assert len(refused) < 3 and peak <= 3000 and admission.bytes_in_flight <= 3000
+
+
+def _encoded(receive: Any, encoding: str) -> Request:
+    return Request({**SCOPE, "headers": [(b"content-encoding", encoding.encode())]}, receive)
+
+
+def _packed(data: bytes, encoding: str) -> bytes:
+    packer = zlib.compressobj(6, zlib.DEFLATED, {"gzip": 31, "deflate": 15}[encoding])
+    return packer.compress(data) + packer.flush()
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "GZIP"])
+@pytest.mark.parametrize("size", [3000, 300_000], ids=["small", "inflated-off-the-loop"])
+async def test_a_compressed_body_is_read_as_it_was(encoding: str, size: int) -> None:
+    """tritonclient's request_compression_algorithm: Content-Encoding gzip or deflate. Its
+    inflated bytes count on the proxy's bytes in flight too."""
+    data = np.random.default_rng(size).integers(0, 4, size, np.uint8).tobytes()
+    packed = _packed(data, encoding.lower())
+    admission = Admission(100, 1 << 30, 1 << 30)
+    deadline = asyncio.get_running_loop().time() + 5
+    with admission.ledger() as ledger:
+        body = await read_body(
+            _encoded(paced([packed], 0), encoding), UploadLimits(1 << 20), deadline, ledger
+        )
+        assert body == data
+        assert admission.bytes_in_flight == len(packed) + len(data)
+
+
+@pytest.mark.parametrize(
+    ("sent", "encoding", "status", "says"),
+    [
+        (_packed(b"\0" * (8 << 20), "gzip"), "gzip", 413, "once inflated (PROXY_MAX_BODY_MB)"),
+        (_packed(b"an image" * 100, "gzip")[:-8], "gzip", 400, "the gzip data is cut short"),
+        (b"not compressed", "deflate", 400, "the deflate data does not inflate"),
+        (b"whatever", "br", 415, "Content-Encoding 'br' is not supported"),
+    ],
+    ids=["bomb", "cut-short", "garbage", "unknown-encoding"],
+)
+async def test_a_compressed_body_that_does_not_inflate_is_refused_by_name(
+    sent: bytes, encoding: str, status: int, says: str
+) -> None:
+    deadline = asyncio.get_running_loop().time() + 5
+    with pytest.raises(Problem) as refused:
+        await read_body(_encoded(paced([sent], 0), encoding), UploadLimits(1 << 20), deadline)
+    assert refused.value.status == status and says in refused.value.message
