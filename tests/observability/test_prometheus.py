@@ -32,6 +32,13 @@ RULES = DASHBOARD.parent / "prometheus-rules.yaml"
 BODY = encode(render_digit(np.eye(8) * 16))
 
 
+def _miswired(mesh: Mesh) -> str:
+    """The `mlp` branch re-pointed at the OCR recogniser, which takes no digit: every call
+    of that branch fails (502, "pipeline misconfigured"), and `digits-partial` answers 200
+    without it."""
+    return f"127.0.0.1:{mesh.local.services['ocr-rec'].env['PREDICTOR_PORT']}/ocr_rec"
+
+
 def _metrics_targets(mesh: Mesh) -> list[str]:
     targets = []
     for name, service in mesh.local.services.items():
@@ -42,8 +49,11 @@ def _metrics_targets(mesh: Mesh) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def prometheus(mesh: Mesh) -> Iterator[tuple[prometheus_server.PrometheusServer, str, str]]:
-    """The server, the second proxy's URL and the callbacks' receiver's."""
+def prometheus(
+    mesh: Mesh,
+) -> Iterator[tuple[prometheus_server.PrometheusServer, str, str, str]]:
+    """The server, the second proxy's URL, the callbacks' receiver's, and the third proxy's
+    (its `mlp` branch mis-wired)."""
     if not prometheus_server.available():
         message = "prometheus is missing (./mesh test installs it when run as root)"
         if os.environ.get("CI"):
@@ -57,20 +67,23 @@ def prometheus(mesh: Mesh) -> Iterator[tuple[prometheus_server.PrometheusServer,
             PROXY_MAX_IN_FLIGHT="2",
             PROXY_JOBS_CALLBACK_HOSTS=hook.host,
         ) as second,
+        mesh.extra_proxy(27781, PREDICTOR_DIGITS_MLP_URL=_miswired(mesh)) as third,
     ):
+        proxies = [mesh.url, second, third]
         jobs = {
-            "mesh-proxy": [mesh.url.removeprefix("http://"), second.removeprefix("http://")],
+            "mesh-proxy": [url.removeprefix("http://") for url in proxies],
             "mesh-services": _metrics_targets(mesh),
         }
         server = prometheus_server.start(jobs, [RULES])
         try:
-            yield server, second, hook.url
+            yield server, second, hook.url, third
         finally:
             server.stop()
 
 
-def _traffic(mesh: Mesh, second: str, hook: str) -> None:
+def _traffic(mesh: Mesh, second: str, hook: str, third: str) -> None:
     infer = "/v1/pipelines/digits/infer"
+    partial = third + "/v1/pipelines/digits-partial/infer"
     asyncio.run(run(mesh.url, infer, BODY, requests=400, concurrency=8, timeout_ms=3000))
     with httpx.Client(timeout=10) as client:
         for _ in range(5):  # 415: what a client sends wrong shows as an error too
@@ -100,18 +113,33 @@ def _traffic(mesh: Mesh, second: str, hook: str) -> None:
     # Two crowds a few scrapes apart: Prometheus sees a counter's increase only between two
     # samples, and a status's series is born at its first answer, so refusals that all fall
     # between two scrapes would show no rate.
+    def degraded(i: int) -> int:
+        image = BODY if i % 2 else encode(render_digit(np.eye(8)[::-1] * 16))
+        with httpx.Client(timeout=10) as client:
+            answer = client.post(partial, content=image, headers={"Content-Type": "image/png"})
+            return answer.status_code if not answer.json().get("partial") else 206
+
     statuses: set[int] = set()
     with ThreadPoolExecutor(12) as pool:
         statuses |= set(pool.map(crowd, range(36)))
+        statuses |= set(pool.map(degraded, range(10)))
         time.sleep(2.5)
         statuses |= set(pool.map(crowd, range(36, 72)))
-    assert 503 in statuses, statuses
+        statuses |= set(pool.map(degraded, range(10)))
+    assert 503 in statuses and 206 in statuses, statuses
 
 
 def _errors(server: prometheus_server.PrometheusServer) -> dict[str, float]:
     return {
         s["metric"]["pipeline"]: float(s["value"][1])
         for s in server.query("mesh:pipeline_server_errors:ratio_rate5m")
+    }
+
+
+def _failing(server: prometheus_server.PrometheusServer) -> dict[tuple[str, str], float]:
+    return {
+        (s["metric"]["pipeline"], s["metric"]["step"]): float(s["value"][1])
+        for s in server.query("mesh:step_failures:ratio_rate5m")
     }
 
 
@@ -123,7 +151,7 @@ def _numbers(series: list[dict]) -> bool:
 def test_every_panel_and_rule_has_labelled_series(
     mesh: Mesh, prometheus: tuple[prometheus_server.PrometheusServer, str, str]
 ) -> None:
-    server, second, hook = prometheus
+    server, second, hook, third = prometheus
     assert dashboard_main(["--check"]) == 0, "mesh-dashboard.json is not what dashboard.py writes"
     expected = 2 + len(_metrics_targets(mesh))
     deadline = time.monotonic() + 30  # Prometheus applies its targets ~5 s after it starts
@@ -131,7 +159,7 @@ def test_every_panel_and_rule_has_labelled_series(
         assert time.monotonic() < deadline, [(t["scrapeUrl"], t["lastError"]) for t in targets]
         time.sleep(0.5)
     time.sleep(1.5)  # every counter scraped once before the traffic: its rate is then seen
-    _traffic(mesh, second, hook)
+    _traffic(mesh, second, hook, third)
 
     queries = [(p, legend, expr) for p in PANELS for legend, expr in p.queries.items()]
     deadline = time.monotonic() + 40
@@ -142,6 +170,8 @@ def test_every_panel_and_rule_has_labelled_series(
         empty += [r["name"] for r in records if not _numbers(server.query(r["name"]))]
         if _errors(server).get("ocr", 0) <= 0:
             empty.append("mesh:pipeline_server_errors:ratio_rate5m{pipeline='ocr'}")
+        if _failing(server).get(("digits-partial", "ensemble"), 0) <= 0.05:
+            empty.append("mesh:step_failures:ratio_rate5m{pipeline='digits-partial'}")
         if not empty:
             break
         time.sleep(1)
@@ -152,7 +182,7 @@ def test_every_panel_and_rule_has_labelled_series(
             missing = [name for name in panel.labels if not labels.get(name)]
             assert not missing, (panel.title, legend, labels)
     rules = server.rules()
-    assert len(rules) == 15
+    assert len(rules) == 17
     unhealthy = [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]
     assert not unhealthy, unhealthy
     # The recorded series each alert compares carry what its summary names.
@@ -161,6 +191,7 @@ def test_every_panel_and_rule_has_labelled_series(
         ("mesh:pipeline_server_errors:ratio_rate5m", "pipeline"),
         ("mesh:pipeline_latency_p99:5m", "pipeline"),
         ("mesh:step_latency_p99:5m", "step"),
+        ("mesh:step_failures:ratio_rate5m", "step"),
         ("mesh:model_queue_depth:max", "model"),
         ("mesh:endpoint_not_answering:max", "endpoint"),
     ):
@@ -168,6 +199,19 @@ def test_every_panel_and_rule_has_labelled_series(
         assert all(s["metric"].get(label) for s in server.query(record)), record
     errors = _errors(server)
     assert errors.get("ocr", 0) > 0, errors  # the crowd's refusals on the second proxy
+    # The mis-wired branch: a third of the ensemble's calls fail while its answers are 200
+    # (partial); the alert is on its way (pending its 10 minutes), no other step's.
+    failing = _failing(server)
+    assert failing[("digits-partial", "ensemble")] > 0.05, failing
+    assert failing.get(("digits", "preprocess"), 0) == 0, failing
+    deadline = time.monotonic() + 10  # the alerts' group evaluates after the records'
+    while True:
+        [step_alert] = [r for r in server.rules() if r["name"] == "MeshStepFailing"]
+        pending = {(a["labels"]["pipeline"], a["labels"]["step"]) for a in step_alert["alerts"]}
+        if pending or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert pending == {("digits-partial", "ensemble")}, step_alert["alerts"]
     up = server.query('up{job=~"mesh-.*"}')
     assert len(up) == len(targets) and {s["value"][1] for s in up} == {"1"}
     report(
