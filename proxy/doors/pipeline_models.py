@@ -19,8 +19,8 @@ import orjson
 from protos.codec import datatype_of, dtype_of
 from protos.errors import InvalidInput, MeshError
 from protos.logs import REQUEST_ID, new_id
-from proxy.engine.executor import Run
 from proxy.engine.plan import Plan
+from proxy.engine.run import Run
 from proxy.engine.runner import Engine
 from proxy.errors import Problem, StepError, grpc_code
 from v2server.model import Outputs, Scheduling, TensorSpec

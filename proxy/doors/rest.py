@@ -14,7 +14,7 @@ from proxy.doors.pipeline_bodies import budget_s, read_tensors
 from proxy.doors.responses import json_response
 from proxy.doors.uploads import read_image
 from proxy.engine.cache.stores import StoreError
-from proxy.engine.executor import Run
+from proxy.engine.run import Run
 from proxy.errors import Problem, StepError
 from proxy.state import ProxyState
 

@@ -10,20 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import math
 import time
-from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
 
 from protos import tracing
-from protos.codec import content_bytes
 from protos.labelled import child
 from proxy import metrics
-from proxy.engine.admission import Ledger
 from proxy.engine.cache.caches import Caches
-from proxy.engine.cache.entries import Stored
 from proxy.engine.cache.keys import step_key
 from proxy.engine.combine import combine
 from proxy.engine.definitions import (
@@ -33,94 +28,12 @@ from proxy.engine.definitions import (
     ParallelStep,
     SwitchStep,
 )
-from proxy.engine.plan import Plan
+from proxy.engine.run import Run, StepStatus, ms
 from proxy.engine.step_spans import step_span
 from proxy.engine.wiring import Wiring
 from proxy.errors import StepError
 from proxy.transport.calls import Call, Calls
 from proxy.transport.target import Target
-
-
-def ms(seconds: float) -> float:
-    """Seconds as milliseconds to the microsecond, as round(..., 3) would give them without
-    its exact decimal conversion (~2,000 instructions; a `digits` request rounds eleven)."""
-    return math.floor(seconds * 1e6 + 0.5) / 1e3
-
-
-@dataclass
-class StepStatus:
-    name: str
-    status: str
-    latency_ms: float
-    error: str | None = None
-    cache: str | None = None
-    """A step with the data cache: `hit` or `miss`."""
-    start_ms: float = 0.0
-    """When it began, from the moment the proxy took the request (a waterfall's offset)."""
-
-
-@dataclass
-class Run:
-    """The state of one request."""
-
-    plan: Plan
-    request_id: str
-    deadline: float
-    ledger: Ledger
-    tensors: dict[str, np.ndarray] = field(default_factory=dict)
-    branches: dict[str, dict[str, dict[str, np.ndarray]]] = field(default_factory=dict)
-    steps: list[StepStatus] = field(default_factory=list)
-    partial: bool = False
-    cache: str | None = None
-    """A pipeline with the inference cache: `hit` (stored, or shared with an identical
-    request in flight) or `miss`."""
-    key: bytes | None = None
-    """A hit's inference cache key (its rendered result is kept under it)."""
-    origin: float = field(default_factory=time.perf_counter)
-    """When the proxy took the request (perf_counter): the steps' `start_ms` count from it."""
-
-    def entry(self) -> Stored | None:
-        """What the inference cache keeps of a finished run: a complete answer's tensors."""
-        return None if self.partial else Stored(dict(self.tensors), dict(self.branches))
-
-    @classmethod
-    def restored(cls, plan: Plan, entry: Stored, ledger: Ledger) -> Run:
-        """A run answered from the cache: its tensors, no step run."""
-        # Copies of the entry's mappings (the arrays are shared, never written): the entry
-        # may answer many requests at once.
-        branches = {step: dict(out) for step, out in entry.branches.items()}
-        return cls(plan, "", 0.0, ledger, dict(entry.tensors), branches, cache="hit")
-
-    def remaining(self) -> float:
-        return self.deadline - asyncio.get_running_loop().time()
-
-    def put(self, ref: str, value: np.ndarray) -> None:
-        self.ledger.hold(content_bytes(value))
-        self.tensors[ref] = value
-
-    def put_branches(self, step: str, outputs: dict[str, dict[str, np.ndarray]]) -> None:
-        self.ledger.hold(sum(content_bytes(v) for out in outputs.values() for v in out.values()))
-        self.branches[step] = outputs
-
-    def keep_only(self, producers: frozenset[str]) -> None:
-        """Drop every tensor no later step or the result reads (its bytes leave the ledger)."""
-        for ref in [r for r in self.tensors if r.partition(".")[0] not in producers]:
-            self.ledger.release(content_bytes(self.tensors.pop(ref)))
-        for step in [s for s in self.branches if s not in producers]:
-            outputs = self.branches.pop(step)
-            self.ledger.release(
-                sum(content_bytes(v) for out in outputs.values() for v in out.values())
-            )
-
-    def resolve(self, ref: str, step: str) -> np.ndarray:
-        try:
-            return self.tensors[ref]
-        except KeyError:
-            raise StepError(
-                step,
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"input '{ref}' was not produced by an earlier step",
-            ) from None
 
 
 class Executor:
@@ -194,9 +107,8 @@ class Executor:
                     span.set_attribute("mesh.status", status)
                     if how is not None:
                         span.set_attribute("mesh.cache", how)
-                child(metrics.STEP_LATENCY, run.plan.name, step.name, status).observe(
-                    latency / 1000
-                )
+                if label == step.name:  # a branch's once its answer is judged (_parallel)
+                    _observe(run, step.name, run.steps[-1])
 
     def _spec(self, step: CallingStep, label: str, target: Target) -> Call:
         """The call a step makes to `target`, made once (kept with the step: its id stays its)."""
@@ -216,9 +128,18 @@ class Executor:
             run.put(f"{step.name}.{name}", value)
 
     async def _parallel(self, step: ParallelStep, run: Run) -> None:
+        first = len(run.steps)
         # The span is current as the branches' tasks are made: theirs are its children.
         with step_span(step.name, None) if tracing.ENABLED else tracing.NO_SPAN:
-            await self._branches(step, run)
+            try:
+                await self._branches(step, run)
+            finally:
+                # Under the status each ended with, an answer the combination refused
+                # (_failed) included: a branch answering NaN fails, in the metric too.
+                prefix = f"{step.name}/"
+                for status in run.steps[first:]:
+                    if status.name.startswith(prefix):
+                        _observe(run, step.name, status)
 
     async def _branches(self, step: ParallelStep, run: Run) -> None:
         branches = run.plan.branches(step)
@@ -297,3 +218,9 @@ def _failed(run: Run, label: str, why: str) -> None:
         if status.name == label:
             status.status, status.error = "internal", why
             return
+
+
+def _observe(run: Run, step: str, status: StepStatus) -> None:
+    child(metrics.STEP_LATENCY, run.plan.name, step, status.status).observe(
+        status.latency_ms / 1000
+    )

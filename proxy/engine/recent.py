@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from proxy.engine.executor import StepStatus
+from proxy.engine.run import StepStatus
 
 WINDOW_S = 60.0
 """The live percentiles' window."""

@@ -32,10 +32,11 @@ from proxy.engine.admission import Admission, Ledger
 from proxy.engine.cache.answers import Answers
 from proxy.engine.cache.caches import Caches
 from proxy.engine.cache.keys import pipeline_key, pipeline_key_now
-from proxy.engine.executor import Executor, Run, StepStatus, ms
+from proxy.engine.executor import Executor
 from proxy.engine.plan import Plan
 from proxy.engine.recent import Recent
 from proxy.engine.recorded import Outcome, recorded
+from proxy.engine.run import Run, StepStatus, ms
 from proxy.errors import Problem
 
 

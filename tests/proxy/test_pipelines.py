@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from protos.errors import InvalidInput, Unavailable
 from tests.proxy.scripted import ScriptedModel, affine
@@ -373,7 +374,12 @@ async def test_a_branch_answering_what_cannot_be_combined_is_a_failed_branch(
     result = {"mean": "ens.y[0]", "members": {"per_branch": "ens", "fields": {"y": "y[0]"}}}
     pipes = {"ens": pipeline([{"parallel": ensemble}], result)}
     async with make_client(pipes, env) as client:
+        before = await _step_counts(client, "ens")
         r = await post(client, "ens", body(0, 10))
+        after = await _step_counts(client, "ens")
+    # The step's metric counts it as failed too (an alert on failing steps sees it).
+    assert after.get("internal", 0) - before.get("internal", 0) == 1, (before, after)
+    assert after["ok"] - before.get("ok", 0) == 2, (before, after)
     if aggregation == "partial":
         assert r.status_code == 200, r.text
         odd = next(s for s in r.json()["steps"] if s["name"] == "ens/odd")
@@ -384,3 +390,16 @@ async def test_a_branch_answering_what_cannot_be_combined_is_a_failed_branch(
     else:
         assert r.status_code == 502, r.text
         assert r.json()["step"] == "ens/odd" and why in r.json()["error"]
+
+
+async def _step_counts(client, pipeline: str, step: str = "ens") -> dict[str, float]:
+    """The proxy's calls of a pipeline's step so far, by status (its /metrics)."""
+    text = (await client.get("/metrics")).text
+    return {
+        sample.labels["status"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "proxy_step_duration_seconds_count"
+        and sample.labels.get("pipeline") == pipeline
+        and sample.labels.get("step") == step
+    }
