@@ -21,8 +21,8 @@ LATENCY = Histogram(
 )
 STEP_LATENCY = Histogram(
     "proxy_step_duration_seconds",
-    "Latency of each pipeline step",
-    ["pipeline", "step", "status"],
+    "Latency of each pipeline step's calls; branch: a parallel step's branch ('' otherwise)",
+    ["pipeline", "step", "branch", "status"],
     buckets=_BUCKETS,
 )
 # livesum: with several workers (PROXY_WORKERS) the sum over the live ones.

@@ -221,6 +221,7 @@ def _failed(run: Run, label: str, why: str) -> None:
 
 
 def _observe(run: Run, step: str, status: StepStatus) -> None:
-    child(metrics.STEP_LATENCY, run.plan.name, step, status.status).observe(
+    branch = status.name.partition("/")[2]  # "<parallel step>/<branch>"
+    child(metrics.STEP_LATENCY, run.plan.name, step, branch, status.status).observe(
         status.latency_ms / 1000
     )

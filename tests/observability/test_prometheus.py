@@ -136,9 +136,12 @@ def _errors(server: prometheus_server.PrometheusServer) -> dict[str, float]:
     }
 
 
-def _failing(server: prometheus_server.PrometheusServer) -> dict[tuple[str, str], float]:
+def _failing(server: prometheus_server.PrometheusServer) -> dict[tuple[str, ...], float]:
+    """(pipeline, step, branch) -> the share of its calls that failed."""
     return {
-        (s["metric"]["pipeline"], s["metric"]["step"]): float(s["value"][1])
+        (s["metric"]["pipeline"], s["metric"]["step"], s["metric"].get("branch", "")): float(
+            s["value"][1]
+        )
         for s in server.query("mesh:step_failures:ratio_rate5m")
     }
 
@@ -170,7 +173,7 @@ def test_every_panel_and_rule_has_labelled_series(
         empty += [r["name"] for r in records if not _numbers(server.query(r["name"]))]
         if _errors(server).get("ocr", 0) <= 0:
             empty.append("mesh:pipeline_server_errors:ratio_rate5m{pipeline='ocr'}")
-        if _failing(server).get(("digits-partial", "ensemble"), 0) <= 0.05:
+        if _failing(server).get(("digits-partial", "ensemble", "mlp"), 0) <= 0.05:
             empty.append("mesh:step_failures:ratio_rate5m{pipeline='digits-partial'}")
         if not empty:
             break
@@ -199,19 +202,23 @@ def test_every_panel_and_rule_has_labelled_series(
         assert all(s["metric"].get(label) for s in server.query(record)), record
     errors = _errors(server)
     assert errors.get("ocr", 0) > 0, errors  # the crowd's refusals on the second proxy
-    # The mis-wired branch: a third of the ensemble's calls fail while its answers are 200
-    # (partial); the alert is on its way (pending its 10 minutes), no other step's.
+    # The mis-wired branch: each of its calls fails while the answers are 200 (partial);
+    # the alert is on its way (pending its 10 minutes), for no other branch or step.
     failing = _failing(server)
-    assert failing[("digits-partial", "ensemble")] > 0.05, failing
-    assert failing.get(("digits", "preprocess"), 0) == 0, failing
+    assert failing[("digits-partial", "ensemble", "mlp")] == 1, failing
+    assert failing.get(("digits-partial", "ensemble", "logreg")) == 0, failing
+    assert failing.get(("digits", "preprocess", ""), 0) == 0, failing
     deadline = time.monotonic() + 10  # the alerts' group evaluates after the records'
     while True:
         [step_alert] = [r for r in server.rules() if r["name"] == "MeshStepFailing"]
-        pending = {(a["labels"]["pipeline"], a["labels"]["step"]) for a in step_alert["alerts"]}
+        pending = {
+            (a["labels"]["pipeline"], a["labels"]["step"], a["labels"].get("branch"))
+            for a in step_alert["alerts"]
+        }
         if pending or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    assert pending == {("digits-partial", "ensemble")}, step_alert["alerts"]
+    assert pending == {("digits-partial", "ensemble", "mlp")}, step_alert["alerts"]
     up = server.query('up{job=~"mesh-.*"}')
     assert len(up) == len(targets) and {s["value"][1] for s in up} == {"1"}
     report(

@@ -395,11 +395,13 @@ async def test_a_branch_answering_what_cannot_be_combined_is_a_failed_branch(
 async def _step_counts(client, pipeline: str, step: str = "ens") -> dict[str, float]:
     """The proxy's calls of a pipeline's step so far, by status (its /metrics)."""
     text = (await client.get("/metrics")).text
-    return {
-        sample.labels["status"]: sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "proxy_step_duration_seconds_count"
-        and sample.labels.get("pipeline") == pipeline
-        and sample.labels.get("step") == step
-    }
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = sample.labels
+            if sample.name == "proxy_step_duration_seconds_count" and (
+                labels.get("pipeline"),
+                labels.get("step"),
+            ) == (pipeline, step):
+                counts[labels["status"]] = counts.get(labels["status"], 0) + sample.value
+    return counts
