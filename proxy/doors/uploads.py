@@ -105,10 +105,9 @@ async def _decoded(
     """The body as it was before its Content-Encoding (gzip, deflate: tritonclient's
     `request_compression_algorithm`), within the same limit; its inflated bytes go on
     `ledger` too."""
-    encoding = request.headers.get("content-encoding")
-    if not encoding or encoding.lower() == "identity":
+    encoding = request.headers.get("content-encoding", "").strip().lower()
+    if encoding in ("", "identity"):
         return body
-    encoding = encoding.strip().lower()
     if not inflate.taken(encoding):
         raise Problem(
             415, f"Content-Encoding '{encoding}' is not supported: send gzip, deflate or identity"
