@@ -84,7 +84,8 @@ class ProxySettings(BaseSettings):
     pipeline calls (forwarded to its service); `pipelines`, the pipelines only. The same
     on both doors."""
     ready_timeout_ms: float = 1000
-    """Per-endpoint timeout of the /readyz checks."""
+    """Per-endpoint timeout of the /readyz checks, and of asking a service for a model's
+    metadata (PROXY_CACHE_CHECK_MS says how often)."""
     ready_cache_ms: float = Field(default=1000, ge=0)
     """/readyz and /v2/health/ready answer from checks at most this old: however many
     clients poll them, the services are asked once per period."""
@@ -146,10 +147,11 @@ class ProxySettings(BaseSettings):
     """Longest a Redis cache operation may take; a slower one counts as a miss (the run it
     races is never held up)."""
     cache_check_ms: float = Field(default=1000.0, gt=0)
-    """How often the fingerprints of the models a cached pipeline calls (their versions and
-    tensors, from the services' metadata) are asked again: a model loaded in a new version
-    stops matching its old entries within this. Also how long a model's metadata is trusted
-    when a call refused INVALID_ARGUMENT is checked against the pipeline's wiring."""
+    """How long the proxy trusts a model's metadata (its versions and tensors) before it asks
+    its service again; one catalog serves all that read it. A model reloaded in a new
+    version or with other tensors is seen within this: by the caches (it stops matching its
+    old entries), by the v2 door (a forwarded call is checked against its new inputs) and by
+    the wiring check of a call refused INVALID_ARGUMENT."""
     jobs_url: str | None = None
     """The jobs' queue: `sqlite:///path/jobs.sqlite3` (one machine: the proxy's processes
     and worker processes beside it) or `redis://host:6379/1` (shared by every replica and

@@ -21,6 +21,7 @@ from proxy.jobs.model import JobsConfig
 from proxy.jobs.service import Jobs
 from proxy.settings import ProxySettings
 from proxy.transport.calls import Calls
+from proxy.transport.catalog import Catalog
 from proxy.transport.channels import Channels
 from proxy.transport.services import Services
 
@@ -31,6 +32,7 @@ class ProxyState:
     engine: Engine
     channels: Channels
     services: Services
+    catalog: Catalog
     uploads: UploadLimits
     jobs: Jobs
 
@@ -59,28 +61,30 @@ class ProxyState:
             shed_late=settings.shed_late,
         )
         services = Services(channels)
-        caches = _caches(plans, services, settings)
-        wiring = Wiring(services, settings.cache_check_ms / 1000, settings.ready_timeout_ms / 1000)
-        executor = Executor(Calls(channels, services, merge=settings.merge), caches, wiring)
+        # Models' metadata for the caches' keys, the wiring check and the v2 door alike.
+        check_s, ask_s = settings.cache_check_ms / 1000, settings.ready_timeout_ms / 1000
+        catalog = Catalog(services, check_s, ask_s)
+        caches = _caches(plans, catalog, settings)
+        calls = Calls(channels, services, merge=settings.merge)
+        executor = Executor(calls, caches, Wiring(catalog))
         recent = Recent(settings.console_requests) if settings.console else None
         engine = Engine(plans, executor, admission, caches, recent)
         jobs = Jobs(engine, _jobs_config(settings))
-        return cls(settings, engine, channels, services, settings.upload_limits(), jobs)
+        return cls(settings, engine, channels, services, catalog, settings.upload_limits(), jobs)
 
 
 def _caches(
-    plans: dict[str, plan.Plan], services: Services, settings: ProxySettings
+    plans: dict[str, plan.Plan], catalog: Catalog, settings: ProxySettings
 ) -> Caches | None:
     """The caches, when a pipeline or a step asks for one (and PROXY_CACHE allows)."""
     if not (settings.cache and Caches.wanted(plans)):
         return None
     return Caches(
         plans,
-        services,
+        catalog,
         url=settings.cache_url,
         steps_mb=settings.cache_steps_mb,
         timeout_s=settings.cache_timeout_ms / 1000,
-        check_s=settings.cache_check_ms / 1000,
     )
 
 

@@ -29,6 +29,7 @@ from protos.version import VERSION
 from proxy.doors.pipeline_models import PipelineModel
 from proxy.state import ProxyState
 from proxy.transport.breaker import Breaker, Breakers
+from proxy.transport.catalog import Catalog, Described
 from proxy.transport.channels import Channels
 from proxy.transport.failures import CallFailed
 from proxy.transport.fresh import Fresh
@@ -53,6 +54,7 @@ class ProxyPlane(DataPlane):
         forwarded: Mapping[str, str],
         channels: Channels,
         services: Services,
+        catalog: Catalog,
         *,
         addresses: Iterable[str],
         server_name: str,
@@ -73,6 +75,7 @@ class ProxyPlane(DataPlane):
         self.forwarded = {m: a for m, a in forwarded.items() if m not in self._pipelines}
         self.channels = channels
         self.services = services
+        self.catalog = catalog
         self.timeout_s = timeout_s
         """A forwarded call's deadline when its caller set none (PROXY_V2_TIMEOUT_MS)."""
         self.ready_timeout_s = ready_timeout_s
@@ -81,7 +84,8 @@ class ProxyPlane(DataPlane):
         self.breakers = breakers
         """The pipelines' record of endpoints not answering (breaker.py): a forwarded call
         to one fails at once, as the pipelines' calls do."""
-        self._signatures: dict[tuple[str, str], Signature | None] = {}
+        self._signatures: dict[tuple[str, str], tuple[Described, Signature | None]] = {}
+        """A forwarded model's signature, and the catalog's answer it was made of."""
         self._versions: dict[str, list[str]] = {}
 
     # ------------------------------------------------------------ which model is where
@@ -193,26 +197,31 @@ class ProxyPlane(DataPlane):
         return response
 
     async def signature(self, name: str, version: str = "") -> Signature | None:
-        """A forwarded model's declared inputs (its service's metadata and batch size, asked
-        once); None when the service cannot say now (it then judges the request itself)."""
+        """A forwarded model's declared inputs and batch size, from the proxy's catalog of
+        its service's metadata: a model reloaded with other inputs is judged by them within
+        PROXY_CACHE_CHECK_MS. None when the service cannot say now (it then judges the
+        request itself)."""
         address = self._address(name)
         if address is None:
             return await super().signature(name, version)
+        if self._not_answering(address):
+            return None  # not asked: `run` refuses the call at once
+        described = await self.catalog.of(address, name, version)
+        if described is None:
+            return None
         key = (name, version)
-        if key not in self._signatures:
-            if self._not_answering(address):
-                return None  # not asked: `run` refuses the call at once
-            try:
-                meta = await self.services.metadata(address, name, version, self.ready_timeout_s)
-            except aio.AioRpcError:
-                return None
-            self._versions[name] = list(meta.versions)
-            specs = tuple(TensorSpec(t.name, t.datatype, tuple(t.shape)) for t in meta.inputs)
-            outputs = tuple(TensorSpec(t.name, t.datatype, tuple(t.shape)) for t in meta.outputs)
-            rows = await self.services.batch_size(address, name, version, self.ready_timeout_s)
-            # A server that declares no inputs (MLServer may not) leaves the check to itself.
-            self._signatures[key] = Signature(name, specs, rows, outputs) if specs else None
-        return self._signatures[key]
+        known = self._signatures.get(key)
+        if known is not None and known[0] is described:
+            return known[1]
+        meta = described.meta
+        self._versions[name] = list(meta.versions)
+        specs = tuple(TensorSpec(t.name, t.datatype, tuple(t.shape)) for t in meta.inputs)
+        outputs = tuple(TensorSpec(t.name, t.datatype, tuple(t.shape)) for t in meta.outputs)
+        rows = await self.services.batch_size(address, name, version, self.ready_timeout_s)
+        # A server that declares no inputs (MLServer may not) leaves the check to itself.
+        signature = Signature(name, specs, rows, outputs) if specs else None
+        self._signatures[key] = (described, signature)
+        return signature
 
     # ------------------------------------------------------------ inference
 
@@ -273,6 +282,7 @@ def build(state: ProxyState) -> ProxyPlane:
         {} if s.v2_models == "pipelines" else models,
         state.channels,
         state.services,
+        state.catalog,
         addresses=models.values(),
         server_name=SERVER_NAME,
         server_version=VERSION,

@@ -6,8 +6,8 @@ client's 400: yet no request could fix it. When a call is refused so, the metada
 model and of the models that produced its inputs say whether the pipeline's wiring is the
 cause; if it is, the call fails as the mesh's own configuration error (INTERNAL: 502),
 naming both sides, as Triton refuses to load an ensemble whose models do not fit.
-Only asked on that error path (a correct call costs nothing), each model's metadata at most
-once per `check_s`."""
+Only asked on that error path (a correct call costs nothing), each model's metadata from the
+proxy's one catalog of them (transport/catalog.py: asked at most once per check_s)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ from protos import pb
 from proxy.engine.definitions import CallingStep
 from proxy.engine.plan import Plan
 from proxy.errors import StepError
-from proxy.transport.fresh import Fresh
-from proxy.transport.services import Services
+from proxy.transport.catalog import Catalog
 from proxy.transport.target import Target
 
 Declared = tuple[str, tuple[int, ...]]
@@ -67,11 +66,8 @@ def mismatch(
 
 
 class Wiring:
-    def __init__(self, services: Services, check_s: float, timeout_s: float) -> None:
-        self.services = services
-        self.check_s = check_s
-        self.timeout_s = timeout_s
-        self._fresh: dict[Target, Fresh[tuple[pb.ModelMetadataResponse | None]]] = {}
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
 
     async def explained(
         self, exc: StepError, plan: Plan, step: CallingStep, deadline: float
@@ -99,20 +95,8 @@ class Wiring:
         return mismatch(target, meta.inputs, sent)
 
     async def metadata(self, target: Target) -> pb.ModelMetadataResponse | None:
-        fresh = self._fresh.get(target)
-        if fresh is None:
-            fresh = self._fresh[target] = Fresh(lambda: self._ask(target), self.check_s)
-        return (await fresh.get())[0]
-
-    async def _ask(self, target: Target) -> tuple[pb.ModelMetadataResponse | None]:
-        try:
-            return (
-                await self.services.metadata(
-                    target.address, target.model, target.version, self.timeout_s
-                ),
-            )
-        except Exception:  # unreachable, unknown model: it cannot say
-            return (None,)
+        described = await self.catalog.of(target.address, target.model, target.version)
+        return None if described is None else described.meta
 
     async def _declared(self, plan: Plan, ref: str) -> Declared | None:
         """What `ref` is declared as: the request's image or tensor, or a call step's output

@@ -17,6 +17,7 @@ from proxy.errors import StepError
 from proxy.transport import breaker as breakers
 from proxy.transport.breaker import Breaker
 from proxy.transport.calls import Call, Calls, infer_with_retries
+from proxy.transport.catalog import Catalog
 from proxy.transport.channels import Channels
 from proxy.transport.services import Services
 from proxy.transport.target import Target
@@ -219,7 +220,7 @@ async def test_a_cache_key_waits_once_for_a_model_that_cannot_say_its_fingerprin
     branch was frozen). Now only the first waits; it is asked again once per check_s, in
     the background."""
     services = SilentMetadata()
-    prints = Fingerprints(services, check_s=0.2, timeout_s=0.3)  # type: ignore[arg-type]
+    prints = Fingerprints(Catalog(services, check_s=0.2, timeout_s=0.3))  # type: ignore[arg-type]
     target = Target("M_URL", "10.0.0.9:1", "m")
     t0 = time.monotonic()
     assert await prints.of(target) is None

@@ -24,10 +24,12 @@ RESULT = {"y": "a.y[0]"}
 
 @pytest.fixture
 def make_client(make_client):
-    """conftest's, with a generous cache_timeout_ms unless a test sets its own."""
+    """conftest's, with a generous cache_timeout_ms (and wait for a model's metadata, which
+    its keys cover) unless a test sets its own."""
 
     def factory(pipelines: dict, env: dict[str, str], **settings):
         settings.setdefault("cache_timeout_ms", GENEROUS_CACHE_MS)
+        settings.setdefault("ready_timeout_ms", GENEROUS_CACHE_MS)
         return make_client(pipelines, env, **settings)
 
     return factory

@@ -29,6 +29,7 @@ from tests.proxy.test_pipelines import (
     pipeline,
     post,
 )
+from v2server.model import TensorSpec
 
 OUTPUTS = {
     "y": {"tensor": "b.y", "datatype": "FP32", "shape": [1, -1]},
@@ -356,3 +357,21 @@ async def test_a_partial_answer_names_the_branch_that_failed(door) -> None:
     assert steps["ens/good"]["status"] == "ok"
     assert steps["ens/bad"]["status"] != "ok"
     assert "x must be positive" in steps["ens/bad"]["error"]
+
+
+async def test_a_forwarded_model_reloaded_with_other_inputs_is_judged_by_them(door) -> None:
+    """The door checks a forwarded call against its model's declared inputs. It once kept
+    the first declaration it read until the proxy restarted, and refused the calls a model
+    reloaded with other inputs takes. Now it reads it again within PROXY_CACHE_CHECK_MS."""
+    plus1 = affine("plus1", 1, 1)
+    plus1.inputs = (TensorSpec("x", "FP32", (-1, 2)),)
+    three = messages.build_request("plus1", {"x": np.ones((1, 3), np.float32)})
+    async with door(PIPES, [plus1, affine("double", 2, 0)], cache_check_ms=100) as stub:
+        with pytest.raises(aio.AioRpcError) as refused:
+            await stub.ModelInfer(three, timeout=5)
+        plus1.inputs = (TensorSpec("x", "FP32", (-1, 3)),)  # reloaded: it takes three now
+        await asyncio.sleep(0.3)
+        answer = await stub.ModelInfer(three, timeout=5)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value
+    assert "[-1, 2]" in (refused.value.details() or ""), refused.value.details()
+    assert messages.response_outputs(answer)["y"].tolist() == [[2.0, 2.0, 2.0]]

@@ -12,6 +12,7 @@ import pytest
 from protos import grpc_predict_v2_pb2 as pb
 from proxy.engine.cache import keys
 from proxy.engine.cache.fingerprints import Fingerprints
+from proxy.transport.catalog import Catalog
 from proxy.transport.target import Target
 
 TARGET = Target("PREPROCESS_URL", "127.0.0.1:1", "digits_input")
@@ -36,7 +37,7 @@ def one(*elements: object) -> np.ndarray:
 
 
 def fingerprints(version: str = "1") -> Fingerprints:
-    return Fingerprints(Services(version), check_s=60.0, timeout_s=1.0)  # type: ignore[arg-type]
+    return Fingerprints(Catalog(Services(version), check_s=60.0, timeout_s=1.0))  # type: ignore[arg-type]
 
 
 async def key(inputs: dict[str, np.ndarray], prints: Fingerprints | None = None) -> bytes | None:
@@ -159,7 +160,7 @@ async def test_an_upload_keys_alike_hashed_at_once_or_the_general_way(monkeypatc
 async def test_a_new_model_version_changes_the_key_once_its_fingerprint_is_asked_again() -> None:
     """The key's base is kept while the models' fingerprints are fresh, then made again."""
     services = Services("1")
-    prints = Fingerprints(services, check_s=0.05, timeout_s=1.0)  # type: ignore[arg-type]
+    prints = Fingerprints(Catalog(services, check_s=0.05, timeout_s=1.0))  # type: ignore[arg-type]
     inputs = {"image": one(b"\x89PNG" + bytes(range(50)))}
     before = await key(inputs, prints)
     services.version = "2"

@@ -19,7 +19,7 @@ from proxy.engine.cache.fingerprints import Fingerprints
 from proxy.engine.cache.keys import STEPS
 from proxy.engine.cache.stores import MemoryStore, RedisStore, Store
 from proxy.engine.plan import Plan
-from proxy.transport.services import Services
+from proxy.transport.catalog import Catalog
 
 T = TypeVar("T")
 
@@ -51,15 +51,14 @@ class Caches:
     def __init__(
         self,
         plans: Mapping[str, Plan],
-        services: Services,
+        catalog: Catalog,
         *,
         url: str | None,
         steps_mb: float,
         timeout_s: float,
-        check_s: float,
         step_ttl_s: float = 300.0,
     ) -> None:
-        self.prints = Fingerprints(services, check_s, max(timeout_s, 0.5))
+        self.prints = Fingerprints(catalog)
         self._shared: Store | None = RedisStore(url, timeout_s) if url else None
         self._steps_store: Store = self._shared or MemoryStore(int(steps_mb * 2**20), STEPS_STORE)
         self._step_ttl_s = step_ttl_s

@@ -1,16 +1,14 @@
 """The models' fingerprints a cache key covers (their versions, platform and tensors, from
-each service's metadata), asked at most once per `check_s` per model, and the keys' bases
-made of them (cache/keys.py)."""
+each service's metadata, from the proxy's one catalog of them: transport/catalog.py), and
+the keys' bases made of them (cache/keys.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import time
 from collections.abc import Sequence
 
-from proxy.transport.fresh import Fresh
-from proxy.transport.services import Services
+from proxy.transport.catalog import Catalog
 from proxy.transport.target import Target
 
 
@@ -25,43 +23,15 @@ class Base:
 
 
 class Fingerprints:
-    def __init__(self, services: Services, check_s: float, timeout_s: float) -> None:
-        self.services = services
-        self.check_s = check_s
-        self.timeout_s = timeout_s
-        self._fresh: dict[tuple[str, str, str], Fresh[bytes | None]] = {}
-        self._unknown: dict[tuple[str, str, str], float] = {}
-        """Models whose last ask got no fingerprint -> when they were last asked."""
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
         self.bases: dict[object, Base] = {}
         """A plan, or a step's (target, outputs) -> its keys' base (`_key`)."""
 
     async def of(self, target: Target) -> bytes | None:
-        key = (target.address, target.model, target.version)
-        fresh = self._fresh.get(key)
-        if fresh is None:
-            fresh = self._fresh[key] = Fresh(lambda: self._ask(*key), self.check_s)
-        asked = self._unknown.get(key)
-        if asked is None:
-            return await fresh.get()
-        # It could not say when last asked (unreachable, frozen, unknown model): asked again
-        # once per check_s, but no request waits for it. Each request waited up to
-        # timeout_s before (0.5 s a `digits-partial` request while one branch was frozen).
-        now = time.monotonic()
-        if now - asked >= self.check_s:
-            self._unknown[key] = now
-            task = asyncio.ensure_future(fresh.get())
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())
-        return fresh.peek()
-
-    async def _ask(self, address: str, model: str, version: str) -> bytes | None:
-        key = (address, model, version)
-        try:
-            meta = await self.services.metadata(address, model, version, self.timeout_s)
-        except Exception:  # unreachable, unknown model: no fingerprint, no caching
-            self._unknown.setdefault(key, time.monotonic())
-            return None
-        self._unknown.pop(key, None)
-        return meta.SerializeToString(deterministic=True)
+        """The model's fingerprint; None while its service cannot say (nothing cached)."""
+        described = await self.catalog.of(target.address, target.model, target.version)
+        return None if described is None else described.fingerprint
 
     async def of_all(self, targets: Sequence[Target]) -> tuple[bytes, ...] | None:
         known = [self.now(t) for t in targets]
@@ -76,15 +46,11 @@ class Fingerprints:
 
     def fresh_until(self, targets: Sequence[Target]) -> float:
         """When the first of these targets' fingerprints goes stale (time.monotonic)."""
-        until = float("inf")
-        for t in targets:
-            fresh = self._known(t)
-            until = min(until, float("-inf") if fresh is None else fresh.until())
-        return until
+        return min(
+            (self.catalog.until(t.address, t.model, t.version) for t in targets),
+            default=float("inf"),
+        )
 
     def now(self, target: Target) -> bytes | None:
-        fresh = self._known(target)
-        return None if fresh is None else fresh.peek()
-
-    def _known(self, target: Target) -> Fresh[bytes | None] | None:
-        return self._fresh.get((target.address, target.model, target.version))
+        described = self.catalog.now(target.address, target.model, target.version)
+        return None if described is None else described.fingerprint
