@@ -60,9 +60,9 @@ class ProxyState:
             quiet_s=settings.jobs_quiet_ms / 1000,
             shed_late=settings.shed_late,
         )
-        services = Services(channels)
-        # Models' metadata for the caches' keys, the wiring check and the v2 door alike.
         check_s, ask_s = settings.cache_check_ms / 1000, settings.ready_timeout_ms / 1000
+        services = Services(channels, refresh_s=check_s)
+        # Models' metadata for the caches' keys, the wiring check and the v2 door alike.
         catalog = Catalog(services, check_s, ask_s)
         caches = _caches(plans, catalog, settings)
         calls = Calls(channels, services, merge=settings.merge)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -75,8 +75,9 @@ class Calls:
             return await send(inputs)  # one row that fits: the common case, no lookup
         if breaker.refusing:  # the lookup below would wait on it too
             raise refused(call.label, breaker)
-        # Asked once a model (remembered), within a second at most: a silent endpoint held
-        # each first call here for its whole budget. Unanswered, the call goes alone.
+        # Asked once a model (remembered; asked again in the background every refresh_s),
+        # within a second at most: a silent endpoint held each first call here for its whole
+        # budget. Unanswered, the call goes alone.
         remaining = deadline - asyncio.get_running_loop().time()
         max_batch = await self.services.batch_size(
             target.address, target.model, target.version, max(0.05, min(remaining, 1.0)), breaker
@@ -87,9 +88,33 @@ class Calls:
         if one_call:
             return await send(inputs)
         rows = chunks.plan(inputs, max_batch, channels.max_message, call.label)
-        return (
-            await send(inputs) if rows is None else await chunks.call_in_chunks(send, inputs, rows)
-        )
+        try:
+            return await _in_rows(send, inputs, rows)
+        except StepError as exc:
+            if exc.code != grpc.StatusCode.INVALID_ARGUMENT or max_batch == 0:
+                raise
+            # Rows the model refused: it may have been reloaded with a smaller batch size
+            # since it was last asked. Asked again now, and sent again in what it takes.
+            remaining = deadline - asyncio.get_running_loop().time()
+            taken = await self.services.batch_size(
+                target.address,
+                target.model,
+                target.version,
+                max(0.05, min(remaining, 1.0)),
+                recheck=True,
+            )
+            if taken >= max_batch:
+                raise
+        rows = chunks.plan(inputs, taken, channels.max_message, call.label)
+        return await _in_rows(send, inputs, rows)
+
+
+async def _in_rows(
+    send: Callable[[Mapping[str, np.ndarray]], Awaitable[Tensors]],
+    inputs: Mapping[str, np.ndarray],
+    rows: list[slice] | None,
+) -> Tensors:
+    return await send(inputs) if rows is None else await chunks.call_in_chunks(send, inputs, rows)
 
 
 async def infer_with_retries(

@@ -287,8 +287,7 @@ class Merger:
         max_batch: int,
     ) -> Lane:
         """The lane of this step's call with these inputs to a model taking `max_batch` rows."""
-        key = (label, target, tuple(outputs), signature(inputs))
-        lane = self._lanes.get(key)
+        lane = self._lanes.get(key := (label, target, tuple(outputs), signature(inputs)))
         if lane is None:
             if len(self._lanes) >= MAX_LANES:
                 # Signatures vary with the inputs' sizes (e.g. a text line's width): idle
@@ -297,4 +296,5 @@ class Merger:
             lane = self._lanes[key] = Lane(
                 label, target, tuple(outputs), max_batch, self._max_bytes, self._send, self._slots
             )
+        lane.max_rows = max_batch  # a model reloaded with another batch size is followed
         return lane

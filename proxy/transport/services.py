@@ -1,7 +1,11 @@
 """What the proxy asks a service besides inference: whether it is ready, a model's metadata,
-and whether the model batches (its max_batch_size, remembered)."""
+and whether the model batches (its max_batch_size, remembered and asked again every
+`refresh_s`)."""
 
 from __future__ import annotations
+
+import asyncio
+import time
 
 import grpc
 from grpc import aio
@@ -10,11 +14,19 @@ from protos import pb
 from proxy.transport.breaker import Breaker
 from proxy.transport.channels import RETRYABLE, Channels
 
+RECHECK_S = 0.1
+"""A refused call re-asks its model's batch size at most this often."""
+
 
 class Services:
-    def __init__(self, channels: Channels) -> None:
+    def __init__(self, channels: Channels, refresh_s: float = float("inf")) -> None:
         self.channels = channels
-        self._batch_sizes: dict[tuple[str, str, str], int] = {}
+        self.refresh_s = refresh_s
+        """How long a model's batch size is trusted before it is asked again (in the
+        background: the calls go on with the one known meanwhile)."""
+        self._batch_sizes: dict[tuple[str, str, str], tuple[int, float]] = {}
+        """(address, model, version) -> (max_batch_size, when it was asked)."""
+        self._refreshing: set[tuple[str, str, str]] = set()
 
     async def batch_size(
         self,
@@ -23,37 +35,64 @@ class Services:
         version: str,
         timeout: float,
         breaker: Breaker | None = None,
+        *,
+        recheck: bool = False,
     ) -> int:
         """The model's max_batch_size from its ModelConfig (Triton's RPC, which our
         services answer): > 0 means rows are independent and may be sent in chunks. 0
         when it does not batch or the server cannot say (remembered; an unreachable
-        server is asked again next time, and `breaker` hears it did not answer)."""
+        server is asked again next time, and `breaker` hears it did not answer).
+
+        Asked again every `refresh_s` without anyone waiting, so that a model reloaded with
+        another batch size is followed; `recheck`: ask now and wait (a call sent in rows
+        the model refused), unless it was asked within RECHECK_S."""
         key = (address, model, version)
-        if key not in self._batch_sizes:
-            token = breaker.sending(model) if breaker is not None else 0
-            try:
-                reply = await self.channels.unary(
-                    address,
-                    "ModelConfig",
-                    pb.ModelConfigRequest(name=model, version=version),
-                    pb.ModelConfigResponse,
-                    timeout,
-                )
-                self._batch_sizes[key] = max(0, reply.config.max_batch_size)
-            except aio.AioRpcError as exc:
-                if breaker is not None:
-                    breaker.missed(token, exc.code(), exc.details() or "", model)
-                if exc.code() in RETRYABLE or exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                    return 0
-                self._batch_sizes[key] = 0
-            except BaseException:
-                if breaker is not None:
-                    breaker.forget(token)
-                raise
-            else:
-                if breaker is not None:
-                    breaker.answered(token)
-        return self._batch_sizes[key]
+        known = self._batch_sizes.get(key)
+        if known is None:
+            return await self._ask(key, timeout, breaker)
+        size, at = known
+        age = time.monotonic() - at
+        if recheck and age >= RECHECK_S:
+            return await self._ask(key, timeout, None)
+        if age >= self.refresh_s and key not in self._refreshing:
+            self._refreshing.add(key)
+            task = asyncio.ensure_future(self._ask(key, timeout, None))
+            task.add_done_callback(
+                lambda t: self._refreshing.discard(key) or t.cancelled() or t.exception()
+            )
+        return size
+
+    async def _ask(self, key: tuple[str, str, str], timeout: float, breaker: Breaker | None) -> int:
+        address, model, version = key
+        token = breaker.sending(model) if breaker is not None else 0
+        try:
+            reply = await self.channels.unary(
+                address,
+                "ModelConfig",
+                pb.ModelConfigRequest(name=model, version=version),
+                pb.ModelConfigResponse,
+                timeout,
+            )
+            size = max(0, reply.config.max_batch_size)
+        except aio.AioRpcError as exc:
+            if breaker is not None:
+                breaker.missed(token, exc.code(), exc.details() or "", model)
+            known = self._batch_sizes.get(key)
+            if exc.code() in RETRYABLE or exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                if known is None:
+                    return 0  # asked again next time
+                self._batch_sizes[key] = (known[0], time.monotonic())  # and in refresh_s
+                return known[0]
+            size = 0  # it cannot say (no ModelConfig): taken as not batching
+        except BaseException:
+            if breaker is not None:
+                breaker.forget(token)
+            raise
+        else:
+            if breaker is not None:
+                breaker.answered(token)
+        self._batch_sizes[key] = (size, time.monotonic())
+        return size
 
     async def ready(self, address: str, model: str | None, timeout: float) -> tuple[bool, str]:
         """(ready, why not) from ServerReady / ModelReady."""

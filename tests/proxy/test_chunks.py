@@ -3,11 +3,15 @@ a 413 naming the limit."""
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
+from protos import pb
 from proxy.errors import StepError
 from proxy.transport import chunks
+from proxy.transport.services import RECHECK_S, Services
 from tests.proxy.scripted import ScriptedModel
 from tests.proxy.test_pipelines import post
 from v2server.model import Scheduling, TensorSpec
@@ -125,3 +129,50 @@ def test_a_single_row_too_large_is_named() -> None:
     with pytest.raises(StepError) as info:
         chunks.plan(big, 8, 1 << 20, "s")
     assert info.value.http_status == 413 and "one row" in info.value.message
+
+
+async def test_a_model_reloaded_with_a_smaller_batch_is_sent_what_it_takes(
+    servers, make_client
+) -> None:
+    """A model's batch size was asked once and kept: a model reloaded to take fewer rows a
+    call was sent chunks it refused, a 400 for every such request until the proxy
+    restarted. A refused call now asks again, and is sent again in what the model takes."""
+    model = batching(4)
+    env = {"ROWS_URL": await servers(source()), "DOUBLE_URL": await servers(model)}
+    async with make_client(PIPES, env, cache_check_ms=600_000) as client:  # no refresh
+        before = await post(client, "p", np.array([10], np.int32).tobytes())
+        model.scheduling = Scheduling(max_batch_size=3)  # reloaded: 3 rows a call
+        model.seen.clear()  # type: ignore[attr-defined]
+        await asyncio.sleep(RECHECK_S)  # a refusal asks again at most this often
+        after = await post(client, "p", np.array([10], np.int32).tobytes())
+    assert before.status_code == 200 and after.status_code == 200, after.text
+    assert max(model.seen) == 3 and sum(model.seen[-4:]) == 10  # type: ignore[attr-defined]
+    y = np.array(after.json()["result"]["y"])
+    np.testing.assert_array_equal(y, np.arange(10)[:, None] * np.array([2, 4, 6]))
+
+
+class _Configs:
+    """A service's ModelConfig answers, counted."""
+
+    def __init__(self) -> None:
+        self.size, self.asked = 4, 0
+
+    async def unary(self, address, method, request, response_type, timeout):
+        self.asked += 1
+        return pb.ModelConfigResponse(config=pb.ModelConfig(max_batch_size=self.size))
+
+
+async def test_a_batch_size_is_asked_again_in_the_background() -> None:
+    configs = _Configs()
+    services = Services(configs, refresh_s=0.1)  # type: ignore[arg-type]
+    assert await services.batch_size("a:1", "m", "", 1.0) == 4
+    configs.size = 3
+    assert await services.batch_size("a:1", "m", "", 1.0) == 4 and configs.asked == 1
+    await asyncio.sleep(0.15)
+    assert await services.batch_size("a:1", "m", "", 1.0) == 4, "nobody waits for it"
+    await asyncio.sleep(0.01)
+    assert await services.batch_size("a:1", "m", "", 1.0) == 3 and configs.asked == 2
+    # A refused call asks at once (unless just asked): it waits for the answer.
+    configs.size = 2
+    await asyncio.sleep(RECHECK_S)
+    assert await services.batch_size("a:1", "m", "", 1.0, recheck=True) == 2
