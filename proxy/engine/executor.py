@@ -130,7 +130,7 @@ class Executor:
     async def _parallel(self, step: ParallelStep, run: Run) -> None:
         first = len(run.steps)
         # The span is current as the branches' tasks are made: theirs are its children.
-        with step_span(step.name, None) if tracing.ENABLED else tracing.NO_SPAN:
+        with step_span(step.name, None) if tracing.ENABLED else tracing.NO_SPAN as span:
             try:
                 await self._branches(step, run)
             finally:
@@ -140,6 +140,12 @@ class Executor:
                 for status in run.steps[first:]:
                     if status.name.startswith(prefix):
                         _observe(run, step.name, status)
+                        if span is not None and status.status != "ok":
+                            # Its own span ended "ok" if the combination refused its answer.
+                            why = f"{status.status}: {status.error}"[:300]
+                            span.set_attribute(f"mesh.branch.{status.name[len(prefix) :]}", why)
+                if span is not None and run.steps[-1].name == step.name:
+                    span.set_attribute("mesh.status", run.steps[-1].status)
 
     async def _branches(self, step: ParallelStep, run: Run) -> None:
         branches = run.plan.branches(step)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from protos import tracing
 from protos.errors import InvalidInput, Unavailable
 from tests.proxy.scripted import ScriptedModel, affine
 from v2server.model import TensorSpec
@@ -351,11 +352,13 @@ async def test_env_var_repoints_a_step(servers, make_client) -> None:
     ids=["wider", "nan", "bytes"],
 )
 async def test_a_branch_answering_what_cannot_be_combined_is_a_failed_branch(
-    servers, make_client, aggregation: str, answer, why: str
+    servers, make_client, monkeypatch, aggregation: str, answer, why: str
 ) -> None:
     """A swapped-in predictor that answers unlike the others (another shape, NaN, text):
     its branch fails, named, and the others answer, or the step fails as all-or-nothing
-    says; never a 500, never a NaN-poisoned mean."""
+    says; never a 500, never a NaN-poisoned mean. A trace says so too: the branch's call
+    span ended well before its answer was judged, so the step's span names it."""
+    spans = _traced(monkeypatch)
 
     async def misanswer(inputs, deadline):
         return {"y": answer(inputs["x"])}
@@ -380,7 +383,12 @@ async def test_a_branch_answering_what_cannot_be_combined_is_a_failed_branch(
     # The step's metric counts it as failed too (an alert on failing steps sees it).
     assert after.get("internal", 0) - before.get("internal", 0) == 1, (before, after)
     assert after["ok"] - before.get("ok", 0) == 2, (before, after)
+    [step_span] = [s for s in spans if s.shape.name == "step ens"]
+    assert step_span.attributes is not None and why in step_span.attributes["mesh.branch.odd"]
+    assert step_span.attributes["mesh.branch.odd"].startswith("internal: ")
+    assert "mesh.branch.one" not in step_span.attributes
     if aggregation == "partial":
+        assert step_span.attributes["mesh.status"] == "partial" and step_span.error is None
         assert r.status_code == 200, r.text
         odd = next(s for s in r.json()["steps"] if s["name"] == "ens/odd")
         assert odd["status"] == "internal" and why in odd["error"], odd
@@ -388,8 +396,22 @@ async def test_a_branch_answering_what_cannot_be_combined_is_a_failed_branch(
         assert set(r.json()["result"]["members"]) == {"one", "two"}
         assert r.json()["partial"] is True
     else:
+        assert step_span.error is not None and why in step_span.error
         assert r.status_code == 502, r.text
         assert r.json()["step"] == "ens/odd" and why in r.json()["error"]
+
+
+def _traced(monkeypatch: pytest.MonkeyPatch) -> list[tracing.Span]:
+    """Traces on in this process, every ended span kept here instead of exported."""
+    spans: list[tracing.Span] = []
+
+    class Kept:
+        def add(self, span: tracing.Span) -> None:
+            spans.append(span)
+
+    monkeypatch.setattr(tracing, "ENABLED", True)
+    monkeypatch.setattr(tracing, "_exporter", Kept())
+    return spans
 
 
 async def _step_counts(client, pipeline: str, step: str = "ens") -> dict[str, float]:
