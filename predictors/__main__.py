@@ -9,6 +9,7 @@ from predictors.settings import TRITON_FLAGS, PredictorSettings
 from protos import logs, tracing
 from protos.cli import renamed
 from protos.version import VERSION
+from v2server.control import ModelControl
 from v2server.server import run_service
 
 
@@ -17,11 +18,20 @@ def main(argv: list[str] | None = None) -> int:
     settings = PredictorSettings(_cli_parse_args=renamed(args, TRITON_FLAGS))
     logs.configure(settings.log_level)
     tracing.setup("predictor")
+    models = repository.registry(settings.repository, settings.loaded_at_start())
+    control = ModelControl(
+        models,
+        repository.OnnxRepository(settings.repository, settings.model_list()),
+        settings.model_control_mode,
+        poll_s=settings.repository_poll_secs,
+        grace_s=settings.grace_s,
+    )
     return run_service(
-        repository.registry(settings.repository, settings.model_list()),
+        models,
         settings,
         server_name="inference-mesh-predictor",
         server_version=VERSION,
+        control=control,
     )
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from predictors.config import CONFIG_FILES, ConfigError, ModelConfig, load_config
 from predictors.onnx_model import OnnxModel
+from v2server.model import Served
 from v2server.registry import Registry
 from v2server.served import ServedModel
 
@@ -45,6 +47,23 @@ def _load(
         raise ConfigError(f"{path}: cannot load: {exc}") from exc
 
 
+def _versions(model_dir: Path, required: bool) -> list[OnnxModel]:
+    """The model's versions its policy picks, loaded; none when the folder holds no
+    version (an error if `required`)."""
+    available = _version_dirs(model_dir)
+    if not available:
+        if required:
+            raise ConfigError(f"{model_dir}: no <version>/{MODEL_FILE} found")
+        return []  # not a model folder
+    config = load_config(model_dir)
+    try:
+        chosen = config.version_policy.select(list(available))
+    except ValueError as exc:
+        raise ConfigError(f"{model_dir}: {exc}") from exc
+    labels = _label_files(model_dir, config)
+    return [_load(model_dir.name, v, available[v], config, labels) for v in chosen]
+
+
 def discover(root: Path, only: list[str] | None = None) -> list[OnnxModel]:
     """The selected models (all when `only` is empty) in the versions their policy picks."""
     if not root.is_dir():
@@ -56,26 +75,47 @@ def discover(root: Path, only: list[str] | None = None) -> list[OnnxModel]:
         raise ConfigError(
             f"model repository {root} has no model {missing} (it has {sorted(folders)})"
         )
-    models: list[OnnxModel] = []
-    for name in wanted:
-        model_dir = folders[name]
-        config = load_config(model_dir)
-        available = _version_dirs(model_dir)
-        if not available:
-            if only:
-                raise ConfigError(f"{model_dir}: no <version>/{MODEL_FILE} found")
-            continue  # not a model folder
-        try:
-            chosen = config.version_policy.select(list(available))
-        except ValueError as exc:
-            raise ConfigError(f"{model_dir}: {exc}") from exc
-        labels = _label_files(model_dir, config)
-        models += [_load(name, v, available[v], config, labels) for v in chosen]
+    models = [m for name in wanted for m in _versions(folders[name], required=bool(only))]
     if not models:
         raise ConfigError(f"model repository {root} holds no model")
     return models
 
 
+class OnnxRepository:
+    """The repository as model control reads it while the service runs (v2server/control.py):
+    what it holds, whether a model's files changed, a model's versions built."""
+
+    def __init__(self, root: Path, only: list[str] | None = None) -> None:
+        self.root = root
+        self.only = set(only) if only else None
+        """The models this service may serve (`--models`); None: every one."""
+
+    def names(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(
+            p.name
+            for p in self.root.iterdir()
+            if p.is_dir() and (self.only is None or p.name in self.only) and _version_dirs(p)
+        )
+
+    def stamp(self, name: str) -> object:
+        """Every file of the model's folder with its size and time: a new version folder, a
+        replaced model.onnx or an edited config changes it."""
+        files = []
+        for path in sorted((self.root / name).rglob("*")):
+            with contextlib.suppress(OSError):  # removed while listed: the next poll sees it
+                info = path.stat()
+                files.append((str(path.relative_to(self.root)), info.st_size, info.st_mtime_ns))
+        return tuple(files)
+
+    def build(self, name: str) -> list[Served]:
+        return [ServedModel(m) for m in _versions(self.root / name, required=True)]
+
+
 def registry(root: Path, only: list[str] | None = None) -> Registry:
-    """Each model version with worker threads of its own (its `instance_count`)."""
+    """Each model version with worker threads of its own (its `instance_count`); `only=[]`:
+    none (model control's explicit mode, with no model named to load at start)."""
+    if only == []:
+        return Registry(list)
     return Registry(lambda: [ServedModel(m) for m in discover(root, only)])

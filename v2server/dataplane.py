@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from protos import codec, messages, pb, wire
 from protos.codec import TensorLimits
-from protos.errors import DeadlineExceeded, InvalidInput, NotFound, Unavailable
+from protos.errors import DeadlineExceeded, InvalidInput, NotFound, Unavailable, Unsupported
 from v2server import triton
+from v2server.control import ModelControl
 from v2server.deadline import within
 from v2server.model import TensorSpec
 from v2server.registry import Registry
@@ -94,6 +95,8 @@ class DataPlane:
         self.shared = SharedMemory(enabled=shared_memory)
         self.draining = False
         """Set on shutdown: the server stays live but stops reporting ready."""
+        self.control: ModelControl | None = None
+        """Loads and unloads models while the server runs (a service with a repository)."""
 
     # ------------------------------------------------------------ health and metadata
 
@@ -108,7 +111,11 @@ class DataPlane:
         return model.ready and not self.draining
 
     def extensions(self) -> list[str]:
-        return [e for e in triton.EXTENSIONS if self.shared.enabled or e != "system_shared_memory"]
+        shm = self.shared.enabled
+        listed = [e for e in triton.EXTENSIONS if shm or e != "system_shared_memory"]
+        if self.control is not None and self.control.mode == "explicit":
+            listed.append("model_repository")  # load and unload too, not only the index
+        return listed
 
     async def server_metadata(self) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(
@@ -147,7 +154,20 @@ class DataPlane:
                     state="READY" if ready else "UNAVAILABLE",
                     reason="" if ready else ("shutting down" if self.draining else "loading"),
                 )
+        if self.control is not None and not ready_only:
+            for name, why in sorted(self.control.reasons.items()):
+                response.models.add(name=name, state="UNAVAILABLE", reason=why)
         return response
+
+    async def load_model(self, name: str, parameters: Iterable[str] = ()) -> None:
+        if self.control is None:
+            raise Unsupported(f"{self.name} has no model repository to load models from")
+        await self.control.load(name, parameters)
+
+    async def unload_model(self, name: str) -> None:
+        if self.control is None:
+            raise Unsupported(f"{self.name} has no model repository to unload models from")
+        await self.control.unload(name)
 
     async def signature(self, name: str, version: str = "") -> Signature | None:
         """The model's declared inputs (None: it declares none it can be held to)."""

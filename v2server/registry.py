@@ -50,6 +50,21 @@ class Registry:
         self._loaded = True
         self._newest = {name: self.resolve(name, self.versions(name)[-1]) for name in models}
 
+    def put(self, name: str, versions: Iterable[Served]) -> list[Served]:
+        """Serve these versions of `name` (started) from now on, in place of those it served:
+        returned, for their owner to retire (v2server/control.py)."""
+        replaced = list(self._models.get(name, {}).values())
+        self._models = {**self._models, name: {m.version: m for m in versions}}
+        self._newest = {**self._newest, name: self.resolve(name, self.versions(name)[-1])}
+        return replaced
+
+    def take(self, name: str) -> list[Served]:
+        """Serve `name` no more; its versions returned, for their owner to retire."""
+        taken = list(self._models.get(name, {}).values())
+        self._models = {n: v for n, v in self._models.items() if n != name}
+        self._newest = {n: m for n, m in self._newest.items() if n != name}
+        return taken
+
     async def start(self) -> None:
         self._install(await asyncio.to_thread(lambda: list(self._load())))
         await asyncio.gather(*(m.start() for m in self.loaded()))

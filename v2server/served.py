@@ -53,6 +53,9 @@ class ServedModel:
             weigh=getattr(runnable, "work_bytes", None),
         )
         self._ready = False
+        self._calls = 0
+        """Requests in this version now (a retired version finishes them: control.py)."""
+        self._idle: asyncio.Future[None] | None = None
 
     @property
     def ready(self) -> bool:
@@ -90,4 +93,16 @@ class ServedModel:
             rows = batch_rows(self.name, inputs)
             if rows == 0:
                 raise InvalidInput(f"model '{self.name}': batch has no rows")
-        return await self._batcher.submit(inputs, rows, deadline)
+        self._calls += 1
+        try:
+            return await self._batcher.submit(inputs, rows, deadline)
+        finally:
+            self._calls -= 1
+            if not self._calls and self._idle is not None and not self._idle.done():
+                self._idle.set_result(None)
+
+    async def drained(self) -> None:
+        """Once no request is in this version (a retired version waits for it)."""
+        if self._calls:
+            self._idle = asyncio.get_running_loop().create_future()
+            await self._idle

@@ -18,6 +18,7 @@ from protos import heap
 from protos.channels import SERVICE_NAME
 from protos.tls import TLSConfigError, server_credentials
 from v2server import metrics
+from v2server.control import ModelControl
 from v2server.dataplane import DataPlane
 from v2server.interceptors import ErrorMappingInterceptor, InFlight
 from v2server.metrics import BindError, serve_metrics
@@ -46,6 +47,7 @@ class V2Server:
         interceptors: Sequence[aio.ServerInterceptor] = (),
         share_port: bool = False,
         plane: DataPlane | None = None,
+        control: ModelControl | None = None,
     ) -> None:
         """`interceptors` run before the error mapping (e.g. the proxy's API key);
         `share_port`: several processes serve the port (the proxy's workers); `plane`: a data
@@ -60,6 +62,8 @@ class V2Server:
             limits=settings.tensor_limits(),
             shared_memory=settings.shared_memory,
         )
+        self.control = control
+        self.plane.control = control
         self.servicer = InferenceServicer(
             self.plane,
             in_flight=self._in_flight,
@@ -151,6 +155,8 @@ class V2Server:
         log.info("listening", extra={"fields": where})
         await self.registry.start()
         metrics.SERVED.update(self.registry.names())
+        if self.control is not None:
+            await self.control.start()
         if self.settings.metrics_port is not None:
             self.metrics_port = serve_metrics(self.settings.host, self.settings.metrics_port)
         for service in ("", SERVICE_NAME):
@@ -185,6 +191,8 @@ class V2Server:
                     await asyncio.sleep(self.settings.linger_s - since)
                 grace = max(0.0, grace - (time.monotonic() - started))
             await self._server.stop(grace)
+        if self.control is not None:
+            await self.control.stop()
         await self.registry.stop()
         self.plane.shared.close()
         log.info("stopped")
@@ -213,9 +221,12 @@ def run_service(
     *,
     server_name: str,
     server_version: str,
+    control: ModelControl | None = None,
 ) -> int:
     """The body of every service's `main`: serve until SIGTERM; 2 on a configuration error."""
-    server = V2Server(registry, settings, server_name=server_name, server_version=server_version)
+    server = V2Server(
+        registry, settings, server_name=server_name, server_version=server_version, control=control
+    )
     try:
         # uvloop, as the proxy runs (uvicorn's loop="uvloop"): grpc.aio takes any asyncio loop,
         # and on uvloop a service spent ~10% less CPU per call, c=1 p50 -5% (bench/README,

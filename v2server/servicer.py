@@ -89,6 +89,16 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Context):
         return await self.plane.repository_index(request.ready)
 
+    async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest, context: Context):
+        await self.plane.load_model(request.model_name, request.parameters.keys())
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: Context
+    ):
+        await self.plane.unload_model(request.model_name)
+        return pb.RepositoryModelUnloadResponse()
+
     async def SystemSharedMemoryStatus(
         self, request: pb.SystemSharedMemoryStatusRequest, context: Context
     ) -> pb.SystemSharedMemoryStatusResponse:
