@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from typing import Literal, Protocol
 
 from protos.errors import InvalidInput, NotFound, Unsupported
+from protos.metric_types import Counter, Gauge
 from v2server import metrics
 from v2server.model import LoadError, Served
 from v2server.registry import Registry
@@ -32,6 +33,18 @@ from v2server.registry import Registry
 log = logging.getLogger("v2server")
 
 Mode = Literal["none", "explicit", "poll"]
+
+LOADS = Counter(
+    "v2_model_loads_total",
+    "Models loaded, reloaded, unloaded, or failed to load while the service runs",
+    ["model", "outcome"],
+)
+LOAD_FAILING = Gauge(
+    "v2_model_load_failing",
+    "1 while the model's files in the repository cannot be loaded (what served before still "
+    "serves); 0 otherwise",
+    ["model"],
+)
 
 
 class Repository(Protocol):
@@ -82,7 +95,9 @@ class ModelControl:
 
     async def start(self) -> None:
         """After the registry's start: remember what was loaded, then poll if asked to."""
-        if self.repository is None:
+        for name in self.registry.names():  # its alert's series, 0 while loads succeed
+            LOAD_FAILING.labels(name).set(0)
+        if self.repository is None or self.mode == "none":
             return
         for name in self.registry.names():
             self._stamps[name] = await asyncio.to_thread(self.repository.stamp, name)
@@ -126,6 +141,7 @@ class ModelControl:
             self._retire(self.registry.take(name))
             self.reasons[name] = "unloaded"
             self._stamps.pop(name, None)
+        _counted(name, "unloaded")
         log.info("unloaded", extra={"fields": {"model": name}})
 
     def _explicit(self, what: str) -> None:
@@ -158,12 +174,14 @@ class ModelControl:
                 if not serving:
                     self.reasons[name] = f"failed to load: {exc}"
                 still = f"; still serving version(s) {', '.join(kept)}" if kept else ""
+                _counted(name, "failed", failing=1)
                 raise InvalidInput(f"model '{name}' failed to load: {exc}{still}") from None
             self._retire(self.registry.put(name, built))
             self.reasons.pop(name, None)
             metrics.SERVED.add(name)
         versions = [m.version for m in built]
         what = "reloaded" if serving else "loaded"
+        _counted(name, what)
         log.info(what, extra={"fields": {"model": name, "versions": versions}})
 
     def _retire(self, models: Iterable[Served]) -> None:
@@ -208,9 +226,15 @@ class ModelControl:
             for name in sorted(set(self.registry.names()) - set(names)):
                 self._retire(self.registry.take(name))
                 self._stamps.pop(name, None)
+                _counted(name, "unloaded")
                 log.info("unloaded", extra={"fields": {"model": name, "why": "removed"}})
             for name in set(self.reasons) - set(names):
                 del self.reasons[name]
+
+
+def _counted(model: str, outcome: str, failing: int = 0) -> None:
+    LOADS.labels(model, outcome).inc()
+    LOAD_FAILING.labels(model).set(failing)
 
 
 async def _start_all(models: list[Served]) -> None:

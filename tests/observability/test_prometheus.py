@@ -185,7 +185,7 @@ def test_every_panel_and_rule_has_labelled_series(
             missing = [name for name in panel.labels if not labels.get(name)]
             assert not missing, (panel.title, legend, labels)
     rules = server.rules()
-    assert len(rules) == 17
+    assert len(rules) == 19
     unhealthy = [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]
     assert not unhealthy, unhealthy
     # The recorded series each alert compares carry what its summary names.
@@ -197,6 +197,7 @@ def test_every_panel_and_rule_has_labelled_series(
         ("mesh:step_failures:ratio_rate5m", "step"),
         ("mesh:model_queue_depth:max", "model"),
         ("mesh:endpoint_not_answering:max", "endpoint"),
+        ("mesh:model_load_failing:max", "model"),
     ):
         assert record in by_name
         assert all(s["metric"].get(label) for s in server.query(record)), record

@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from prometheus_client import REGISTRY
 
 from protos.errors import InvalidInput, Unsupported
 from v2server.control import ModelControl
@@ -115,5 +116,28 @@ async def test_poll_mode_loads_changed_files_once() -> None:
     await control.rescan()
     await control.rescan()  # broken as it was: not tried again until its files change
     assert await _infer(registry) == 2.0 and files.tried == 3
+    await control.stop()
+    await registry.stop()
+
+
+async def test_a_failing_load_is_a_metric_until_one_succeeds() -> None:
+    """What MeshModelLoadFailing alerts on (deploy/observability/prometheus-rules.yaml)."""
+    files = Files()
+    registry, control = await _serving(files)
+
+    def failing() -> float | None:
+        return REGISTRY.get_sample_value("v2_model_load_failing", {"model": "m"})
+
+    before = REGISTRY.get_sample_value("v2_model_loads_total", {"model": "m", "outcome": "failed"})
+    assert failing() == 0
+    files.version, files.broken = 2, True
+    with pytest.raises(InvalidInput):
+        await control.load("m")
+    assert failing() == 1
+    failed = REGISTRY.get_sample_value("v2_model_loads_total", {"model": "m", "outcome": "failed"})
+    assert failed == (before or 0) + 1
+    files.broken = False
+    await control.load("m")
+    assert failing() == 0
     await control.stop()
     await registry.stop()
