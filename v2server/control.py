@@ -91,6 +91,7 @@ class ModelControl:
         """What each model's files were when last loaded, or last tried."""
         self._lock = asyncio.Lock()  # one load or unload at a time
         self._retiring: set[asyncio.Task[None]] = set()
+        self._loading: set[asyncio.Future[None]] = set()
         self._poller: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -113,10 +114,10 @@ class ModelControl:
         if self._poller is not None:
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)
-        retiring = list(self._retiring)
-        for task in retiring:
+        tasks = [*self._loading, *self._retiring]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*retiring, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     # ------------------------------------------------------------ the RPCs
 
@@ -128,7 +129,13 @@ class ModelControl:
                 f"cannot load model '{name}' with parameters {given}: this server loads "
                 "from its repository only (its config file and version folders)"
             )
-        await self._load(name)
+        # Shielded: a caller that leaves (its deadline shorter than a large model's load)
+        # does not waste the load half done; the model is served once it is ready.
+        task = asyncio.ensure_future(self._load(name))
+        self._loading.add(task)
+        task.add_done_callback(_settled)
+        task.add_done_callback(self._loading.discard)
+        await asyncio.shield(task)
 
     async def unload(self, name: str) -> None:
         """RepositoryModelUnload: every version of `name` retired (a model not loaded:
@@ -230,6 +237,12 @@ class ModelControl:
                 log.info("unloaded", extra={"fields": {"model": name, "why": "removed"}})
             for name in set(self.reasons) - set(names):
                 del self.reasons[name]
+
+
+def _settled(task: asyncio.Future[None]) -> None:
+    """Its outcome read (the caller that waited may have left)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _counted(model: str, outcome: str, failing: int = 0) -> None:

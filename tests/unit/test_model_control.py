@@ -44,6 +44,7 @@ class Files:
         self.version, self.broken, self.delay_s = 1, False, 0.0
         self.built: list[ServedModel] = []
         self.tried = 0
+        self.build_s = 0.0
 
     def names(self) -> list[str]:
         return ["m"]
@@ -53,6 +54,7 @@ class Files:
 
     def build(self, name: str) -> list[ServedModel]:
         self.tried += 1
+        time.sleep(self.build_s)  # in a thread, as reading a large model's files
         if self.broken:
             raise LoadError("m/2/model.onnx: cannot load: not a model")
         self.built.append(ServedModel(Adds(self.version, self.delay_s)))
@@ -139,5 +141,21 @@ async def test_a_failing_load_is_a_metric_until_one_succeeds() -> None:
     files.broken = False
     await control.load("m")
     assert failing() == 0
+    await control.stop()
+    await registry.stop()
+
+
+async def test_a_load_whose_caller_leaves_still_ends() -> None:
+    files = Files()
+    registry, control = await _serving(files)
+    files.version, files.build_s = 2, 0.3
+    caller = asyncio.create_task(control.load("m"))
+    await asyncio.sleep(0.05)
+    caller.cancel()  # its deadline passed while the model loaded
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert await _infer(registry) == 1.0
+    await asyncio.sleep(0.5)
+    assert await _infer(registry) == 2.0, "loaded all the same"
     await control.stop()
     await registry.stop()
