@@ -1,4 +1,5 @@
-"""Whether a call's model takes what its pipeline sends it, from the services' metadata.
+"""Whether a call's model takes what its pipeline sends it, from the services' metadata;
+and a model its endpoint does not serve told as the mesh's failure, not the client's 404.
 
 A predictor swapped for one with other inputs (an endpoint variable re-pointed, a new model
 version) refuses every call with INVALID_ARGUMENT, which the proxy would pass on as the
@@ -74,8 +75,18 @@ class Wiring:
     ) -> StepError:
         """`exc` of the call `exc.step` as the configuration error it is, when the wiring
         explains its INVALID_ARGUMENT; else `exc` itself (also when the metadata does not
-        come before the request's `deadline`, loop time)."""
+        come before the request's `deadline`, loop time). A model its endpoint does not
+        serve is UNAVAILABLE (503), not the client's 404."""
         target = plan.targets.get(exc.step)
+        if exc.code == grpc.StatusCode.NOT_FOUND and target is not None:
+            # Unloaded (model control), not loaded yet, or the variable re-pointed: the
+            # pipeline exists and cannot run now, as Triton answers an ensemble whose
+            # composing model is not ready. Counted as the step's failure, not a client's.
+            return StepError(
+                exc.step,
+                grpc.StatusCode.UNAVAILABLE,
+                f"model '{target.model}' is not served at {target.address}: {exc.message}",
+            )
         if exc.code != grpc.StatusCode.INVALID_ARGUMENT or target is None:
             return exc
         try:

@@ -79,3 +79,35 @@ async def test_a_refusal_the_wiring_does_not_explain_stays_the_clients(
 )
 def test_what_fits(sent, taken, expected: bool) -> None:
     assert fits(sent, taken) is expected
+
+
+async def test_a_model_its_endpoint_does_not_serve_is_a_503_not_a_404(servers, make_client) -> None:
+    """The pipeline exists; its model is not served where the variable points (unloaded,
+    not loaded yet, re-pointed): a 503 naming the model and the endpoint, as Triton answers
+    an ensemble whose composing model is not ready. A 404 told the client the pipeline was
+    missing, and the step metric did not count it as the step failing."""
+    elsewhere = await servers(affine("x", 1, 0))
+    env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": elsewhere}
+    env["BRANCH_ONE_URL"] = elsewhere  # serves `x`, not `one`
+    env["BRANCH_TWO_URL"] = await servers(affine("two", 1, 3))
+    ensemble = {
+        "name": "ens",
+        "branches_from": {"prefix": "BRANCH_"},
+        "inputs": {"x": "parse.x"},
+        "aggregation": "partial",
+        "combine": {"op": "mean", "tensor": "y"},
+    }
+    pipes = {
+        "p": pipeline([call("s", "plus1", "parse")], {"y": "s.y[0]"}),
+        "ens": pipeline([{"parallel": ensemble}], {"mean": "ens.y[0]"}),
+    }
+    async with make_client(pipes, env) as client:
+        r = await post(client, "p", body(1, 2))
+        partial = await post(client, "ens", body(1, 2))
+    assert r.status_code == 503, r.text
+    assert r.json()["code"] == "UNAVAILABLE" and r.json()["step"] == "s"
+    assert f"model 'plus1' is not served at {elsewhere}" in r.text
+    assert "unknown model 'plus1'" in r.text  # what the service said, kept
+    assert partial.status_code == 200 and partial.json()["partial"] is True, partial.text
+    failed = next(s for s in partial.json()["steps"] if s["name"] == "ens/one")
+    assert failed["status"] == "unavailable" and "is not served" in failed["error"]
