@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from protos.cli import with_env_names
@@ -41,6 +41,15 @@ class PredictorSettings(ServerSettings):
     load_model: str = ""
     """`explicit` mode: comma-separated models loaded at start (`*`: every one); none if
     empty."""
+
+    @model_validator(mode="after")
+    def _load_model_is_explicit(self) -> PredictorSettings:
+        if self.load_model.strip() and self.model_control_mode != "explicit":
+            raise ValueError(
+                f"--load-model names the models loaded at start in explicit mode; with "
+                f"--model-control-mode {self.model_control_mode} every model is loaded"
+            )
+        return self
 
     def model_list(self) -> list[str] | None:
         names = [m.strip() for m in self.models.split(",") if m.strip()]

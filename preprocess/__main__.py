@@ -9,12 +9,13 @@ import cv2
 from preprocess import recipes
 from preprocess.settings import PreprocessSettings
 from protos import logs, tracing
+from protos.cli import settings_from
 from protos.version import VERSION
 from v2server.server import run_service
 
 
 def main(argv: list[str] | None = None) -> int:
-    settings = PreprocessSettings(_cli_parse_args=sys.argv[1:] if argv is None else argv)
+    settings = settings_from(PreprocessSettings, sys.argv[1:] if argv is None else argv)
     logs.configure(settings.log_level)
     tracing.setup("preprocess")
     cv2.setNumThreads(1)  # parallelism comes from the worker threads

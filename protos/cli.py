@@ -4,11 +4,14 @@ field's docstring) with the environment variable that sets it too."""
 from __future__ import annotations
 
 import re
-from typing import TypeVar
+import sys
+from typing import Any, TypeVar
 
+from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
 S = TypeVar("S", bound=type[BaseSettings])
+B = TypeVar("B", bound=BaseSettings)
 
 _ENV_NOTE = re.compile(r"\s*\[env [A-Z0-9_]+\]$")
 
@@ -29,3 +32,23 @@ def renamed(argv: list[str], aliases: dict[str, str]) -> list[str]:
         flag, eq, value = arg.partition("=")
         out.append(aliases.get(flag, flag) + eq + value if flag in aliases else arg)
     return out
+
+
+def settings_from(cls: type[B], argv: list[str], **kwargs: Any) -> B:
+    """The settings of a command line and the environment; on a value that does not fit, each
+    problem on stderr, naming the flag and its variable, and exit status 2 (a typo in a
+    variable was a 30-line traceback)."""
+    try:
+        return cls(_cli_parse_args=argv, **kwargs)
+    except ValidationError as exc:
+        prefix = str(cls.model_config.get("env_prefix", ""))
+        for error in exc.errors():
+            field = str(error["loc"][0]) if error["loc"] else ""
+            message = error["msg"].removeprefix("Value error, ")
+            if not field:  # a check across settings: its message names them
+                print(f"invalid settings: {message}", file=sys.stderr)
+                continue
+            flag, variable = f"--{field.replace('_', '-')}", (prefix + field).upper()
+            given = f" (given {error['input']!r})" if "input" in error else ""
+            print(f"invalid setting {flag} ({variable}): {message}{given}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -11,6 +11,7 @@ from contextlib import nullcontext
 import uvicorn
 
 from protos import logs, tracing
+from protos.cli import settings_from
 from protos.tls import TLSConfigError
 from proxy import workers
 from proxy.app import create_app
@@ -22,7 +23,7 @@ from proxy.settings import ProxySettings
 
 
 def main(argv: list[str] | None = None) -> int:
-    settings = ProxySettings(_cli_parse_args=sys.argv[1:] if argv is None else argv)
+    settings = settings_from(ProxySettings, sys.argv[1:] if argv is None else argv)
     logs.configure(settings.log_level)
     # The front (nginx on the door's port) is started once: by a supervisor for its workers.
     # Before tracing's exporter opens its gRPC channel: nginx is forked with a preexec_fn, and

@@ -15,6 +15,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from protos import heap, logs
+from protos.cli import settings_from
 from protos.tls import TLSConfigError
 from proxy.app import NO_FASTAPI_TELEMETRY
 from proxy.doors.health import HealthEndpoints
@@ -59,8 +60,9 @@ def create_worker_app(settings: ProxySettings) -> FastAPI:
 
 
 def main(argv: list[str] | None = None) -> int:
-    settings = ProxySettings(
-        _cli_parse_args=sys.argv[1:] if argv is None else argv,
+    settings = settings_from(
+        ProxySettings,
+        sys.argv[1:] if argv is None else argv,
         _cli_prog_name="python -m proxy.job_worker",
     )
     logs.configure(settings.log_level)

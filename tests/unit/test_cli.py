@@ -1,0 +1,63 @@
+"""A command line or variable that does not fit: each problem named, exit status 2, not a
+traceback (protos/cli.py), for every service's and the proxy's settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from predictors.settings import PredictorSettings
+from preprocess.settings import PreprocessSettings
+from protos.cli import settings_from
+from proxy.settings import ProxySettings
+
+
+@pytest.mark.parametrize(
+    ("cls", "argv", "environ", "says"),
+    [
+        (
+            PredictorSettings,
+            ["--model-control-mode", "sometimes"],
+            {},
+            "invalid setting --model-control-mode (PREDICTOR_MODEL_CONTROL_MODE): Input should "
+            "be 'none', 'explicit' or 'poll' (given 'sometimes')",
+        ),
+        (
+            PredictorSettings,
+            ["--load-model", "digits_mlp"],
+            {},
+            "invalid settings: --load-model names the models loaded at start in explicit mode",
+        ),
+        (
+            PreprocessSettings,
+            [],
+            {"PREPROCESS_WORKERS": "four"},
+            "invalid setting --workers (PREPROCESS_WORKERS): Input should be a valid integer",
+        ),
+        (
+            ProxySettings,
+            ["--cache-check-ms", "0"],
+            {},
+            "invalid setting --cache-check-ms (PROXY_CACHE_CHECK_MS): Input should be greater "
+            "than 0 (given '0')",
+        ),
+    ],
+)
+def test_a_setting_that_does_not_fit_is_named_and_exits_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, cls, argv, environ, says
+) -> None:
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as exited:
+        settings_from(cls, argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert says in err, err
+    assert "Traceback" not in err
+
+
+def test_settings_that_fit_are_read() -> None:
+    settings = settings_from(
+        PredictorSettings, ["--model-control-mode", "explicit", "--load-model", "*"]
+    )
+    assert settings.loaded_at_start() is None  # every model
+    assert settings_from(PredictorSettings, []).model_control_mode == "none"
