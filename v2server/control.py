@@ -176,7 +176,7 @@ class ModelControl:
             try:
                 built = await asyncio.to_thread(self.repository.build, name)
                 await _start_all(built)
-            except LoadError as exc:
+            except (LoadError, OSError, ValueError) as exc:  # a folder gone, a bad file
                 kept = self.registry.versions(name) if serving else []
                 if not serving:
                     self.reasons[name] = f"failed to load: {exc}"
