@@ -375,3 +375,14 @@ async def test_a_forwarded_model_reloaded_with_other_inputs_is_judged_by_them(do
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value
     assert "[-1, 2]" in (refused.value.details() or ""), refused.value.details()
     assert messages.response_outputs(answer)["y"].tolist() == [[2.0, 2.0, 2.0]]
+
+
+async def test_loading_a_model_is_the_predictors_not_the_doors(door) -> None:
+    """tritonclient's load_model at the door: a clear refusal, not a method unknown."""
+    async with door(PIPES, chain_models()) as stub:
+        with pytest.raises(aio.AioRpcError) as refused:
+            await stub.RepositoryModelLoad(
+                pb.RepositoryModelLoadRequest(model_name="plus1"), timeout=5
+            )
+    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert "has no model repository" in (refused.value.details() or "")
