@@ -14,10 +14,10 @@ from tests.conftest import redis_or_skip
 from tests.proxy.scripted import ScriptedModel, serve
 
 GENEROUS_CACHE_MS = 2000
-"""cache_timeout_ms for tests of what is cached: a store call slower than its timeout counts
-as a miss, a service slower than it (at least 0.5 s) to tell its model's fingerprint leaves
-the request uncached, and the suite loads the CPU (a 50 ms Redis write was once dropped, and
-a first request once went uncached, in CI runs)."""
+"""cache_timeout_ms (and ready_timeout_ms) for tests of what is cached: a store call slower
+than its timeout counts as a miss, a service slower than ready_timeout_ms to tell its model's
+metadata (its keys' fingerprint) leaves the request uncached, and the suite loads the CPU (a
+50 ms Redis write was once dropped, and a first request once went uncached, in CI runs)."""
 
 
 @pytest.fixture(params=["sqlite", "redis"])

@@ -21,6 +21,9 @@ from tests.proxy.scripted import affine
 from tests.proxy.test_cache import RESULT, cached
 from tests.proxy.test_pipelines import body, call, parse_model, pipeline, post
 
+GENEROUS = {"cache_timeout_ms": GENEROUS_CACHE_MS, "ready_timeout_ms": GENEROUS_CACHE_MS}
+"""A store call, and a model's metadata (its keys' fingerprint), given time under load."""
+
 
 def _slowly(fn):
     async def slow(inputs, deadline):
@@ -57,7 +60,7 @@ async def test_replicas_share_their_answers(servers, make_client, redis_db) -> N
     env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": await servers(model)}
     pipes = cached()
     # Generous: a lookup slower than its timeout counts as a miss (the suite loads the CPU).
-    settings = {"cache_url": redis_db.url, "cache_timeout_ms": GENEROUS_CACHE_MS}
+    settings = {"cache_url": redis_db.url, **GENEROUS}
     store = redis.Redis.from_url(redis_db.url)
     before = store.dbsize()
     async with (
@@ -79,7 +82,7 @@ async def test_a_hit_cancels_the_run_it_raced(servers, make_client, redis_db) ->
     env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": await servers(slow)}
     store = redis.Redis.from_url(redis_db.url)
     before = store.dbsize()
-    settings = {"cache_url": redis_db.url, "cache_timeout_ms": GENEROUS_CACHE_MS}
+    settings = {"cache_url": redis_db.url, **GENEROUS}
     async with make_client(cached(), env, **settings) as client:
         await post(client, "p", body(21))
         await written(store, before)
@@ -127,9 +130,7 @@ async def test_the_data_cache_in_redis(servers, make_client, redis_db) -> None:
     pipes["p"]["steps"][0]["call"]["cache"] = True
     store = redis.Redis.from_url(redis_db.url)
     before = store.dbsize()
-    async with make_client(
-        pipes, env, cache_url=redis_db.url, cache_timeout_ms=GENEROUS_CACHE_MS
-    ) as client:
+    async with make_client(pipes, env, cache_url=redis_db.url, **GENEROUS) as client:
         first = await post(client, "p", body(51))
         await written(store, before)
         second = await post(client, "p", body(51))
@@ -208,7 +209,7 @@ async def test_admitted_on_second_sighting_in_redis(servers, make_client, redis_
     model = affine("plus1", 1, 1, delay_s=0.3)  # slower than a GET: the lookup wins its race
     env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": await servers(model)}
     pipes = {"r": pipeline([call("a", "plus1", "parse")], RESULT, cache={"admit": "second"})}
-    settings = {"cache_url": redis_db.url, "cache_timeout_ms": GENEROUS_CACHE_MS}
+    settings = {"cache_url": redis_db.url, **GENEROUS}
     store = redis.Redis.from_url(redis_db.url)
     unadmitted = metrics.CACHE_UNADMITTED.labels("r", "")
     before, refused = entries(store, "r"), unadmitted._value.get()
@@ -231,7 +232,7 @@ async def test_replicas_share_their_sightings(servers, make_client, redis_db) ->
     model = affine("plus1", 1, 1, delay_s=0.3)
     env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": await servers(model)}
     pipes = {"s": pipeline([call("a", "plus1", "parse")], RESULT, cache={"admit": "second"})}
-    settings = {"cache_url": redis_db.url, "cache_timeout_ms": GENEROUS_CACHE_MS}
+    settings = {"cache_url": redis_db.url, **GENEROUS}
     store = redis.Redis.from_url(redis_db.url)
     before = entries(store, "s")
     async with (
@@ -293,7 +294,7 @@ async def test_a_sighting_answered_after_the_run_still_decides(
     model = affine("plus1", 1, 1)  # quick: the run ends before the lookup answers
     env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": await servers(model)}
     pipes = {"t": pipeline([call("a", "plus1", "parse")], RESULT, cache={"admit": "second"})}
-    settings = {"cache_url": redis_db.url, "cache_timeout_ms": GENEROUS_CACHE_MS}
+    settings = {"cache_url": redis_db.url, **GENEROUS}
     store = redis.Redis.from_url(redis_db.url)
     before = entries(store, "t")
     unadmitted = metrics.CACHE_UNADMITTED.labels("t", "")
@@ -388,7 +389,7 @@ async def test_a_write_under_way_is_finished_before_the_proxy_stops(
         "PARSE_URL": await servers(parse_model()),
         "MODELS_URL": await servers(affine("plus1", 1, 1)),
     }
-    settings = {"cache_url": redis_db.url, "cache_timeout_ms": GENEROUS_CACHE_MS}
+    settings = {"cache_url": redis_db.url, **GENEROUS}
     store = redis.Redis.from_url(redis_db.url)
     before = entries(store, "p")
     async with make_client(cached(), env, **settings) as client:
