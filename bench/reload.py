@@ -1,11 +1,11 @@
 """`python -m bench reload`: what reloading a model costs the requests that use it meanwhile.
 
 The shipped mesh with its predictors in poll mode (v2server/control.py) on a copy of the
-model repository; `digits` at concurrency 8 in interleaved rounds, steady or while the
-`digits_mlp` predictor reloads its model again and again (a version folder added, then
-taken away: each change a reload, its new session built and warmed up beside the one
-serving, then swapped in). Reported: answers a second, p50 and p99, and failed requests,
-which must be none.
+model repository; `digits` at concurrency 8 in interleaved rounds (or `ocr`, `--model
+ocr_rec`), steady or while the model's predictor reloads it again and again (a version
+folder added, then taken away: each change a reload, its new session built and warmed up
+beside the one serving, then swapped in). Reported: answers a second, p50 and p99, and
+failed requests, which must be none.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from bench.loadgen import Stats
 from bench.mesh import http_closed_loop, proxy_url, shipped_mesh
 
 ROOT = Path(__file__).resolve().parent.parent
-MODEL = "digits_mlp"
+SERVICES = {"digits_mlp": "digits-mlp", "ocr_rec": "ocr-rec"}
+"""The models a run may reload -> the shipped service that serves it."""
 
 
 def _copy(repository: Path, into: Path) -> Path:
@@ -47,11 +48,11 @@ def _copy(repository: Path, into: Path) -> Path:
     return into
 
 
-def _reloading(folder: Path, stop: threading.Event, period_s: float) -> int:
-    """Add version 2 of MODEL, then take it away, every `period_s`, until `stop`."""
-    source, changes = folder / MODEL / "1", 0
+def _reloading(folder: Path, model: str, stop: threading.Event, period_s: float) -> int:
+    """Add version 2 of `model`, then take it away, every `period_s`, until `stop`."""
+    source, changes = folder / model / "1", 0
     while not stop.wait(period_s):
-        extra = folder / MODEL / "2"
+        extra = folder / model / "2"
         if extra.exists():
             shutil.rmtree(extra)
         else:
@@ -74,17 +75,18 @@ def _reloads(metrics_port: str) -> float:
     )
 
 
-def _round(url: str, raw: bytes, duration: float, folder: Path | None, period_s: float) -> Stats:
+def _round(
+    url: str, raw: bytes, args: argparse.Namespace, folder: Path | None
+) -> Stats:
     stop = threading.Event()
-    changes: list[int] = []
     worker = None
     if folder is not None:
         worker = threading.Thread(
-            target=lambda: changes.append(_reloading(folder, stop, period_s)), daemon=True
+            target=_reloading, args=(folder, args.model, stop, args.period), daemon=True
         )
         worker.start()
     try:
-        return asyncio.run(http_closed_loop(url, raw, 8, duration))
+        return asyncio.run(http_closed_loop(url, raw, args.concurrency, args.duration))
     finally:
         stop.set()
         if worker is not None:
@@ -96,10 +98,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--duration", type=float, default=6.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--period", type=float, default=1.0, help="seconds between reloads")
+    parser.add_argument("--model", choices=sorted(SERVICES), default="digits_mlp")
+    parser.add_argument("--concurrency", type=int, default=8)
     args = parser.parse_args(argv)
-    from samples.images import encode, render_digit
+    from samples.images import encode, render_digit, text_samples
 
-    digit = encode(render_digit(np.eye(8) * 16, scale=4))
+    pipeline = "ocr" if args.model.startswith("ocr") else "digits"
+    image = (
+        text_samples(1, seed=3)[0][0]
+        if pipeline == "ocr"
+        else encode(render_digit(np.eye(8) * 16, scale=4))
+    )
     with tempfile.TemporaryDirectory(prefix="bench-reload-") as tmp:
         folder = _copy(ROOT / "models" / "repository", Path(tmp) / "repository")
         extra = {
@@ -109,29 +118,30 @@ def main(argv: list[str]) -> int:
         }
         with shipped_mesh("bench-reload-", extra=extra) as mesh:
             url = proxy_url(mesh)
-            raw = post_bytes(url + "/v1/pipelines/digits/infer", digit, "image/png")
-            asyncio.run(http_closed_loop(url, raw, 8, 2.0))  # warm
+            raw = post_bytes(url + f"/v1/pipelines/{pipeline}/infer", image, "image/png")
+            asyncio.run(http_closed_loop(url, raw, args.concurrency, 2.0))  # warm
             steady: list[Stats] = []
             reloading: list[Stats] = []
             started = time.monotonic()
             for _ in range(args.rounds):
-                steady.append(_round(url, raw, args.duration, None, args.period))
-                reloading.append(_round(url, raw, args.duration, folder, args.period))
+                steady.append(_round(url, raw, args, None))
+                reloading.append(_round(url, raw, args, folder))
             spent = time.monotonic() - started
-            reloads = _reloads(mesh.services["digits-mlp"].env["PREDICTOR_METRICS_PORT"])
+            service = mesh.services[SERVICES[args.model]]
+            reloads = _reloads(service.env["PREDICTOR_METRICS_PORT"])
     for name, runs in (("steady", steady), ("reloading", reloading)):
         rps = float(np.median([s.rps for s in runs]))
         p50 = float(np.median([s.p50_ms for s in runs]))
         p99 = float(np.median([s.p99_ms for s in runs]))
         errors = sum(s.errors for s in runs)
         print(
-            f"digits c=8, {name}: {rps:,.0f} req/s, p50 {p50:.2f} ms, p99 {p99:.2f} ms, "
-            f"{errors} failed of {sum(s.requests for s in runs) + errors}",
+            f"{pipeline} c={args.concurrency}, {name}: {rps:,.0f} req/s, p50 {p50:.2f} ms, "
+            f"p99 {p99:.2f} ms, {errors} failed of {sum(s.requests for s in runs) + errors}",
             flush=True,
         )
     ratio = np.median([r.rps for r in reloading]) / np.median([s.rps for s in steady])
     print(
-        f"reloading / steady throughput {ratio:.2f}x ({MODEL} reloaded {reloads:.0f} times, "
+        f"reloading / steady throughput {ratio:.2f}x ({args.model} reloaded {reloads:.0f} times, "
         f"a change every {args.period} s; {args.rounds} rounds of each, {spent:.0f} s)",
         flush=True,
     )
