@@ -75,9 +75,7 @@ def _reloads(metrics_port: str) -> float:
     )
 
 
-def _round(
-    url: str, raw: bytes, args: argparse.Namespace, folder: Path | None
-) -> Stats:
+def _round(url: str, raw: bytes, args: argparse.Namespace, folder: Path | None) -> Stats:
     stop = threading.Event()
     worker = None
     if folder is not None:
