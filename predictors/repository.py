@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from pathlib import Path
 
 from predictors.config import CONFIG_FILES, ConfigError, ModelConfig, load_config
@@ -12,6 +13,11 @@ from v2server.registry import Registry
 from v2server.served import ServedModel
 
 MODEL_FILE = "model.onnx"
+DIGEST_PARAMETER = "mesh.sha256"
+"""Reported in the model's configuration (ModelConfig.parameters): a digest of the files it
+was loaded from. The proxy's catalog reads the configuration with the metadata, so a model
+replaced in place (the same version number, other weights) is seen as changed: its cached
+answers are never served for the new one."""
 
 
 def _version_dirs(model_dir: Path) -> dict[int, Path]:
@@ -37,14 +43,29 @@ def _label_files(model_dir: Path, config: ModelConfig) -> dict[str, list[str]]:
 def _load(
     name: str, version: int, path: Path, config: ModelConfig, labels: dict[str, list[str]]
 ) -> OnnxModel:
+    folder = path.parent.parent
+    written = [folder / f for f in CONFIG_FILES if (folder / f).exists()]
     try:
-        return OnnxModel(name, version, path, config, labels)
+        model = OnnxModel(name, version, path, config, labels)
     except ValueError as exc:  # ours: the config disagrees with the graph
-        folder = path.parent.parent
-        written = next((folder / f for f in CONFIG_FILES if (folder / f).exists()), folder)
-        raise ConfigError(f"{written}: {exc}") from exc
+        raise ConfigError(f"{(written or [folder])[0]}: {exc}") from exc
     except Exception as exc:  # onnxruntime raises several unrelated types
         raise ConfigError(f"{path}: cannot load: {exc}") from exc
+    digest = _digest([path, *written], labels)
+    model.reported_config.parameters[DIGEST_PARAMETER].string_value = digest
+    return model
+
+
+def _digest(files: list[Path], labels: dict[str, list[str]]) -> str:
+    """SHA-256 of what decides the model's answers: its graph, its config file, its labels.
+    The same files give the same digest on every replica."""
+    digest = hashlib.sha256()
+    for path in files:
+        with path.open("rb") as f:
+            digest.update(hashlib.file_digest(f, "sha256").digest())
+    for name in sorted(labels):
+        digest.update("\n".join([name, *labels[name], ""]).encode())
+    return digest.hexdigest()
 
 
 def _versions(model_dir: Path, required: bool) -> list[OnnxModel]:

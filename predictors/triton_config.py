@@ -52,6 +52,11 @@ def read(path: Path) -> ModelConfig:
 
 def convert(config: pb.ModelConfig) -> ModelConfig:
     """Triton's fields as the predictor's; ValueError naming a value it cannot honour."""
+    if config.parameters:  # Triton's backends read them; this server would ignore them
+        raise ValueError(
+            f"field 'parameters' ({', '.join(sorted(config.parameters))}) is not supported "
+            "by this server; remove it or serve the model with Triton"
+        )
     if config.platform not in PLATFORMS or config.backend not in BACKENDS:
         raise ValueError(
             f"platform '{config.platform}' / backend '{config.backend}': this server runs "

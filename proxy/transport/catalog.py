@@ -2,8 +2,9 @@
 `check_s` per model, and shared by all that read it: the caches' keys (a model's fingerprint),
 the wiring check of a refused call, and the v2 door's check of a forwarded call.
 
-So a model reloaded with other tensors or in a new version, or another server put at the same
-address, is seen by all three within `check_s`. Before there was one catalog, the door kept
+So a model reloaded with other tensors, in a new version or replaced in place (its
+configuration's digest of its files: predictors/repository.py), or another server put at the
+same address, is seen by all three within `check_s`. Before there was one catalog, the door kept
 a forwarded model's first answer until the proxy restarted: it refused calls a reloaded
 model took.
 """
@@ -13,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+
+from grpc import aio
 
 from protos import pb
 from proxy.transport.fresh import Fresh
@@ -25,8 +28,12 @@ Key = tuple[str, str, str]
 @dataclass(frozen=True, slots=True)
 class Described:
     meta: pb.ModelMetadataResponse
+    config: pb.ModelConfig | None
+    """None where the server has no ModelConfig (Triton's extension, not the v2 core)."""
     fingerprint: bytes
-    """The metadata serialised deterministically: what a cache key covers of the model."""
+    """Both serialised deterministically: what a cache key covers of the model. Our
+    predictors report a digest of the files they loaded in the config's parameters, so a
+    model replaced in place (the same version, other weights) changes it too."""
 
 
 class Catalog:
@@ -75,9 +82,20 @@ class Catalog:
 
     async def _ask(self, key: Key) -> tuple[Described | None]:
         try:
-            meta = await self.services.metadata(*key, self.timeout_s)
+            meta, config = await asyncio.gather(
+                self.services.metadata(*key, self.timeout_s), self._config(key)
+            )
         except Exception:  # unreachable, frozen, unknown model: it cannot say
             self._unknown.setdefault(key, time.monotonic())
             return (None,)
         self._unknown.pop(key, None)
-        return (Described(meta, meta.SerializeToString(deterministic=True)),)
+        fingerprint = meta.SerializeToString(deterministic=True)
+        if config is not None:
+            fingerprint += config.SerializeToString(deterministic=True)
+        return (Described(meta, config, fingerprint),)
+
+    async def _config(self, key: Key) -> pb.ModelConfig | None:
+        try:
+            return (await self.services.config(*key, self.timeout_s)).config
+        except aio.AioRpcError:  # a server without Triton's extension (MLServer's may lack it)
+            return None

@@ -116,6 +116,15 @@ class Services:
             return False, f"{exc.code().name}: {exc.details()}"
         return True, ""
 
+    async def config(
+        self, address: str, model: str, version: str, timeout: float
+    ) -> pb.ModelConfigResponse:
+        """The model's ModelConfig (Triton's extension); raises aio.AioRpcError."""
+        request = pb.ModelConfigRequest(name=model, version=version)
+        return await self.channels.unary(
+            address, "ModelConfig", request, pb.ModelConfigResponse, timeout
+        )
+
     async def metadata(
         self, address: str, model: str, version: str, timeout: float
     ) -> pb.ModelMetadataResponse:

@@ -214,10 +214,23 @@ LINEAR_PIPELINE = {
 }
 
 
-async def test_the_proxy_follows_a_reloaded_model(started, repo: Path, tmp_path: Path) -> None:
-    """A cached pipeline on a predictor that reloads its model: once the new version serves,
-    the proxy answers from it within PROXY_CACHE_CHECK_MS, never from the old version's
-    cached answers (the cache key covers the model's metadata: proxy/transport/catalog.py)."""
+def _replace_in_place(repo: Path, weights_of: int) -> None:
+    """Version 1's model.onnx swapped for other weights, same version number (a retrained
+    model copied over the old one), in one rename."""
+    _write(repo / ".staging", "linear", 9, linear_model(weights_of), CONFIG)
+    (repo / ".staging" / "linear" / "9" / "model.onnx").rename(repo / "linear" / "1" / "model.onnx")
+
+
+@pytest.mark.parametrize("how", ["new version", "replaced in place"])
+async def test_the_proxy_follows_a_reloaded_model(
+    started, repo: Path, tmp_path: Path, how: str
+) -> None:
+    """A cached pipeline on a predictor that reloads its model: once the new model serves,
+    the proxy answers from it within PROXY_CACHE_CHECK_MS, never from the old one's cached
+    answers. The cache key covers the model's metadata and configuration
+    (proxy/transport/catalog.py); a model replaced in place keeps its version and tensors,
+    and only the digest of its files in the configuration tells it apart: before that, the
+    proxy kept answering the old model's cached answers for their whole TTL."""
     _add_version(repo, "linear", 1)
     service, stub = started("--model-control-mode", "poll", "--repository-poll-secs", "0.2")
     path = tmp_path / "pipelines.yaml"
@@ -236,8 +249,13 @@ async def test_the_proxy_follows_a_reloaded_model(started, repo: Path, tmp_path:
         async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
             first = await client.post("/v1/pipelines/lin/infer", json=body)
             again = await client.post("/v1/pipelines/lin/infer", json=body)
-            _add_version(repo, "linear", 2)
-            await asyncio.to_thread(_until, lambda: answer(stub)[0] == "2")
+            if how == "new version":
+                _add_version(repo, "linear", 2)
+            else:
+                _replace_in_place(repo, weights_of=2)
+            await asyncio.to_thread(
+                _until, lambda: np.allclose(answer(stub)[1], expected("2"), rtol=1e-5)
+            )
             await asyncio.sleep(0.3)  # past PROXY_CACHE_CHECK_MS
             after = await client.post("/v1/pipelines/lin/infer", json=body)
     assert first.headers["x-cache"] == "miss" and again.headers["x-cache"] == "hit"

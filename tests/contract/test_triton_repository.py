@@ -101,6 +101,10 @@ def test_reshape_as_in_tritons_densenet_example(stub) -> None:
     ("change", "named"),
     [
         (("max_batch_size: 8\n", "max_batch_size: 8\noptimization { }\n"), "'optimization'"),
+        (
+            ("max_batch_size: 8\n", 'max_batch_size: 8\nparameters { key: "k" value { } }\n'),
+            "'parameters' (k)",
+        ),
         (("kind: KIND_CPU", "kind: KIND_GPU"), "KIND_GPU"),
         (("max_queue_size: 64", "default_timeout_microseconds: 1000"), "default_timeout"),
         (('platform: "onnxruntime_onnx"', 'platform: "tensorflow_savedmodel"'), "ONNX models"),

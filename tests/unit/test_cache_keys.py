@@ -9,6 +9,7 @@ import hashlib
 import numpy as np
 import pytest
 
+from predictors.repository import DIGEST_PARAMETER
 from protos import grpc_predict_v2_pb2 as pb
 from proxy.engine.cache import keys
 from proxy.engine.cache.fingerprints import Fingerprints
@@ -19,15 +20,24 @@ TARGET = Target("PREPROCESS_URL", "127.0.0.1:1", "digits_input")
 
 
 class Services:
-    """The one call Fingerprints makes: a model's metadata, here of a fixed version."""
+    """What the catalog asks: a model's metadata, here of a fixed version, and its
+    configuration, with the digest of its files a predictor reports."""
 
     def __init__(self, version: str) -> None:
         self.version = version
+        self.digest = "a" * 64
 
     async def metadata(
         self, address: str, model: str, version: str, timeout_s: float
     ) -> pb.ModelMetadataResponse:
         return pb.ModelMetadataResponse(name=model, versions=[self.version], platform="onnx")
+
+    async def config(
+        self, address: str, model: str, version: str, timeout_s: float
+    ) -> pb.ModelConfigResponse:
+        answer = pb.ModelConfigResponse(config=pb.ModelConfig(name=model, max_batch_size=64))
+        answer.config.parameters[DIGEST_PARAMETER].string_value = self.digest
+        return answer
 
 
 def one(*elements: object) -> np.ndarray:
@@ -169,3 +179,16 @@ async def test_a_new_model_version_changes_the_key_once_its_fingerprint_is_asked
     after = await key(inputs, prints)
     assert after is not None and after != before
     assert after == await key(inputs, fingerprints("2"))
+
+
+async def test_a_model_replaced_in_place_changes_the_key_once_asked_again() -> None:
+    """The same version number, other files (weights, labels): the digest a predictor
+    reports in its configuration changes, and with it the key."""
+    services = Services("1")
+    prints = Fingerprints(Catalog(services, check_s=0.05, timeout_s=1.0))  # type: ignore[arg-type]
+    inputs = {"image": one(b"\x89PNG" + bytes(range(50)))}
+    before = await key(inputs, prints)
+    services.digest = "b" * 64
+    await asyncio.sleep(0.1)
+    after = await key(inputs, prints)
+    assert before is not None and after is not None and after != before
