@@ -13,7 +13,8 @@ their place in one step. A request goes to the versions serving when it arrives.
 A version taken out of service is retired: no new request reaches it, it finishes the
 requests it holds (up to `grace_s`), then it stops. So a reload under load fails no
 request. A load that fails leaves the versions serving as they were, and says why: in the
-RPC's error, and in poll mode in a log line and the repository index's `reason`.
+RPC's error (in poll mode a log line), in `v2_model_load_failing` until a load succeeds, and
+for a model not serving at all in the repository index's `reason`.
 """
 
 from __future__ import annotations
