@@ -11,13 +11,9 @@ from predictors.onnx_model import OnnxModel
 from v2server.model import Served
 from v2server.registry import Registry
 from v2server.served import ServedModel
+from v2server.triton import DIGEST_PARAMETER
 
 MODEL_FILE = "model.onnx"
-DIGEST_PARAMETER = "mesh.sha256"
-"""Reported in the model's configuration (ModelConfig.parameters): a digest of the files it
-was loaded from. The proxy's catalog reads the configuration with the metadata, so a model
-replaced in place (the same version number, other weights) is seen as changed: its cached
-answers are never served for the new one."""
 
 
 def _version_dirs(model_dir: Path) -> dict[int, Path]:

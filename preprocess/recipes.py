@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -14,6 +15,7 @@ from preprocess import config as cfg
 from preprocess import images as imgs
 from preprocess.ops import OPS, PER_IMAGE, decode
 from preprocess.state import State
+from protos.version import VERSION
 from v2server.config import TensorConfig
 from v2server.model import Scheduling, TensorSpec
 from v2server.policy import payload_bytes
@@ -58,6 +60,9 @@ class Recipe:
         self.name = name
         self.config = config
         self.limits = limits
+        self.digest = _digest(config, limits)
+        """What decides its answers: its definition, the image limits and the mesh's release
+        (the operations' code), digested; in its ModelConfig (v2server/triton.py)."""
         self.inputs = _specs(config.inputs)
         self.outputs = _specs(config.outputs)
         self.scheduling = replace(scheduling or Scheduling(), max_batch_size=config.max_batch_size)
@@ -128,6 +133,21 @@ class Recipe:
 
     def warmup_inputs(self) -> None:
         return None  # a recipe needs an image; the first request pays OpenCV's set-up
+
+
+def _digest(config: cfg.RecipeConfig, limits: imgs.ImageLimits) -> str:
+    """The same on every replica: a `_file` parameter counts by its content, not its path."""
+    steps = []
+    for step in config.steps:
+        ((op, params),) = step.items()
+        counted = {k: _content(v) if k.endswith("_file") else v for k, v in params.items()}
+        steps.append({op: counted})
+    definition = config.model_copy(update={"steps": steps}).model_dump_json()
+    return hashlib.sha256("\n".join((VERSION, definition, repr(limits))).encode()).hexdigest()
+
+
+def _content(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def _decoded_input(steps: list[tuple[str, dict]]) -> str:

@@ -27,6 +27,8 @@ class ServedModel:
         self.inputs: Sequence[TensorSpec] = runnable.inputs
         self.outputs: Sequence[TensorSpec] = runnable.outputs
         self.labels = runnable.labels
+        self.digest: str | None = getattr(runnable, "digest", None)
+        """What decides its answers, digested (v2server/triton.py: DIGEST_PARAMETER)."""
         self.reported_config = getattr(runnable, "reported_config", None)
         """The Triton config the model was loaded from, when it has one (v2server/triton.py)."""
         self.scheduling: Scheduling = runnable.scheduling

@@ -29,6 +29,14 @@ EXTENSIONS = [
 _BACKENDS = {"onnxruntime_onnx": "onnxruntime"}
 
 
+DIGEST_PARAMETER = "mesh.sha256"
+"""Reported in a model's configuration (ModelConfig.parameters): a digest of what decides its
+answers (a predictor's files, a recipe's definition). The proxy's catalog reads the
+configuration with the metadata, so a model changed without a new version or other tensors
+(weights replaced in place, a recipe's parameters edited) is seen as changed: its cached
+answers are never served for the new one."""
+
+
 def model_config(model: Served) -> pb.ModelConfig:
     """Triton's view of a model: the config it was loaded from when it reports one (a
     predictor's `reported_config`: every honoured field as written, predictors/reported.py),
@@ -56,6 +64,8 @@ def model_config(model: Served) -> pb.ModelConfig:
         )
         if scheduling.preferred_batch_size:
             config.dynamic_batching.preferred_batch_size.append(scheduling.preferred_batch_size)
+    if digest := getattr(model, "digest", None):
+        config.parameters[DIGEST_PARAMETER].string_value = digest
     return config
 
 

@@ -21,6 +21,8 @@ from preprocess.settings import DEFAULT_RECIPES
 from protos import media
 from protos.errors import InvalidInput
 from samples.images import encode, render_lines
+from v2server import triton
+from v2server.served import ServedModel
 
 ROOT = Path(__file__).resolve().parents[2]
 ALPHABET = charset(ROOT / "models/repository/ocr_rec/characters.txt")
@@ -483,3 +485,24 @@ def test_bounds_of_another_rank_than_the_shape_stop_the_file(tmp_path: Path) -> 
     )
     with pytest.raises(cfg.RecipeFileError, match=r"max_shape \[1, 2, 3\] has 3 dimensions"):
         cfg.parse(bad)
+
+
+def test_a_recipe_edited_is_told_apart_by_its_digest(tmp_path: Path) -> None:
+    """A recipe's parameters edited keep its version and tensors: only the digest in its
+    ModelConfig tells the proxy's caches that its outputs changed (v2server/triton.py)."""
+    text = DEFAULT_RECIPES.read_text()
+    edited = tmp_path / "recipes.yaml"
+    edited.write_text(
+        text.replace("crop_to_ink: {trim: 0.005}", "crop_to_ink: {trim: 0.01}").replace(
+            "../models/", f"{DEFAULT_RECIPES.parent.parent}/models/"
+        )
+    )
+    before, again = recipe_file.load(DEFAULT_RECIPES), recipe_file.load(DEFAULT_RECIPES)
+    after = recipe_file.load(edited)
+    assert before["digits_input"].digest == again["digits_input"].digest
+    assert after["digits_input"].digest != before["digits_input"].digest
+    assert after["ocr_det_input"].digest == before["ocr_det_input"].digest  # untouched
+    # A `_file` parameter counts by its content, wherever the file is.
+    assert after["ocr_ctc_decode"].digest == before["ocr_ctc_decode"].digest
+    config = triton.model_config(ServedModel(after["digits_input"]))
+    assert config.parameters[triton.DIGEST_PARAMETER].string_value == after["digits_input"].digest
