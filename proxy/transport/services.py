@@ -66,13 +66,7 @@ class Services:
         address, model, version = key
         token = breaker.sending(model) if breaker is not None else 0
         try:
-            reply = await self.channels.unary(
-                address,
-                "ModelConfig",
-                pb.ModelConfigRequest(name=model, version=version),
-                pb.ModelConfigResponse,
-                timeout,
-            )
+            reply = await self.config(address, model, version, timeout)
             size = max(0, reply.config.max_batch_size)
         except aio.AioRpcError as exc:
             if breaker is not None:
