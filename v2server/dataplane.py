@@ -10,6 +10,7 @@ import asyncio
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,12 +18,14 @@ from protos import codec, messages, pb, wire
 from protos.codec import TensorLimits
 from protos.errors import DeadlineExceeded, InvalidInput, NotFound, Unavailable, Unsupported
 from v2server import triton
-from v2server.control import ModelControl
 from v2server.deadline import within
 from v2server.model import TensorSpec
 from v2server.registry import Registry
 from v2server.shm import SharedMemory
 from v2server.validation import check_declared
+
+if TYPE_CHECKING:  # a proxy imports this module, never model control (its metrics)
+    from v2server.control import ModelControl
 
 _NONE: frozenset[str] = frozenset()
 

@@ -9,6 +9,7 @@ import logging
 import signal
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import uvloop
 from grpc import aio
@@ -18,7 +19,6 @@ from protos import heap
 from protos.channels import SERVICE_NAME
 from protos.tls import TLSConfigError, server_credentials
 from v2server import metrics
-from v2server.control import ModelControl
 from v2server.dataplane import DataPlane
 from v2server.interceptors import ErrorMappingInterceptor, InFlight
 from v2server.metrics import BindError, serve_metrics
@@ -26,6 +26,9 @@ from v2server.model import LoadError
 from v2server.registry import Registry
 from v2server.servicer import InferenceServicer, rpc_handler
 from v2server.settings import ServerSettings
+
+if TYPE_CHECKING:  # a proxy imports this module, never model control (its metrics)
+    from v2server.control import ModelControl
 
 log = logging.getLogger("v2server")
 

@@ -19,7 +19,8 @@ def test_the_proxy_never_imports_the_services_or_the_batcher() -> None:
         "import sys, proxy.app, proxy.__main__; "
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in "
         "('predictors', 'preprocess', 'onnxruntime', 'cv2') or m in "
-        "('v2server.batcher', 'v2server.served', 'v2server.batchmetrics')); "
+        "('v2server.batcher', 'v2server.served', 'v2server.batchmetrics', "
+        "'v2server.control')); "
         "print(loaded); sys.exit(bool(loaded))"
     )
     done = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True)
