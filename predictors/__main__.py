@@ -7,7 +7,7 @@ import sys
 from predictors import repository
 from predictors.settings import TRITON_FLAGS, PredictorSettings
 from protos import logs, tracing
-from protos.cli import renamed, settings_from
+from protos.cli import joined, renamed, settings_from
 from protos.version import VERSION
 from v2server.control import ModelControl
 from v2server.server import run_service
@@ -15,7 +15,7 @@ from v2server.server import run_service
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    settings = settings_from(PredictorSettings, renamed(args, TRITON_FLAGS))
+    settings = settings_from(PredictorSettings, joined(renamed(args, TRITON_FLAGS), "--load-model"))
     logs.configure(settings.log_level)
     tracing.setup("predictor")
     models = repository.registry(settings.repository, settings.loaded_at_start())

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from predictors.config import CONFIG_FILES, ConfigError, ModelConfig, load_config
 from predictors.onnx_model import OnnxModel
+from protos.errors import few
 from v2server.model import Served
 from v2server.registry import Registry
 from v2server.served import ServedModel
@@ -90,7 +91,7 @@ def discover(root: Path, only: list[str] | None = None) -> list[OnnxModel]:
     missing = [m for m in wanted if m not in folders]
     if missing:
         raise ConfigError(
-            f"model repository {root} has no model {missing} (it has {sorted(folders)})"
+            f"model repository {root} has no model {missing} (it has {few(sorted(folders))})"
         )
     models = [m for name in wanted for m in _versions(folders[name], required=bool(only))]
     if not models:

@@ -39,8 +39,8 @@ class PredictorSettings(ServerSettings):
     repository_poll_secs: float = Field(default=15.0, gt=0)
     """How often `poll` mode reads the repository again."""
     load_model: str = ""
-    """`explicit` mode: comma-separated models loaded at start (`*`: every one); none if
-    empty."""
+    """`explicit` mode: the models loaded at start, comma-separated or the flag repeated as
+    Triton takes it (`*`: every one); none if empty."""
 
     @model_validator(mode="after")
     def _load_model_is_explicit(self) -> PredictorSettings:

@@ -34,6 +34,21 @@ def renamed(argv: list[str], aliases: dict[str, str]) -> list[str]:
     return out
 
 
+def joined(argv: list[str], flag: str) -> list[str]:
+    """`argv` with every `--flag value` (or `--flag=value`) given as one `--flag v1,v2`, as
+    Triton takes a repeated `--load-model`; a setting read once would keep the last alone."""
+    values, rest, args = [], [], iter(argv)
+    for arg in args:
+        name, eq, value = arg.partition("=")
+        if name != flag:
+            rest.append(arg)
+        elif eq:
+            values.append(value)
+        else:
+            values.append(next(args, ""))
+    return [*rest, flag, ",".join(values)] if values else rest
+
+
 def settings_from(cls: type[B], argv: list[str], **kwargs: Any) -> B:
     """The settings of a command line and the environment; on a value that does not fit, each
     problem on stderr, naming the flag and its variable, and exit status 2 (a typo in a

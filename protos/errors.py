@@ -83,3 +83,10 @@ class Downstream(MeshError):
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+def few(items: list[str], most: int = 20) -> str:
+    """`items` for a message: the first `most`, then how many more (a repository pointed at
+    a crowded folder listed hundreds of names in one log line)."""
+    shown = ", ".join(items[:most])
+    return shown + (f" and {len(items) - most} more" if len(items) > most else "")

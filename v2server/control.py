@@ -25,7 +25,7 @@ import logging
 from collections.abc import Iterable
 from typing import Literal, Protocol
 
-from protos.errors import InvalidInput, NotFound, Unsupported
+from protos.errors import InvalidInput, NotFound, Unsupported, few
 from protos.metric_types import Counter, Gauge
 from v2server import metrics
 from v2server.model import LoadError, Served
@@ -163,7 +163,7 @@ class ModelControl:
         assert self.repository is not None
         names = await asyncio.to_thread(self.repository.names)
         if name not in names:
-            raise NotFound(f"model repository has no model '{name}' (it has {names})")
+            raise NotFound(f"model repository has no model '{name}' (it has {few(names)})")
         return names
 
     # ------------------------------------------------------------ loading and retiring

@@ -7,7 +7,8 @@ import pytest
 
 from predictors.settings import PredictorSettings
 from preprocess.settings import PreprocessSettings
-from protos.cli import settings_from
+from protos.cli import joined, settings_from
+from protos.errors import few
 from proxy.settings import ProxySettings
 
 
@@ -61,3 +62,24 @@ def test_settings_that_fit_are_read() -> None:
     )
     assert settings.loaded_at_start() is None  # every model
     assert settings_from(PredictorSettings, []).model_control_mode == "none"
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            ["--load-model", "a", "--port", "1", "--load-model=b"],
+            ["--port", "1", "--load-model", "a,b"],
+        ),
+        (["--port", "1"], ["--port", "1"]),
+        (["--load-model", "*"], ["--load-model", "*"]),
+    ],
+)
+def test_a_repeated_load_model_loads_every_one_named(argv: list[str], expected: list[str]) -> None:
+    """Triton's command lines repeat --load-model; read once, only the last was loaded."""
+    assert joined(argv, "--load-model") == expected
+
+
+def test_a_long_list_is_named_in_part() -> None:
+    assert few([f"m{i}" for i in range(3)]) == "m0, m1, m2"
+    assert few([f"m{i}" for i in range(25)], most=2) == "m0, m1 and 23 more"
