@@ -217,7 +217,9 @@ class ProxyPlane(DataPlane):
         self._versions[name] = list(meta.versions)
         specs = tuple(TensorSpec(t.name, t.datatype, tuple(t.shape)) for t in meta.inputs)
         outputs = tuple(TensorSpec(t.name, t.datatype, tuple(t.shape)) for t in meta.outputs)
-        rows = await self.services.batch_size(address, name, version, self.ready_timeout_s)
+        # The catalog asked the model's configuration too; a server without Triton's
+        # extension has none, and its rows are then not checked here (0), as before.
+        rows = max(0, described.config.max_batch_size) if described.config is not None else 0
         # A server that declares no inputs (MLServer may not) leaves the check to itself.
         signature = Signature(name, specs, rows, outputs) if specs else None
         self._signatures[key] = (described, signature)

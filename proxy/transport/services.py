@@ -66,8 +66,7 @@ class Services:
         address, model, version = key
         token = breaker.sending(model) if breaker is not None else 0
         try:
-            reply = await self.config(address, model, version, timeout)
-            size = max(0, reply.config.max_batch_size)
+            await self.config(address, model, version, timeout)  # records the size
         except aio.AioRpcError as exc:
             if breaker is not None:
                 breaker.missed(token, exc.code(), exc.details() or "", model)
@@ -77,16 +76,15 @@ class Services:
                     return 0  # asked again next time
                 self._batch_sizes[key] = (known[0], time.monotonic())  # and in refresh_s
                 return known[0]
-            size = 0  # it cannot say (no ModelConfig): taken as not batching
+            self._batch_sizes[key] = (0, time.monotonic())  # it cannot say (no ModelConfig)
+            return 0
         except BaseException:
             if breaker is not None:
                 breaker.forget(token)
             raise
-        else:
-            if breaker is not None:
-                breaker.answered(token)
-        self._batch_sizes[key] = (size, time.monotonic())
-        return size
+        if breaker is not None:
+            breaker.answered(token)
+        return self._batch_sizes[key][0]
 
     async def ready(self, address: str, model: str | None, timeout: float) -> tuple[bool, str]:
         """(ready, why not) from ServerReady / ModelReady."""
@@ -115,9 +113,14 @@ class Services:
     ) -> pb.ModelConfigResponse:
         """The model's ModelConfig (Triton's extension); raises aio.AioRpcError."""
         request = pb.ModelConfigRequest(name=model, version=version)
-        return await self.channels.unary(
+        reply = await self.channels.unary(
             address, "ModelConfig", request, pb.ModelConfigResponse, timeout
         )
+        # Whoever asked (the catalog every PROXY_CACHE_CHECK_MS, or batch_size's own
+        # refresh), the batch size is known afresh: it is not asked again in its period.
+        size = max(0, reply.config.max_batch_size)
+        self._batch_sizes[(address, model, version)] = (size, time.monotonic())
+        return reply
 
     async def metadata(
         self, address: str, model: str, version: str, timeout: float
