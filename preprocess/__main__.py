@@ -6,26 +6,39 @@ import sys
 
 import cv2
 
-from preprocess import recipes
+from preprocess.repository import RecipeRepository
 from preprocess.settings import PreprocessSettings
 from protos import logs, tracing
-from protos.cli import settings_from
+from protos.cli import joined, settings_from
 from protos.version import VERSION
+from v2server.control import ModelControl
 from v2server.server import run_service
 
 
 def main(argv: list[str] | None = None) -> int:
-    settings = settings_from(PreprocessSettings, sys.argv[1:] if argv is None else argv)
+    settings = settings_from(
+        PreprocessSettings, joined(sys.argv[1:] if argv is None else argv, "--load-model")
+    )
     logs.configure(settings.log_level)
     tracing.setup("preprocess")
     cv2.setNumThreads(1)  # parallelism comes from the worker threads
+    repository = RecipeRepository(
+        settings.config, settings.workers, settings.max_queue_size, settings.inline_below_ms
+    )
+    models = repository.registry(settings.loaded_at_start())
+    control = ModelControl(
+        models,
+        repository,
+        settings.model_control_mode,
+        poll_s=settings.repository_poll_secs,
+        grace_s=settings.grace_s,
+    )
     return run_service(
-        recipes.registry(
-            settings.config, settings.workers, settings.max_queue_size, settings.inline_below_ms
-        ),
+        models,
         settings,
         server_name="inference-mesh-preprocess",
         server_version=VERSION,
+        control=control,
     )
 
 

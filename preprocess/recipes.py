@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import inspect
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,8 +18,6 @@ from protos.version import VERSION
 from v2server.config import TensorConfig
 from v2server.model import Scheduling, TensorSpec
 from v2server.policy import payload_bytes
-from v2server.registry import Registry
-from v2server.served import ServedModel
 
 INLINE_MAX_BYTES = 64 * 1024
 """Small uploads of quick recipes skip the thread hand-off..."""
@@ -171,21 +168,3 @@ def load(path: Path, scheduling: Scheduling | None = None) -> dict[str, Recipe]:
     parsed = cfg.load(path)
     limits = imgs.ImageLimits(**parsed.limits.model_dump())
     return {name: Recipe(name, rc, limits, scheduling) for name, rc in parsed.recipes.items()}
-
-
-def registry(
-    path: Path, workers: int = 2, max_queue: int = 256, inline_below_ms: float = 0.0
-) -> Registry:
-    """Every recipe of the file, all sharing one pool of `workers` threads."""
-    scheduling = Scheduling(
-        instances=workers,
-        max_queue=max_queue,
-        inline_below_s=inline_below_ms / 1000,
-        inline_max_bytes=INLINE_MAX_BYTES,
-    )
-    pool = ThreadPoolExecutor(workers, thread_name_prefix="recipe")
-    return Registry(
-        lambda: [ServedModel(r, pool) for r in load(path, scheduling).values()],
-        noun="recipe",
-        executor=pool,
-    )

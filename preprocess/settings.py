@@ -7,13 +7,13 @@ from pathlib import Path
 from pydantic_settings import SettingsConfigDict
 
 from protos.cli import with_env_names
-from v2server.settings import ServerSettings
+from v2server.settings import ControlledSettings
 
 DEFAULT_RECIPES = Path(__file__).resolve().parent / "recipes.yaml"
 
 
 @with_env_names
-class PreprocessSettings(ServerSettings):
+class PreprocessSettings(ControlledSettings):
     model_config = SettingsConfigDict(
         env_prefix="PREPROCESS_", cli_prog_name="python -m preprocess"
     )
@@ -21,7 +21,8 @@ class PreprocessSettings(ServerSettings):
     port: int = 8002
     """gRPC port; 0 picks a free one (see port_file)."""
     config: Path = DEFAULT_RECIPES
-    """The recipe file."""
+    """The recipe file: the service's repository, each recipe a model (model control reads it
+    again while the service runs: --model-control-mode)."""
     workers: int = 2
     """Threads running recipes (OpenCV itself runs single-threaded in each)."""
     inline_below_ms: float = 2.0

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from protos.codec import TensorLimits
@@ -93,3 +95,45 @@ class ServerSettings(BaseSettings):
 
     def tensor_limits(self) -> TensorLimits:
         return TensorLimits(max_elements=self.max_tensor_elements, max_inputs=self.max_inputs)
+
+
+class ControlledSettings(ServerSettings):
+    """A service whose models come from a repository it can read again while it runs
+    (v2server/control.py): the predictors' model folders, the preprocess service's recipe
+    file."""
+
+    model_control_mode: Literal["none", "explicit", "poll"] = "none"
+    """As Triton's: `none`, the models loaded at start until the service stops; `explicit`,
+    models loaded, reloaded and unloaded by RepositoryModelLoad / RepositoryModelUnload
+    (tritonclient's load_model, unload_model), those of --load-model at start; `poll`, the
+    repository read again every --repository-poll-secs (changed models reloaded, new ones
+    loaded, removed ones unloaded). A reload fails no request (docs/services.md)."""
+    repository_poll_secs: float = Field(default=15.0, gt=0)
+    """How often `poll` mode reads the repository again."""
+    load_model: str = ""
+    """`explicit` mode: the models loaded at start, comma-separated or the flag repeated as
+    Triton takes it (`*`: every one); none if empty."""
+
+    @model_validator(mode="after")
+    def _load_model_is_explicit(self) -> ControlledSettings:
+        if self.load_model.strip() and self.model_control_mode != "explicit":
+            raise ValueError(
+                f"--load-model names the models loaded at start in explicit mode; with "
+                f"--model-control-mode {self.model_control_mode} every model is loaded"
+            )
+        return self
+
+    def model_list(self) -> list[str] | None:
+        """The models this service may serve at all; None: every one of its repository."""
+        return None
+
+    def loaded_at_start(self) -> list[str] | None:
+        """The models loaded at start: those of --load-model in explicit mode (None: all
+        those served)."""
+        if self.model_control_mode != "explicit":
+            return self.model_list()
+        named = [m.strip() for m in self.load_model.split(",") if m.strip()]
+        if "*" in named:
+            return self.model_list()
+        served = self.model_list()
+        return [m for m in named if served is None or m in served]

@@ -30,6 +30,13 @@ from proxy.settings import ProxySettings
         ),
         (
             PreprocessSettings,
+            ["--load-model", "digits_input"],
+            {"PREPROCESS_MODEL_CONTROL_MODE": "poll"},
+            "invalid settings: --load-model names the models loaded at start in explicit mode; "
+            "with --model-control-mode poll every model is loaded",
+        ),
+        (
+            PreprocessSettings,
             [],
             {"PREPROCESS_WORKERS": "four"},
             "invalid setting --workers (PREPROCESS_WORKERS): Input should be a valid integer",
