@@ -154,6 +154,19 @@ def table(
                 "openapi_extra": schemas.json_body(schemas.IndexRequest, required=False),
             },
         ),
+        *(
+            Route(
+                "POST",
+                f"/v2/repository/models/{{model}}/{action}",
+                endpoint,
+                {
+                    "tags": ["v2"],
+                    "summary": f"Refused (501): a model is {action}ed by the service serving it",
+                    "responses": schemas.errors(401, 501),
+                },
+            )
+            for action, endpoint in (("load", v2.load), ("unload", v2.unload))
+        ),
         Route("GET", "/v2/models/stats", v2.statistics, v2_stats),
         *per_model("", v2.metadata, v2_model),
         *per_model("/ready", v2.model_ready, v2_ready),

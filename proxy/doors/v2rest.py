@@ -106,6 +106,19 @@ class V2Endpoints:
         answer = await _asked(self.plane.repository_index(ready))
         return json_response(v2answers.message(answer).get("models", []))
 
+    async def load(self, model: str) -> Response:
+        """POST /v2/repository/models/{model}/load (Triton's repository extension), refused
+        as the gRPC door refuses it: the pipelines come from the proxy's file, and a model
+        is loaded by the service that serves it (its model control). Without the route,
+        tritonclient.http's load_model read 404, as if the model were unknown."""
+        await _asked(self.plane.load_model(model))
+        return json_response({})
+
+    async def unload(self, model: str) -> Response:
+        """POST /v2/repository/models/{model}/unload, refused as `load`."""
+        await _asked(self.plane.unload_model(model))
+        return json_response({})
+
     async def model_ready(self, model: str, version: str = "") -> Response:
         """GET /v2/models/{model}[/versions/{version}]/ready."""
         try:

@@ -213,6 +213,15 @@ async def test_forwarded_errors_and_unknown_names_read_as_on_the_grpc_door(clien
     assert "served: chain, double, parse, plain, plus1" in unknown.json()["error"]
 
 
+async def test_loading_a_model_is_refused_as_on_the_grpc_door(client) -> None:
+    """tritonclient.http's load_model and unload_model: 501 naming why, not 404."""
+    for action in ("load", "unload"):
+        r = await client.post(f"/v2/repository/models/plus1/{action}", json={})
+        assert r.status_code == 501, r.text
+        assert r.json()["code"] == "UNIMPLEMENTED"
+        assert f"has no model repository to {action} models from" in r.json()["error"]
+
+
 async def test_the_rest_door_may_serve_the_pipelines_only(servers, make_client) -> None:
     env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": await servers(*chain_models())}
     async with make_client(PIPES, env, v2_models="pipelines") as c:
