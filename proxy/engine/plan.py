@@ -18,7 +18,7 @@ from proxy.engine.definitions import (
     parse,
 )
 from proxy.engine.endpoints import Endpoint
-from proxy.engine.results import Renderer, compiled
+from proxy.engine.results import REFERENCE, Renderer, compiled
 from proxy.errors import DefinitionError
 from proxy.transport.target import Target
 
@@ -75,6 +75,7 @@ class Plan:
             if output.tensor.partition(".")[0] == "request":
                 raise DefinitionError(f"{where}: outputs name a step's tensor, not the request")
             _check_ref(output.tensor, self._known, set(), where)
+        _check_result(pipeline.result, self._known, self._inputs, f"pipeline '{name}', result")
         read_later = _producers(pipeline.result) | {
             _producers(o.tensor).pop() for o in (pipeline.outputs or {}).values()
         }
@@ -174,6 +175,33 @@ class Plan:
                     needed |= self._liveness(path, after)
             after = after | needed
         return after
+
+
+def _check_result(template: Any, known: set[str], inputs: set[str], where: str) -> None:
+    """Every reference of the result template names a step (or the request) and one tensor,
+    with at most one row index: a reference that could never match answered null, silently
+    (`step.out[0][0]` read a tensor named `out[0]`)."""
+    if isinstance(template, list):
+        for item in template:
+            _check_result(item, known, inputs, where)
+    elif isinstance(template, dict):
+        for key, value in template.items():
+            if key == "per_branch" and isinstance(value, str):
+                if value not in known:
+                    raise DefinitionError(f"{where}: per_branch '{value}' names no step")
+            elif key == "fields" and "per_branch" in template and isinstance(value, dict):
+                for field, ref in value.items():  # a branch's own tensors: no step before them
+                    _check_result(f"b.{ref}", {"b"}, set(), f"{where}, per_branch field '{field}'")
+            else:
+                _check_result(value, known, inputs, f"{where}.{key}")
+    elif isinstance(template, str):
+        match = REFERENCE.match(template)
+        if match is None or "[" in match["tensor"] or "]" in match["tensor"]:
+            raise DefinitionError(
+                f"{where}: '{template}' is not a reference <step>.<tensor> or "
+                "<step>.<tensor>[<row>] (a result holds references to tensors only)"
+            )
+        _check_ref(template, known, inputs, where)
 
 
 def _producers(template: Any) -> set[str]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-_REF = re.compile(r"^(?P<step>[A-Za-z0-9_\-]+)\.(?P<tensor>.+?)(?:\[(?P<index>-?\d+)\])?$")
+REFERENCE = re.compile(r"^(?P<step>[A-Za-z0-9_\-]+)\.(?P<tensor>.+?)(?:\[(?P<index>-?\d+)\])?$")
 
 
 def to_json(value: Any) -> Any:
@@ -67,7 +67,7 @@ def compiled(template: Any) -> Renderer:
 def _getter(ref: str, scoped: bool = False) -> Getter:
     """What `ref` ("step.tensor" or "step.tensor[i]") reads: the tensor or its i-th row, None
     when missing. `scoped`: read from one branch's outputs, keyed by the tensor alone."""
-    match = _REF.match(ref)
+    match = REFERENCE.match(ref)
     if not match:
         return lambda tensors: None
     key = match["tensor"] if scoped else f"{match['step']}.{match['tensor']}"

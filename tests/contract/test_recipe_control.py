@@ -6,6 +6,7 @@ every edge: tests/preprocess/test_recipe_repository.py."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -14,9 +15,12 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
+import yaml
 
 from compose.processes import start_service
 from protos import messages, pb, pb_grpc
+from proxy.app import create_app
+from proxy.settings import ProxySettings
 from tests.preprocess.test_recipe_repository import GRAY, image
 
 
@@ -111,4 +115,63 @@ def test_explicit_mode_loads_and_unloads_recipes(tmp_path: Path) -> None:
         with pytest.raises(grpc.RpcError) as gone:
             out(stub, "other")
         assert gone.value.code() == grpc.StatusCode.NOT_FOUND
+    assert service.stop() == 0
+
+
+GRAY_PIPELINE = {
+    "input": "image",
+    "accept": ["png"],
+    "cache": {"ttl_s": 300},
+    "steps": [
+        {
+            "call": {
+                "name": "gray",
+                "endpoint": "PREPROCESS_URL",
+                "model": "gray",
+                "inputs": {"image": "request.image"},
+            }
+        }
+    ],
+    "result": {"out": "gray.out[0]"},
+}
+
+
+async def test_the_proxy_follows_an_edited_recipe(tmp_path: Path) -> None:
+    """A cached pipeline over a recipe edited in place: the recipe keeps its version and its
+    tensors, and only its digest (the configuration's `mesh.sha256`) tells the proxy it
+    changed. Within PROXY_CACHE_CHECK_MS of the new recipe serving, the proxy answers from
+    it, never from the old recipe's cached answer."""
+    path = tmp_path / "recipes.yaml"
+    path.write_text(recipes(1.0))
+    args = ["--config", str(path), "--model-control-mode", "poll", "--repository-poll-secs", "0.2"]
+    service = start_service("preprocess", args, tmp_path)
+    pipelines = tmp_path / "pipelines.yaml"
+    pipelines.write_text(yaml.safe_dump({"pipelines": {"gray": GRAY_PIPELINE}}))
+    settings = ProxySettings(
+        pipelines=pipelines,
+        grpc_port=None,
+        jobs_workers=0,
+        jobs_url=f"sqlite:///{tmp_path / 'jobs.sqlite3'}",
+        cache_check_ms=200,
+    )
+    app = create_app(settings, {"PREPROCESS_URL": service.address})
+    png = image()[0]
+    headers = {"Content-Type": "image/png"}
+    with grpc.insecure_channel(service.address) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
+                url = "/v1/pipelines/gray/infer"
+                first = await client.post(url, content=png, headers=headers)
+                again = await client.post(url, content=png, headers=headers)
+                await asyncio.to_thread(replace, path, recipes(2.0))
+                await asyncio.to_thread(_until, lambda: out(stub) == 200.0)
+                await asyncio.sleep(0.3)  # past PROXY_CACHE_CHECK_MS
+                after = await client.post(url, content=png, headers=headers)
+    assert first.status_code == 200, first.text
+    assert first.headers["x-cache"] == "miss" and again.headers["x-cache"] == "hit"
+    assert again.json()["result"]["out"][0] == 100.0
+    assert after.status_code == 200, after.text
+    assert after.headers["x-cache"] == "miss" and after.json()["result"]["out"][0] == 200.0
     assert service.stop() == 0

@@ -88,6 +88,38 @@ def test_bad_definitions_are_explained(tmp_path: Path, steps: list, message: str
         load(tmp_path, {"p": {"steps": steps, "result": {}}})
 
 
+@pytest.mark.parametrize(
+    ("result", "message"),
+    [
+        ({"y": "a.y[0][0]"}, r"result\.y: 'a\.y\[0\]\[0\]' is not a reference"),
+        ({"y": "digits"}, "'digits' is not a reference"),
+        ({"rows": {"zip": {"y": "ghost.y"}}}, r"result\.rows\.zip\.y: reference 'ghost\.y'"),
+        ({"m": {"per_branch": "nope", "fields": {"y": "y[0]"}}}, "per_branch 'nope' names no"),
+        ({"m": {"per_branch": "a", "fields": {"y": "y[0][1]"}}}, "per_branch field 'y'"),
+        ({"z": "request.nothing"}, "request has no tensor 'nothing'"),
+    ],
+)
+def test_a_result_that_could_never_be_filled_is_refused(
+    tmp_path: Path, result: dict, message: str
+) -> None:
+    """Each of these answered null on every request; now the proxy does not start."""
+    with pytest.raises(DefinitionError, match=message):
+        load(tmp_path, {"p": {"steps": [step("a", "request.image")], "result": result}})
+
+
+def test_a_result_of_references_loads(tmp_path: Path) -> None:
+    result = {
+        "y": "a.y",
+        "first": "a.y[-1]",
+        "sent": "request.image",
+        "rows": {"zip": {"y": "a.y", "w": {"group": {"v": "a.v"}, "by": "a.line"}}},
+        "each": {"per_branch": "a", "fields": {"y": "y[0]"}},
+        "list": ["a.y", "a.z.w"],  # a tensor's name may hold dots
+    }
+    loaded = load(tmp_path, {"p": {"steps": [step("a", "request.image")], "result": result}})
+    assert loaded["p"].pipeline.result == result
+
+
 def test_endpoint_url_may_name_model_and_version(tmp_path: Path) -> None:
     plan = load(
         tmp_path, {"p": {"steps": [step("a", "request.image", endpoint="B_URL")], "result": {}}}

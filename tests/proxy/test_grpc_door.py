@@ -41,7 +41,7 @@ PIPES = {
         {"y": "b.y[0]"},
         outputs=OUTPUTS,
     ),
-    "plain": pipeline([call("a", "plus1", "parse")], {"sum": "a.y[0]", "note": "text"}),
+    "plain": pipeline([call("a", "plus1", "parse")], {"sum": "a.y[0]", "note": "a.missing"}),
 }
 
 
