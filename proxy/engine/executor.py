@@ -49,6 +49,11 @@ class Executor:
         for name, value in inputs.items():
             run.tensors[f"request.{name}"] = value
         await self._steps(run.plan.pipeline.steps, run)
+        if run.plan.result_reads:  # a few lookups; the metadata asked only when one misses
+            missing = [ref for ref in run.plan.result_reads if ref not in run.tensors]
+            if missing and (failed := await self.wiring.undeclared(run, missing)) is not None:
+                _failed(run, failed.step, failed.message)
+                raise failed
         return run
 
     def result(self, run: Run) -> object:
@@ -73,7 +78,11 @@ class Executor:
     ) -> dict[str, np.ndarray]:
         """One call of a step (`label`: the step, or `<parallel step>/<branch>`), timed and
         recorded under the status it ends with."""
-        feeds = {name: run.resolve(ref, label) for name, ref in step.inputs.items()}
+        try:
+            feeds = {name: run.resolve(ref, label) for name, ref in step.inputs.items()}
+        except StepError as exc:  # a tensor not there: the definition's fault, or the path's
+            missing = [ref for ref in step.inputs.values() if ref not in run.tensors]
+            raise (await self.wiring.undeclared(run, missing, label) or exc) from None
         spec = self._spec(step, label, target)
         with step_span(label, target) if tracing.ENABLED else tracing.NO_SPAN as span:
             start = time.perf_counter()

@@ -64,6 +64,8 @@ class Plan:
         self.targets: dict[str, Target] = {}
         """Call step name, or `<parallel step>/<branch>`, -> target."""
         self._known: set[str] = set()
+        self._asked: dict[str, list[str]] = {}
+        """Call step -> the outputs it asks for (empty: all its model has)."""
         self._inputs = set(pipeline.input_names())
         self._env = env
         self._walk(pipeline.steps)
@@ -76,6 +78,14 @@ class Plan:
                 raise DefinitionError(f"{where}: outputs name a step's tensor, not the request")
             _check_ref(output.tensor, self._known, set(), where)
         _check_result(pipeline.result, self._known, self._inputs, f"pipeline '{name}', result")
+        self.result_reads: tuple[str, ...] = tuple(
+            sorted(r for r in _references(pipeline.result) if r.partition(".")[0] in self._asked)
+        )
+        """The references of the result to a call step's tensors: each is checked once the
+        steps have run (Executor: one a step that ran does not declare is the pipeline's
+        configuration error, not a null)."""
+        for ref in self.result_reads:
+            self._check_asked(ref, f"pipeline '{name}', result")
         read_later = _producers(pipeline.result) | {
             _producers(o.tensor).pop() for o in (pipeline.outputs or {}).values()
         }
@@ -113,6 +123,7 @@ class Plan:
             where = self._claim(step.name)
             for ref in step.reads():
                 _check_ref(ref, self._known, self._inputs, where)
+                self._check_asked(ref, where)
             match step:
                 case CallStep():
                     self._call(step, where)
@@ -132,6 +143,19 @@ class Plan:
     def _call(self, step: CallStep, where: str) -> None:
         self.targets[step.name] = _target(step.endpoint, step.model, step.version, self._env, where)
         self._known.add(step.name)
+        self._asked[step.name] = step.outputs
+
+    def _check_asked(self, ref: str, where: str) -> None:
+        """A call step's tensor read that the step does not ask its model for."""
+        producer, _, tensor = ref.partition(".")
+        match = REFERENCE.match(ref)
+        tensor = match["tensor"] if match else tensor
+        asked = self._asked.get(producer)
+        if asked and tensor not in asked:
+            raise DefinitionError(
+                f"{where}: reads '{producer}.{tensor}', but step '{producer}' asks its model "
+                f"for {', '.join(asked)} only (its `outputs`)"
+            )
 
     def _parallel(self, step: ParallelStep, where: str) -> None:
         branches = {
@@ -202,6 +226,24 @@ def _check_result(template: Any, known: set[str], inputs: set[str], where: str) 
                 "<step>.<tensor>[<row>] (a result holds references to tensors only)"
             )
         _check_ref(template, known, inputs, where)
+
+
+def _references(template: Any) -> set[str]:
+    """The "step.tensor" references of a result template (row indices dropped; a
+    per_branch's fields are its branches' own tensors, not a step's)."""
+    if isinstance(template, str):
+        match = REFERENCE.match(template)
+        return {f"{match['step']}.{match['tensor']}"} if match else set()
+    if isinstance(template, list):
+        return {r for item in template for r in _references(item)}
+    if isinstance(template, dict):
+        return {
+            r
+            for key, value in template.items()
+            if not (key == "fields" and "per_branch" in template)
+            for r in _references(value)
+        }
+    return set()
 
 
 def _producers(template: Any) -> set[str]:

@@ -20,6 +20,7 @@ import grpc
 from protos import pb
 from proxy.engine.definitions import CallingStep
 from proxy.engine.plan import Plan
+from proxy.engine.run import Run
 from proxy.errors import StepError
 from proxy.transport.catalog import Catalog
 from proxy.transport.target import Target
@@ -104,6 +105,36 @@ class Wiring:
             return None
         sent = {name: (ref, await self._declared(plan, ref)) for name, ref in step.inputs.items()}
         return mismatch(target, meta.inputs, sent)
+
+    async def undeclared(self, run: Run, refs: Sequence[str], reader: str = "") -> StepError | None:
+        """The pipeline's configuration error when one of `refs`, which found no tensor, is
+        an output that a call step which ran does not have (its model's metadata declares
+        no such output): a typo in the definition, or a model swapped for one with other
+        outputs. None when nothing says so: the step did not run (a switch took another
+        path), the output is declared (an optional one not sent), or the metadata does not
+        come before the request's deadline. `reader`: the step that reads them (the error's
+        step; else the step that did not produce them, for the result)."""
+        ran = {s.name for s in run.steps if s.status == "ok"}
+        for ref in refs:
+            step, _, tensor = ref.partition(".")
+            target = run.plan.targets.get(step)
+            if target is None or step not in ran:
+                continue
+            try:
+                async with asyncio.timeout_at(run.deadline):
+                    meta = await self.metadata(target)
+            except TimeoutError:
+                return None
+            declared = [o.name for o in meta.outputs] if meta is not None else []
+            if declared and tensor not in declared:
+                why = (
+                    f"the pipeline reads '{ref}', but model '{target.model}' at "
+                    f"{target.address} has no output '{tensor}' (it has {', '.join(declared)})"
+                )
+                return StepError(
+                    reader or step, grpc.StatusCode.INTERNAL, f"pipeline misconfigured: {why}"
+                )
+        return None
 
     async def metadata(self, target: Target) -> pb.ModelMetadataResponse | None:
         described = await self.catalog.of(target.address, target.model, target.version)

@@ -10,21 +10,17 @@ import json
 import shutil
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
-import httpx
 import numpy as np
 import pytest
-import yaml
 
 from compose.processes import Service, start_service
 from protos import messages, pb, pb_grpc
-from proxy.app import create_app
-from proxy.settings import ProxySettings
+from tests.contract.calling import calling, proxy_over, until
 from tests.modelgen import _write, linear_model, linear_weights
 
 PROBE = Path(__file__).with_name("model_control_probe.py")
@@ -74,14 +70,6 @@ def started(tmp_path: Path, repo: Path) -> Iterator:
         channel.close()
     for service in services:
         service.stop()
-
-
-def _until(done: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    """Wait for `done` (a poll of the repository is due every 0.2 s in these tests)."""
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        assert time.monotonic() < deadline, "not within the time given"
-        time.sleep(0.05)
 
 
 def _index(stub: pb_grpc.GRPCInferenceServiceStub) -> dict[str, tuple[str, str]]:
@@ -159,30 +147,13 @@ def test_poll_mode_follows_the_repository_under_load(started, repo: Path) -> Non
     clients call without a pause: no request fails, and every answer is its version's."""
     _add_version(repo, "linear", 1)
     _, stub = started("--model-control-mode", "poll", "--repository-poll-secs", "0.2")
-    answers: list[tuple[str, np.ndarray]] = []
-    errors: list[grpc.RpcError] = []
-    stop = threading.Event()
-
-    def call() -> None:
-        while not stop.is_set():
-            try:
-                answers.append(answer(stub))
-            except grpc.RpcError as exc:
-                errors.append(exc)
-
-    clients = [threading.Thread(target=call) for _ in range(4)]
-    for client in clients:
-        client.start()
-    try:
+    with calling(lambda: answer(stub)) as calls:
         time.sleep(0.5)
         _add_version(repo, "linear", 2)  # the default policy serves the latest alone
-        _until(lambda: bool(answers) and answers[-1][0] == "2")
+        until(lambda: bool(calls.answers) and calls.answers[-1][0] == "2")
         time.sleep(1.5)  # version 1 retired meanwhile (lingers 1 s, drains, stops)
-    finally:
-        stop.set()
-        for client in clients:
-            client.join()
-    assert errors == [], errors[:3]
+    answers = calls.answers
+    assert calls.errors == [], calls.errors[:3]
     versions = [v for v, _ in answers]
     assert versions[0] == "1" and versions[-1] == "2", sorted(set(versions))
     for version, y in answers:
@@ -191,7 +162,7 @@ def test_poll_mode_follows_the_repository_under_load(started, repo: Path) -> Non
     assert list(meta.versions) == ["2"]
 
     shutil.rmtree(repo / "linear")
-    _until(lambda: "linear" not in _index(stub))
+    until(lambda: "linear" not in _index(stub))
     with pytest.raises(grpc.RpcError) as gone:
         answer(stub)
     assert gone.value.code() == grpc.StatusCode.NOT_FOUND
@@ -233,31 +204,21 @@ async def test_the_proxy_follows_a_reloaded_model(
     proxy kept answering the old model's cached answers for their whole TTL."""
     _add_version(repo, "linear", 1)
     service, stub = started("--model-control-mode", "poll", "--repository-poll-secs", "0.2")
-    path = tmp_path / "pipelines.yaml"
-    path.write_text(yaml.safe_dump({"pipelines": {"lin": LINEAR_PIPELINE}}))
-    settings = ProxySettings(
-        pipelines=path,
-        grpc_port=None,
-        jobs_workers=0,
-        jobs_url=f"sqlite:///{tmp_path / 'jobs.sqlite3'}",
-        cache_check_ms=200,
-    )
-    app = create_app(settings, {"LINEAR_URL": service.address})
     body = {"x": X.tolist()}
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
-            first = await client.post("/v1/pipelines/lin/infer", json=body)
-            again = await client.post("/v1/pipelines/lin/infer", json=body)
-            if how == "new version":
-                _add_version(repo, "linear", 2)
-            else:
-                _replace_in_place(repo, weights_of=2)
-            await asyncio.to_thread(
-                _until, lambda: np.allclose(answer(stub)[1], expected("2"), rtol=1e-5)
-            )
-            await asyncio.sleep(0.3)  # past PROXY_CACHE_CHECK_MS
-            after = await client.post("/v1/pipelines/lin/infer", json=body)
+    async with proxy_over(
+        tmp_path, "lin", LINEAR_PIPELINE, {"LINEAR_URL": service.address}
+    ) as client:
+        first = await client.post("/v1/pipelines/lin/infer", json=body)
+        again = await client.post("/v1/pipelines/lin/infer", json=body)
+        if how == "new version":
+            _add_version(repo, "linear", 2)
+        else:
+            _replace_in_place(repo, weights_of=2)
+        await asyncio.to_thread(
+            until, lambda: np.allclose(answer(stub)[1], expected("2"), rtol=1e-5)
+        )
+        await asyncio.sleep(0.3)  # past PROXY_CACHE_CHECK_MS
+        after = await client.post("/v1/pipelines/lin/infer", json=body)
     assert first.headers["x-cache"] == "miss" and again.headers["x-cache"] == "hit"
     np.testing.assert_allclose(again.json()["result"]["y"], expected("1"), rtol=1e-5)
     assert after.status_code == 200, after.text

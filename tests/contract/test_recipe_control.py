@@ -7,20 +7,16 @@ every edge: tests/preprocess/test_recipe_repository.py."""
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 import httpx
 import pytest
-import yaml
 
 from compose.processes import start_service
 from protos import messages, pb, pb_grpc
-from proxy.app import create_app
-from proxy.settings import ProxySettings
+from tests.contract.calling import calling, proxy_over, until
 from tests.preprocess.test_recipe_repository import GRAY, image
 
 
@@ -33,13 +29,6 @@ def replace(path: Path, text: str) -> None:
 
 def recipes(scale: float) -> str:
     return "recipes:" + GRAY.format(name="gray", scale=scale)
-
-
-def _until(done: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        assert time.monotonic() < deadline, "not within the time given"
-        time.sleep(0.05)
 
 
 def out(stub: pb_grpc.GRPCInferenceServiceStub, name: str = "gray") -> float:
@@ -60,36 +49,19 @@ def test_an_edited_recipe_file_is_followed_under_load(tmp_path: Path) -> None:
     service = start_service("preprocess", args, tmp_path)
     channel = grpc.insecure_channel(service.address)
     stub = pb_grpc.GRPCInferenceServiceStub(channel)
-    answers: list[float] = []
-    errors: list[grpc.RpcError] = []
-    stop = threading.Event()
-
-    def call() -> None:
-        while not stop.is_set():
-            try:
-                answers.append(out(stub))
-            except grpc.RpcError as exc:
-                errors.append(exc)
-
-    clients = [threading.Thread(target=call) for _ in range(4)]
-    for client in clients:
-        client.start()
-    try:
+    with calling(lambda: out(stub)) as calls:
         time.sleep(0.5)
         replace(path, recipes(2.0))
-        _until(lambda: bool(answers) and answers[-1] == 200.0)
+        until(lambda: bool(calls.answers) and calls.answers[-1] == 200.0)
         replace(path, "recipes:\n  gray: {steps: [")  # a broken edit
-        _until(lambda: failing(service.metrics_port) == 1)
+        until(lambda: failing(service.metrics_port) == 1)
         time.sleep(0.5)
-        assert answers[-1] == 200.0, "still served as it was"
+        assert calls.answers[-1] == 200.0, "still served as it was"
         replace(path, recipes(3.0))
-        _until(lambda: bool(answers) and answers[-1] == 300.0)
+        until(lambda: bool(calls.answers) and calls.answers[-1] == 300.0)
         time.sleep(1.2)  # the replaced recipes retired meanwhile (linger 1 s, drain, stop)
-    finally:
-        stop.set()
-        for client in clients:
-            client.join()
-    assert errors == [], errors[:3]
+    answers = calls.answers
+    assert calls.errors == [], calls.errors[:3]
     assert answers[0] == 100.0 and set(answers) == {100.0, 200.0, 300.0}, set(answers)
     assert failing(service.metrics_port) == 0
     channel.close()
@@ -145,30 +117,19 @@ async def test_the_proxy_follows_an_edited_recipe(tmp_path: Path) -> None:
     path.write_text(recipes(1.0))
     args = ["--config", str(path), "--model-control-mode", "poll", "--repository-poll-secs", "0.2"]
     service = start_service("preprocess", args, tmp_path)
-    pipelines = tmp_path / "pipelines.yaml"
-    pipelines.write_text(yaml.safe_dump({"pipelines": {"gray": GRAY_PIPELINE}}))
-    settings = ProxySettings(
-        pipelines=pipelines,
-        grpc_port=None,
-        jobs_workers=0,
-        jobs_url=f"sqlite:///{tmp_path / 'jobs.sqlite3'}",
-        cache_check_ms=200,
-    )
-    app = create_app(settings, {"PREPROCESS_URL": service.address})
     png = image()[0]
     headers = {"Content-Type": "image/png"}
     with grpc.insecure_channel(service.address) as channel:
         stub = pb_grpc.GRPCInferenceServiceStub(channel)
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
-                url = "/v1/pipelines/gray/infer"
-                first = await client.post(url, content=png, headers=headers)
-                again = await client.post(url, content=png, headers=headers)
-                await asyncio.to_thread(replace, path, recipes(2.0))
-                await asyncio.to_thread(_until, lambda: out(stub) == 200.0)
-                await asyncio.sleep(0.3)  # past PROXY_CACHE_CHECK_MS
-                after = await client.post(url, content=png, headers=headers)
+        env = {"PREPROCESS_URL": service.address}
+        async with proxy_over(tmp_path, "gray", GRAY_PIPELINE, env) as client:
+            url = "/v1/pipelines/gray/infer"
+            first = await client.post(url, content=png, headers=headers)
+            again = await client.post(url, content=png, headers=headers)
+            await asyncio.to_thread(replace, path, recipes(2.0))
+            await asyncio.to_thread(until, lambda: out(stub) == 200.0)
+            await asyncio.sleep(0.3)  # past PROXY_CACHE_CHECK_MS
+            after = await client.post(url, content=png, headers=headers)
     assert first.status_code == 200, first.text
     assert first.headers["x-cache"] == "miss" and again.headers["x-cache"] == "hit"
     assert again.json()["result"]["out"][0] == 100.0

@@ -97,14 +97,17 @@ def test_bad_definitions_are_explained(tmp_path: Path, steps: list, message: str
         ({"m": {"per_branch": "nope", "fields": {"y": "y[0]"}}}, "per_branch 'nope' names no"),
         ({"m": {"per_branch": "a", "fields": {"y": "y[0][1]"}}}, "per_branch field 'y'"),
         ({"z": "request.nothing"}, "request has no tensor 'nothing'"),
+        ({"z": "a.z"}, r"reads 'a\.z', but step 'a' asks its model for y only"),
     ],
 )
 def test_a_result_that_could_never_be_filled_is_refused(
     tmp_path: Path, result: dict, message: str
 ) -> None:
     """Each of these answered null on every request; now the proxy does not start."""
+    asking = step("a", "request.image")
+    asking["call"]["outputs"] = ["y"]
     with pytest.raises(DefinitionError, match=message):
-        load(tmp_path, {"p": {"steps": [step("a", "request.image")], "result": result}})
+        load(tmp_path, {"p": {"steps": [asking], "result": result}})
 
 
 def test_a_result_of_references_loads(tmp_path: Path) -> None:

@@ -41,7 +41,7 @@ PIPES = {
         {"y": "b.y[0]"},
         outputs=OUTPUTS,
     ),
-    "plain": pipeline([call("a", "plus1", "parse")], {"sum": "a.y[0]", "note": "a.missing"}),
+    "plain": pipeline([call("a", "plus1", "parse")], {"sum": "a.y[0]"}),
 }
 
 
@@ -125,7 +125,7 @@ async def test_the_answer_is_the_same_as_v1s(door, servers, make_client, tmp_pat
         v1 = (await post(client, "plain", body(5))).json()["result"]
     result = messages.response_outputs(answer)["result"]
     assert result.shape == (1,)
-    assert yaml.safe_load(result[0]) == v1 == {"sum": [6.0], "note": None}
+    assert yaml.safe_load(result[0]) == v1 == {"sum": [6.0]}
 
 
 async def test_requested_outputs_and_streams(door) -> None:

@@ -111,3 +111,38 @@ async def test_a_model_its_endpoint_does_not_serve_is_a_503_not_a_404(servers, m
     assert partial.status_code == 200 and partial.json()["partial"] is True, partial.text
     failed = next(s for s in partial.json()["steps"] if s["name"] == "ens/one")
     assert failed["status"] == "unavailable" and "is not served" in failed["error"]
+
+
+def _optional_z() -> ScriptedModel:
+    """plus1, declaring an output `z` it does not always send (as the OCR recipes' optional
+    outputs)."""
+    model = affine("plus1", 1, 1)
+    model.outputs = (*model.outputs, TensorSpec("z", "FP32", (-1, -1)))
+    return model
+
+
+@pytest.mark.parametrize("where", ["result", "input"])
+async def test_a_tensor_the_model_does_not_have_is_a_502_not_a_null(
+    servers, make_client, where: str
+) -> None:
+    """A typo in the definition (`s.yy`), or a model swapped for one with other outputs: the
+    step ran, and its model declares no such output. Read by the result it answered null
+    with 200 on every request; read by a later step, the client's 400."""
+    env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": await servers(_optional_z())}
+    reader = {"call": {"name": "t", "endpoint": "MODELS_URL", "model": "plus1"}}
+    reader["call"]["inputs"] = {"x": "s.yy"}
+    steps = [call("s", "plus1", "parse"), *([reader] if where == "input" else [])]
+    result = {"y": "s.yy[0]"} if where == "result" else {"y": "t.y[0]"}
+    optional = {"y": "s.y[0]", "z": "s.z"}  # declared, not sent: null, as before
+    pipes = {"p": pipeline(steps, result), "optional": pipeline(steps[:1], optional)}
+    async with make_client(pipes, env) as client:
+        r = await post(client, "p", body(1, 2))
+        fine = await post(client, "optional", body(1, 2))
+    assert r.status_code == 502, r.text
+    assert r.json()["code"] == "INTERNAL", r.text
+    assert r.json()["step"] == ("s" if where == "result" else "t"), r.text  # whose definition
+    assert (
+        f"pipeline misconfigured: the pipeline reads 's.yy', but model 'plus1' at "
+        f"{env['MODELS_URL']} has no output 'yy' (it has y, z)"
+    ) in r.text
+    assert fine.status_code == 200 and fine.json()["result"] == {"y": [2.0, 3.0], "z": None}
