@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from proxy.engine import endpoints
 from proxy.engine.definitions import (
@@ -18,7 +17,15 @@ from proxy.engine.definitions import (
     parse,
 )
 from proxy.engine.endpoints import Endpoint
-from proxy.engine.results import REFERENCE, Renderer, compiled
+from proxy.engine.references import (
+    check_made,
+    check_ref,
+    check_result,
+    combined,
+    producers,
+    references,
+)
+from proxy.engine.results import Renderer, compiled
 from proxy.errors import DefinitionError
 from proxy.transport.target import Target
 
@@ -40,21 +47,6 @@ def _target(
     )
 
 
-def _check_ref(ref: str, known: set[str], inputs: set[str], where: str) -> None:
-    step, _, tensor = ref.partition(".")
-    if not tensor:
-        raise DefinitionError(f"{where}: reference '{ref}' must be <step>.<tensor>")
-    if step == "request":
-        if tensor not in inputs:
-            raise DefinitionError(f"{where}: the request has no tensor '{tensor}'")
-        return
-    if step not in known:
-        raise DefinitionError(
-            f"{where}: reference '{ref}' names no earlier step "
-            f"(known: {', '.join(sorted(known)) or 'none'}); steps may only use earlier outputs"
-        )
-
-
 class Plan:
     """A pipeline with every endpoint resolved and every reference checked."""
 
@@ -66,6 +58,8 @@ class Plan:
         self._known: set[str] = set()
         self._asked: dict[str, list[str]] = {}
         """Call step -> the outputs it asks for (empty: all its model has)."""
+        self._made: dict[str, list[str]] = {}
+        """Parallel step -> the tensors its combination makes."""
         self._inputs = set(pipeline.input_names())
         self._env = env
         self._walk(pipeline.steps)
@@ -76,18 +70,20 @@ class Plan:
             where = f"pipeline '{self.name}', output '{name}'"
             if output.tensor.partition(".")[0] == "request":
                 raise DefinitionError(f"{where}: outputs name a step's tensor, not the request")
-            _check_ref(output.tensor, self._known, set(), where)
-        _check_result(pipeline.result, self._known, self._inputs, f"pipeline '{name}', result")
+            check_ref(output.tensor, self._known, set(), where)
+        check_result(pipeline.result, self._known, self._inputs, f"pipeline '{name}', result")
         self.result_reads: tuple[str, ...] = tuple(
-            sorted(r for r in _references(pipeline.result) if r.partition(".")[0] in self._asked)
+            sorted(r for r in references(pipeline.result) if r.partition(".")[0] in self._asked)
         )
         """The references of the result to a call step's tensors: each is checked once the
         steps have run (Executor: one a step that ran does not declare is the pipeline's
         configuration error, not a null)."""
-        for ref in self.result_reads:
-            self._check_asked(ref, f"pipeline '{name}', result")
-        read_later = _producers(pipeline.result) | {
-            _producers(o.tensor).pop() for o in (pipeline.outputs or {}).values()
+        for ref in references(pipeline.result) | {
+            o.tensor for o in (pipeline.outputs or {}).values()
+        }:
+            check_made(ref, self._asked, self._made, f"pipeline '{name}', result")
+        read_later = producers(pipeline.result) | {
+            producers(o.tensor).pop() for o in (pipeline.outputs or {}).values()
         }
         self._liveness(pipeline.steps, frozenset(read_later))
 
@@ -122,8 +118,8 @@ class Plan:
             step = entry.step
             where = self._claim(step.name)
             for ref in step.reads():
-                _check_ref(ref, self._known, self._inputs, where)
-                self._check_asked(ref, where)
+                check_ref(ref, self._known, self._inputs, where)
+                check_made(ref, self._asked, self._made, where)
             match step:
                 case CallStep():
                     self._call(step, where)
@@ -145,18 +141,6 @@ class Plan:
         self._known.add(step.name)
         self._asked[step.name] = step.outputs
 
-    def _check_asked(self, ref: str, where: str) -> None:
-        """A call step's tensor read that the step does not ask its model for."""
-        producer, _, tensor = ref.partition(".")
-        match = REFERENCE.match(ref)
-        tensor = match["tensor"] if match else tensor
-        asked = self._asked.get(producer)
-        if asked and tensor not in asked:
-            raise DefinitionError(
-                f"{where}: reads '{producer}.{tensor}', but step '{producer}' asks its model "
-                f"for {', '.join(asked)} only (its `outputs`)"
-            )
-
     def _parallel(self, step: ParallelStep, where: str) -> None:
         branches = {
             b.name: _target(b.endpoint, b.model, b.version, self._env, where) for b in step.branches
@@ -177,6 +161,7 @@ class Plan:
         for branch, target in branches.items():
             self.targets[f"{step.name}/{branch}"] = target
         self._known.add(step.name)
+        self._made[step.name] = combined(step.combine)
 
     def _switch(self, step: SwitchStep, where: str) -> None:
         self._known.add(step.name)
@@ -193,72 +178,12 @@ class Plan:
         for entry in reversed(entries):
             step = entry.step
             self.keep_after[id(step)] = after
-            needed = {p for ref in step.reads() for p in _producers(ref)}
+            needed = {p for ref in step.reads() for p in producers(ref)}
             if isinstance(step, SwitchStep):
                 for path in step.paths():
                     needed |= self._liveness(path, after)
             after = after | needed
         return after
-
-
-def _check_result(template: Any, known: set[str], inputs: set[str], where: str) -> None:
-    """Every reference of the result template names a step (or the request) and one tensor,
-    with at most one row index: a reference that could never match answered null, silently
-    (`step.out[0][0]` read a tensor named `out[0]`)."""
-    if isinstance(template, list):
-        for item in template:
-            _check_result(item, known, inputs, where)
-    elif isinstance(template, dict):
-        for key, value in template.items():
-            if key == "per_branch" and isinstance(value, str):
-                if value not in known:
-                    raise DefinitionError(f"{where}: per_branch '{value}' names no step")
-            elif key == "fields" and "per_branch" in template and isinstance(value, dict):
-                for field, ref in value.items():  # a branch's own tensors: no step before them
-                    _check_result(f"b.{ref}", {"b"}, set(), f"{where}, per_branch field '{field}'")
-            else:
-                _check_result(value, known, inputs, f"{where}.{key}")
-    elif isinstance(template, str):
-        match = REFERENCE.match(template)
-        if match is None or "[" in match["tensor"] or "]" in match["tensor"]:
-            raise DefinitionError(
-                f"{where}: '{template}' is not a reference <step>.<tensor> or "
-                "<step>.<tensor>[<row>] (a result holds references to tensors only)"
-            )
-        _check_ref(template, known, inputs, where)
-
-
-def _references(template: Any) -> set[str]:
-    """The "step.tensor" references of a result template (row indices dropped; a
-    per_branch's fields are its branches' own tensors, not a step's)."""
-    if isinstance(template, str):
-        match = REFERENCE.match(template)
-        return {f"{match['step']}.{match['tensor']}"} if match else set()
-    if isinstance(template, list):
-        return {r for item in template for r in _references(item)}
-    if isinstance(template, dict):
-        return {
-            r
-            for key, value in template.items()
-            if not (key == "fields" and "per_branch" in template)
-            for r in _references(value)
-        }
-    return set()
-
-
-def _producers(template: Any) -> set[str]:
-    """Step names (or "request") a reference or a result template reads from."""
-    if isinstance(template, str):
-        step, dot, _ = template.partition(".")
-        return {step} if dot else set()
-    if isinstance(template, list):
-        return {p for item in template for p in _producers(item)}
-    if isinstance(template, dict):
-        found = {p for value in template.values() for p in _producers(value)}
-        if isinstance(template.get("per_branch"), str):
-            found.add(template["per_branch"])
-        return found
-    return set()
 
 
 def load(path: Path, env: Mapping[str, str]) -> dict[str, Plan]:

@@ -98,6 +98,8 @@ def test_bad_definitions_are_explained(tmp_path: Path, steps: list, message: str
         ({"m": {"per_branch": "a", "fields": {"y": "y[0][1]"}}}, "per_branch field 'y'"),
         ({"z": "request.nothing"}, "request has no tensor 'nothing'"),
         ({"z": "a.z"}, r"reads 'a\.z', but step 'a' asks its model for y only"),
+        ({"z": "p.labl[0]"}, r"reads 'p\.labl', but parallel step 'p' makes label, y$"),
+        ({"z": "c.y"}, r"parallel step 'c' makes no tensor of its own"),
     ],
 )
 def test_a_result_that_could_never_be_filled_is_refused(
@@ -106,8 +108,12 @@ def test_a_result_that_could_never_be_filled_is_refused(
     """Each of these answered null on every request; now the proxy does not start."""
     asking = step("a", "request.image")
     asking["call"]["outputs"] = ["y"]
+    branches = [{"name": "one", "endpoint": "A_URL", "model": "m"}]
+    fan = {"inputs": {"x": "request.image"}, "branches": branches}
+    mean = {"parallel": {"name": "p", "combine": {"op": "mean", "tensor": "y"}, **fan}}
+    collect = {"parallel": {"name": "c", **fan}}
     with pytest.raises(DefinitionError, match=message):
-        load(tmp_path, {"p": {"steps": [asking], "result": result}})
+        load(tmp_path, {"p": {"steps": [asking, mean, collect], "result": result}})
 
 
 def test_a_result_of_references_loads(tmp_path: Path) -> None:
