@@ -49,8 +49,12 @@ class Executor:
         for name, value in inputs.items():
             run.tensors[f"request.{name}"] = value
         await self._steps(run.plan.pipeline.steps, run)
-        if run.plan.result_reads:  # a few lookups; the metadata asked only when one misses
-            missing = [ref for ref in run.plan.result_reads if ref not in run.tensors]
+        plan = run.plan
+        if plan.result_reads or plan.branch_reads:  # a few lookups; metadata only on a miss
+            missing = _answered(run, [r for r in plan.result_reads if r not in run.tensors])
+            for step, tensors in plan.branch_reads.items():
+                for branch, outputs in run.branches.get(step, {}).items():
+                    missing += [(f"{step}/{branch}", t) for t in tensors if t not in outputs]
             if missing and (failed := await self.wiring.undeclared(run, missing)) is not None:
                 _failed(run, failed.step, failed.message)
                 raise failed
@@ -81,7 +85,7 @@ class Executor:
         try:
             feeds = {name: run.resolve(ref, label) for name, ref in step.inputs.items()}
         except StepError as exc:  # a tensor not there: the definition's fault, or the path's
-            missing = [ref for ref in step.inputs.values() if ref not in run.tensors]
+            missing = _answered(run, [r for r in step.inputs.values() if r not in run.tensors])
             raise (await self.wiring.undeclared(run, missing, label) or exc) from None
         spec = self._spec(step, label, target)
         with step_span(label, target) if tracing.ENABLED else tracing.NO_SPAN as span:
@@ -225,6 +229,15 @@ class Executor:
         since = ms(time.perf_counter() - run.origin)
         run.steps.append(StepStatus(step.name, "ok", 0.0, start_ms=since))
         await self._steps(chosen, run)
+
+
+def _answered(run: Run, refs: list[str]) -> list[tuple[str, str]]:
+    """The (step, tensor) of each reference whose step answered (not one a switch skipped)."""
+    if not refs:
+        return []
+    ran = {s.name for s in run.steps if s.status == "ok"}
+    pairs = [ref.partition(".") for ref in refs]
+    return [(step, tensor) for step, _, tensor in pairs if step in ran]
 
 
 def _failed(run: Run, label: str, why: str) -> None:

@@ -18,6 +18,7 @@ from proxy.engine.definitions import (
 )
 from proxy.engine.endpoints import Endpoint
 from proxy.engine.references import (
+    branch_reads,
     check_made,
     check_ref,
     check_result,
@@ -59,6 +60,8 @@ class Plan:
         self._asked: dict[str, list[str]] = {}
         """Call step -> the outputs it asks for (empty: all its model has)."""
         self._made: dict[str, list[str]] = {}
+        self._fanned: dict[str, list[str]] = {}
+        """Parallel step -> the outputs it asks its branches for (empty: all)."""
         """Parallel step -> the tensors its combination makes."""
         self._inputs = set(pipeline.input_names())
         self._env = env
@@ -78,6 +81,17 @@ class Plan:
         """The references of the result to a call step's tensors: each is checked once the
         steps have run (Executor: one a step that ran does not declare is the pipeline's
         configuration error, not a null)."""
+        self.branch_reads = {
+            step: tuple(sorted(tensors)) for step, tensors in branch_reads(pipeline.result).items()
+        }
+        """Parallel step -> its branches' tensors `per_branch` reads: checked as result_reads."""
+        for step, tensors in self.branch_reads.items():
+            asked = self._fanned.get(step, [])
+            if left := [t for t in tensors if asked and t not in asked]:
+                raise DefinitionError(
+                    f"pipeline '{name}', result: per_branch reads {left} of step '{step}''s "
+                    f"branches, which it asks for {', '.join(asked)} only (its `outputs`)"
+                )
         for ref in references(pipeline.result) | {
             o.tensor for o in (pipeline.outputs or {}).values()
         }:
@@ -162,6 +176,7 @@ class Plan:
             self.targets[f"{step.name}/{branch}"] = target
         self._known.add(step.name)
         self._made[step.name] = combined(step.combine)
+        self._fanned[step.name] = step.outputs
 
     def _switch(self, step: SwitchStep, where: str) -> None:
         self._known.add(step.name)

@@ -71,6 +71,25 @@ def references(template: Any) -> set[str]:
     return set()
 
 
+def branch_reads(template: Any) -> dict[str, set[str]]:
+    """Parallel step -> the tensors of its branches' own outputs that the template's
+    `per_branch` fields read (row indices dropped)."""
+    found: dict[str, set[str]] = {}
+    if isinstance(template, list):
+        for item in template:
+            for step, tensors in branch_reads(item).items():
+                found.setdefault(step, set()).update(tensors)
+    elif isinstance(template, dict):
+        step, fields = template.get("per_branch"), template.get("fields")
+        if isinstance(step, str) and isinstance(fields, dict):
+            matches = [REFERENCE.match(f"b.{ref}") for ref in fields.values()]
+            found[step] = {m["tensor"] for m in matches if m is not None}
+        for value in template.values():
+            for inner, tensors in branch_reads(value).items():
+                found.setdefault(inner, set()).update(tensors)
+    return found
+
+
 def producers(template: Any) -> set[str]:
     """Step names (or "request") a reference or a result template reads from."""
     if isinstance(template, str):

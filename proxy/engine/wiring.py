@@ -106,19 +106,19 @@ class Wiring:
         sent = {name: (ref, await self._declared(plan, ref)) for name, ref in step.inputs.items()}
         return mismatch(target, meta.inputs, sent)
 
-    async def undeclared(self, run: Run, refs: Sequence[str], reader: str = "") -> StepError | None:
-        """The pipeline's configuration error when one of `refs`, which found no tensor, is
-        an output that a call step which ran does not have (its model's metadata declares
-        no such output): a typo in the definition, or a model swapped for one with other
-        outputs. None when nothing says so: the step did not run (a switch took another
-        path), the output is declared (an optional one not sent), or the metadata does not
-        come before the request's deadline. `reader`: the step that reads them (the error's
-        step; else the step that did not produce them, for the result)."""
-        ran = {s.name for s in run.steps if s.status == "ok"}
-        for ref in refs:
-            step, _, tensor = ref.partition(".")
-            target = run.plan.targets.get(step)
-            if target is None or step not in ran:
+    async def undeclared(
+        self, run: Run, missing: Sequence[tuple[str, str]], reader: str = ""
+    ) -> StepError | None:
+        """The pipeline's configuration error when a tensor read and not found is one the
+        call's model does not have (its metadata declares no such output): a typo in the
+        definition, or a model swapped for one with other outputs. `missing`: (call label,
+        tensor) pairs of calls that answered (a step, or `<parallel step>/<branch>`). None
+        when nothing says so: the output is declared (an optional one not sent), or the
+        metadata does not come before the request's deadline. `reader`: the step whose
+        input it is (the error's step; else the call's own, for the result)."""
+        for label, tensor in missing:
+            target = run.plan.targets.get(label)
+            if target is None:
                 continue
             try:
                 async with asyncio.timeout_at(run.deadline):
@@ -127,12 +127,13 @@ class Wiring:
                 return None
             declared = [o.name for o in meta.outputs] if meta is not None else []
             if declared and tensor not in declared:
+                read = f"'{label}.{tensor}'" if "/" not in label else f"'{tensor}' of {label}"
                 why = (
-                    f"the pipeline reads '{ref}', but model '{target.model}' at "
+                    f"the pipeline reads {read}, but model '{target.model}' at "
                     f"{target.address} has no output '{tensor}' (it has {', '.join(declared)})"
                 )
                 return StepError(
-                    reader or step, grpc.StatusCode.INTERNAL, f"pipeline misconfigured: {why}"
+                    reader or label, grpc.StatusCode.INTERNAL, f"pipeline misconfigured: {why}"
                 )
         return None
 

@@ -100,6 +100,7 @@ def test_bad_definitions_are_explained(tmp_path: Path, steps: list, message: str
         ({"z": "a.z"}, r"reads 'a\.z', but step 'a' asks its model for y only"),
         ({"z": "p.labl[0]"}, r"reads 'p\.labl', but parallel step 'p' makes label, y$"),
         ({"z": "c.y"}, r"parallel step 'c' makes no tensor of its own"),
+        ({"m": {"per_branch": "p", "fields": {"v": "v[0]"}}}, r"reads \['v'\] of step 'p''s"),
     ],
 )
 def test_a_result_that_could_never_be_filled_is_refused(
@@ -111,6 +112,7 @@ def test_a_result_that_could_never_be_filled_is_refused(
     branches = [{"name": "one", "endpoint": "A_URL", "model": "m"}]
     fan = {"inputs": {"x": "request.image"}, "branches": branches}
     mean = {"parallel": {"name": "p", "combine": {"op": "mean", "tensor": "y"}, **fan}}
+    mean["parallel"]["outputs"] = ["y"]
     collect = {"parallel": {"name": "c", **fan}}
     with pytest.raises(DefinitionError, match=message):
         load(tmp_path, {"p": {"steps": [asking, mean, collect], "result": result}})

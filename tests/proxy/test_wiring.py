@@ -121,7 +121,7 @@ def _optional_z() -> ScriptedModel:
     return model
 
 
-@pytest.mark.parametrize("where", ["result", "input"])
+@pytest.mark.parametrize("where", ["result", "input", "per_branch"])
 async def test_a_tensor_the_model_does_not_have_is_a_502_not_a_null(
     servers, make_client, where: str
 ) -> None:
@@ -131,8 +131,18 @@ async def test_a_tensor_the_model_does_not_have_is_a_502_not_a_null(
     env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": await servers(_optional_z())}
     reader = {"call": {"name": "t", "endpoint": "MODELS_URL", "model": "plus1"}}
     reader["call"]["inputs"] = {"x": "s.yy"}
-    steps = [call("s", "plus1", "parse"), *([reader] if where == "input" else [])]
-    result = {"y": "s.yy[0]"} if where == "result" else {"y": "t.y[0]"}
+    fan = {
+        "name": "ens",
+        "branches": [{"name": "one", "endpoint": "MODELS_URL", "model": "plus1"}],
+        "inputs": {"x": "parse.x"},
+    }
+    steps = [call("s", "plus1", "parse")]
+    result = {
+        "result": {"y": "s.yy[0]"},
+        "input": {"y": "t.y[0]"},
+        "per_branch": {"each": {"per_branch": "ens", "fields": {"y": "yy[0]"}}},
+    }[where]
+    steps += {"input": [reader], "per_branch": [{"parallel": fan}]}.get(where, [])
     optional = {"y": "s.y[0]", "z": "s.z"}  # declared, not sent: null, as before
     pipes = {"p": pipeline(steps, result), "optional": pipeline(steps[:1], optional)}
     async with make_client(pipes, env) as client:
@@ -140,9 +150,11 @@ async def test_a_tensor_the_model_does_not_have_is_a_502_not_a_null(
         fine = await post(client, "optional", body(1, 2))
     assert r.status_code == 502, r.text
     assert r.json()["code"] == "INTERNAL", r.text
-    assert r.json()["step"] == ("s" if where == "result" else "t"), r.text  # whose definition
+    step = {"result": "s", "input": "t", "per_branch": "ens/one"}[where]  # whose definition
+    assert r.json()["step"] == step, r.text
+    read = "'yy' of ens/one" if where == "per_branch" else "'s.yy'"
     assert (
-        f"pipeline misconfigured: the pipeline reads 's.yy', but model 'plus1' at "
+        f"pipeline misconfigured: the pipeline reads {read}, but model 'plus1' at "
         f"{env['MODELS_URL']} has no output 'yy' (it has y, z)"
     ) in r.text
     assert fine.status_code == 200 and fine.json()["result"] == {"y": [2.0, 3.0], "z": None}
