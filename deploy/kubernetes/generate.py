@@ -134,7 +134,10 @@ def deployment(name: str, spec: dict, size: capacity.Size, inflight_mb: int | No
     mounts = [{"name": "tmp", "mountPath": "/tmp"}]
     volumes: list[dict] = [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}]
     init: list[dict] = []
-    if REPOSITORY in env.values():
+    # The preprocess service reads the repository too: the `ocr` recipe's CTC decoding takes
+    # the recogniser's characters file from it (preprocess/recipes.yaml). Without the mount
+    # its pod could not start (compose mounts the repository in every service).
+    if REPOSITORY in env.values() or name == "preprocess":
         mounts.append({"name": "models", "mountPath": REPOSITORY, "readOnly": True})
         volumes.append({"name": "models", "emptyDir": {"sizeLimit": "1Gi"}})
         init.append(

@@ -22,6 +22,7 @@ from deploy import capacity
 from deploy.kubernetes import generate
 from deploy.observability import dashboard, operator
 from predictors.settings import PredictorSettings
+from preprocess import config as recipe_file
 from preprocess.settings import PreprocessSettings
 from proxy.engine import plan
 from tests.pki import PKI
@@ -482,3 +483,25 @@ def test_a_proxy_pod_holds_what_its_bounds_let_in(name: str) -> None:
     resident = peak + caches * 1.25 + 64 + capacity.RESIDENT_PER_INFLIGHT * inflight
     assert int(limit[:-2]) >= resident, (limit, resident)
     assert inflight < 1024  # not the setting's default, which suits a host with no limit
+
+
+def test_the_files_the_recipes_name_are_in_the_preprocess_pod() -> None:
+    """The `ocr` recipe reads the recogniser's characters file from the model repository;
+    the preprocess pod had no repository mounted, so its recipe file named a file that was
+    not there and the service could not start (compose mounts it in every service)."""
+    recipes = PreprocessSettings().config
+    in_image = Path("/app") / recipes.relative_to(ROOT)  # the Dockerfile's WORKDIR and COPY
+    for overlay in ("local", "production", "kserve"):
+        deployment = objects(overlay, "Deployment")["preprocess"]
+        mounts = [m["mountPath"] for m in container(deployment)["volumeMounts"]]
+        named = [
+            os.path.normpath(in_image.parent / value)
+            for recipe in recipe_file.parse(recipes).recipes.values()
+            for step in recipe.steps
+            for params in step.values()
+            for key, value in params.items()
+            if key.endswith("_file")
+        ]
+        assert named, "the shipped recipes name a file (the OCR characters)"
+        for path in named:
+            assert any(path.startswith(f"{m}/") for m in mounts), (overlay, path, mounts)
