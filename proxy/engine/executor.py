@@ -49,12 +49,14 @@ class Executor:
         for name, value in inputs.items():
             run.tensors[f"request.{name}"] = value
         await self._steps(run.plan.pipeline.steps, run)
-        plan = run.plan
-        if plan.result_reads or plan.branch_reads:  # a few lookups; metadata only on a miss
-            missing = _answered(run, [r for r in plan.result_reads if r not in run.tensors])
+        if not _all_there(run):  # a few set lookups; the metadata asked only on a miss
+            plan = run.plan
+            missing = _answered(run, [r for r in sorted(plan.result_reads) if r not in run.tensors])
             for step, tensors in plan.branch_reads.items():
                 for branch, outputs in run.branches.get(step, {}).items():
-                    missing += [(f"{step}/{branch}", t) for t in tensors if t not in outputs]
+                    missing += [
+                        (f"{step}/{branch}", t) for t in sorted(tensors) if t not in outputs
+                    ]
             if missing and (failed := await self.wiring.undeclared(run, missing)) is not None:
                 _failed(run, failed.step, failed.message)
                 raise failed
@@ -229,6 +231,18 @@ class Executor:
         since = ms(time.perf_counter() - run.origin)
         run.steps.append(StepStatus(step.name, "ok", 0.0, start_ms=since))
         await self._steps(chosen, run)
+
+
+def _all_there(run: Run) -> bool:
+    """Whether every call step's tensor and branch output the result reads is there."""
+    plan = run.plan
+    if not run.tensors.keys() >= plan.result_reads:
+        return False
+    for step, tensors in plan.branch_reads.items():
+        for outputs in run.branches.get(step, {}).values():
+            if not outputs.keys() >= tensors:
+                return False
+    return True
 
 
 def _answered(run: Run, refs: list[str]) -> list[tuple[str, str]]:

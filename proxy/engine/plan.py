@@ -75,19 +75,19 @@ class Plan:
                 raise DefinitionError(f"{where}: outputs name a step's tensor, not the request")
             check_ref(output.tensor, self._known, set(), where)
         check_result(pipeline.result, self._known, self._inputs, f"pipeline '{name}', result")
-        self.result_reads: tuple[str, ...] = tuple(
-            sorted(r for r in references(pipeline.result) if r.partition(".")[0] in self._asked)
+        self.result_reads = frozenset(
+            r for r in references(pipeline.result) if r.partition(".")[0] in self._asked
         )
         """The references of the result to a call step's tensors: each is checked once the
         steps have run (Executor: one a step that ran does not declare is the pipeline's
         configuration error, not a null)."""
         self.branch_reads = {
-            step: tuple(sorted(tensors)) for step, tensors in branch_reads(pipeline.result).items()
+            step: frozenset(tensors) for step, tensors in branch_reads(pipeline.result).items()
         }
         """Parallel step -> its branches' tensors `per_branch` reads: checked as result_reads."""
         for step, tensors in self.branch_reads.items():
             asked = self._fanned.get(step, [])
-            if left := [t for t in tensors if asked and t not in asked]:
+            if left := [t for t in sorted(tensors) if asked and t not in asked]:
                 raise DefinitionError(
                     f"pipeline '{name}', result: per_branch reads {left} of step '{step}''s "
                     f"branches, which it asks for {', '.join(asked)} only (its `outputs`)"
