@@ -75,12 +75,11 @@ class Plan:
                 raise DefinitionError(f"{where}: outputs name a step's tensor, not the request")
             check_ref(output.tensor, self._known, set(), where)
         check_result(pipeline.result, self._known, self._inputs, f"pipeline '{name}', result")
-        self.result_reads = frozenset(
-            r for r in references(pipeline.result) if r.partition(".")[0] in self._asked
-        )
-        """The references of the result to a call step's tensors: each is checked once the
-        steps have run (Executor: one a step that ran does not declare is the pipeline's
-        configuration error, not a null)."""
+        answer = references(pipeline.result) | {o.tensor for o in (pipeline.outputs or {}).values()}
+        self.result_reads = frozenset(r for r in answer if r.partition(".")[0] in self._asked)
+        """The references of the answer (the result, the v2 outputs) to a call step's
+        tensors: each is checked once the steps have run (Executor: one a step that ran does
+        not declare is the pipeline's configuration error, not a null or an empty tensor)."""
         self.branch_reads = {
             step: frozenset(tensors) for step, tensors in branch_reads(pipeline.result).items()
         }
@@ -92,9 +91,7 @@ class Plan:
                     f"pipeline '{name}', result: per_branch reads {left} of step '{step}''s "
                     f"branches, which it asks for {', '.join(asked)} only (its `outputs`)"
                 )
-        for ref in references(pipeline.result) | {
-            o.tensor for o in (pipeline.outputs or {}).values()
-        }:
+        for ref in answer:
             check_made(ref, self._asked, self._made, f"pipeline '{name}', result")
         read_later = producers(pipeline.result) | {
             producers(o.tensor).pop() for o in (pipeline.outputs or {}).values()

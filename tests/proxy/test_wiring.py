@@ -121,7 +121,7 @@ def _optional_z() -> ScriptedModel:
     return model
 
 
-@pytest.mark.parametrize("where", ["result", "input", "per_branch"])
+@pytest.mark.parametrize("where", ["result", "input", "per_branch", "outputs"])
 async def test_a_tensor_the_model_does_not_have_is_a_502_not_a_null(
     servers, make_client, where: str
 ) -> None:
@@ -141,16 +141,20 @@ async def test_a_tensor_the_model_does_not_have_is_a_502_not_a_null(
         "result": {"y": "s.yy[0]"},
         "input": {"y": "t.y[0]"},
         "per_branch": {"each": {"per_branch": "ens", "fields": {"y": "yy[0]"}}},
+        "outputs": {"y": "s.y[0]"},
     }[where]
+    # The v2 doors' output: a variable shape found nothing answered an empty tensor.
+    typed = {"y": {"tensor": "s.yy", "datatype": "FP32", "shape": [-1, -1]}}
+    extra = {"outputs": typed} if where == "outputs" else {}
     steps += {"input": [reader], "per_branch": [{"parallel": fan}]}.get(where, [])
     optional = {"y": "s.y[0]", "z": "s.z"}  # declared, not sent: null, as before
-    pipes = {"p": pipeline(steps, result), "optional": pipeline(steps[:1], optional)}
+    pipes = {"p": pipeline(steps, result, **extra), "optional": pipeline(steps[:1], optional)}
     async with make_client(pipes, env) as client:
         r = await post(client, "p", body(1, 2))
         fine = await post(client, "optional", body(1, 2))
     assert r.status_code == 502, r.text
     assert r.json()["code"] == "INTERNAL", r.text
-    step = {"result": "s", "input": "t", "per_branch": "ens/one"}[where]  # whose definition
+    step = {"input": "t", "per_branch": "ens/one"}.get(where, "s")  # whose definition
     assert r.json()["step"] == step, r.text
     read = "'yy' of ens/one" if where == "per_branch" else "'s.yy'"
     assert (
