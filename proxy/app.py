@@ -25,6 +25,7 @@ from proxy.doors.middleware import RequestContext
 from proxy.doors.responses import error_response
 from proxy.doors.rest import PipelineEndpoints
 from proxy.doors.v2rest import V2Endpoints
+from proxy.engine.audit import Audit
 from proxy.errors import Problem
 from proxy.settings import ProxySettings
 from proxy.state import ProxyState
@@ -61,14 +62,19 @@ def create_app(
     elif settings.grpc_port is not None:
         door = grpc_door(state, settings.grpc_port, plane, shared)
 
+    engine = state.engine
+    audit = Audit(engine.plans, engine.executor.wiring, settings.wiring_check_s)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # The door's server starts the plane's pipelines; without a door, they start here.
         await (plane.registry.start() if door is None else door.start())
         state.jobs.start()
+        audit.start()
         if own_process:
             heap.settle()  # the collector set for serving
         yield
+        await audit.stop()
         await state.jobs.stop()
         await (plane.registry.stop() if door is None else door.stop())
         if state.engine.caches is not None:

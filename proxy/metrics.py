@@ -65,6 +65,13 @@ NOT_ANSWERING = Gauge(
     ["endpoint"],
     multiprocess_mode="max",
 )
+PIPELINE_MISCONFIGURED = Gauge(
+    "proxy_pipeline_misconfigured",
+    "1 while a step of the pipeline does not fit its model as the model's metadata declares "
+    "it: inputs it cannot take, outputs it does not have (proxy/engine/audit.py)",
+    ["pipeline"],
+    multiprocess_mode="max",
+)
 SHED = Counter(
     "proxy_requests_shed_total",
     "Requests refused at once (503) because the work ahead of them would outlast their budget",

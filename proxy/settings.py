@@ -152,6 +152,11 @@ class ProxySettings(BaseSettings):
     version or with other tensors is seen within this: by the caches (it stops matching its
     old entries), by the v2 door (a forwarded call is checked against its new inputs) and by
     the wiring check of a call refused INVALID_ARGUMENT."""
+    wiring_check_s: float = Field(default=10.0, ge=0)
+    """How often every pipeline's wiring is checked against its models' metadata in the
+    background: a model swapped for one that does not fit is then logged and counted
+    (`proxy_pipeline_misconfigured`, the MeshPipelineMisconfigured alert) before a request
+    meets it. 0: never (the calls that do not fit still fail 502, naming why)."""
     jobs_url: str | None = None
     """The jobs' queue: `sqlite:///path/jobs.sqlite3` (one machine: the proxy's processes
     and worker processes beside it) or `redis://host:6379/1` (shared by every replica and

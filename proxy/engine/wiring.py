@@ -67,6 +67,22 @@ def mismatch(
     return None
 
 
+def no_output(
+    label: str, target: Target, meta: pb.ModelMetadataResponse | None, tensor: str
+) -> str | None:
+    """Why the pipeline's read of `tensor` from call `label` (a step, or `<parallel
+    step>/<branch>`) cannot be filled: its model declares no such output. None when it does,
+    or when the metadata says nothing."""
+    declared = [o.name for o in meta.outputs] if meta is not None else []
+    if not declared or tensor in declared:
+        return None
+    read = f"'{label}.{tensor}'" if "/" not in label else f"'{tensor}' of {label}"
+    return (
+        f"the pipeline reads {read}, but model '{target.model}' at {target.address} has no "
+        f"output '{tensor}' (it has {', '.join(declared)})"
+    )
+
+
 class Wiring:
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
@@ -92,14 +108,16 @@ class Wiring:
             return exc
         try:
             async with asyncio.timeout_at(deadline):
-                why = await self._why(plan, step, target)
+                why = await self.why_not(plan, step, target)
         except TimeoutError:
             return exc
         if why is None:
             return exc
         return StepError(exc.step, grpc.StatusCode.INTERNAL, f"pipeline misconfigured: {why}")
 
-    async def _why(self, plan: Plan, step: CallingStep, target: Target) -> str | None:
+    async def why_not(self, plan: Plan, step: CallingStep, target: Target) -> str | None:
+        """Why `target`'s model cannot take what `step` sends it, from its metadata; None
+        when it can, or when nothing says."""
         meta = await self.metadata(target)
         if meta is None or not meta.inputs:  # it cannot say: the service judged the call
             return None
@@ -125,13 +143,8 @@ class Wiring:
                     meta = await self.metadata(target)
             except TimeoutError:
                 return None
-            declared = [o.name for o in meta.outputs] if meta is not None else []
-            if declared and tensor not in declared:
-                read = f"'{label}.{tensor}'" if "/" not in label else f"'{tensor}' of {label}"
-                why = (
-                    f"the pipeline reads {read}, but model '{target.model}' at "
-                    f"{target.address} has no output '{tensor}' (it has {', '.join(declared)})"
-                )
+            why = no_output(label, target, meta, tensor)
+            if why is not None:
                 return StepError(
                     reader or label, grpc.StatusCode.INTERNAL, f"pipeline misconfigured: {why}"
                 )

@@ -185,7 +185,7 @@ def test_every_panel_and_rule_has_labelled_series(
             missing = [name for name in panel.labels if not labels.get(name)]
             assert not missing, (panel.title, legend, labels)
     rules = server.rules()
-    assert len(rules) == 19
+    assert len(rules) == 21
     unhealthy = [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]
     assert not unhealthy, unhealthy
     # The recorded series each alert compares carry what its summary names.
@@ -198,6 +198,7 @@ def test_every_panel_and_rule_has_labelled_series(
         ("mesh:model_queue_depth:max", "model"),
         ("mesh:endpoint_not_answering:max", "endpoint"),
         ("mesh:model_load_failing:max", "model"),
+        ("mesh:pipeline_misconfigured:max", "pipeline"),
     ):
         assert record in by_name
         assert all(s["metric"].get(label) for s in server.query(record)), record
@@ -220,6 +221,15 @@ def test_every_panel_and_rule_has_labelled_series(
             break
         time.sleep(0.5)
     assert pending == {("digits-partial", "ensemble", "mlp")}, step_alert["alerts"]
+    # The third proxy's audit found the re-pointed branch without a request's help: in the
+    # three pipelines whose ensemble has it, and no other.
+    misconfigured = {
+        s["metric"]["pipeline"]: float(s["value"][1])
+        for s in server.query("mesh:pipeline_misconfigured:max")
+    }
+    wrong = {p for p, v in misconfigured.items() if v > 0}
+    assert wrong == {"digits", "digits-partial", "digits-features"}, misconfigured
+    assert misconfigured.get("ocr") == 0, misconfigured
     up = server.query('up{job=~"mesh-.*"}')
     assert len(up) == len(targets) and {s["value"][1] for s in up} == {"1"}
     report(

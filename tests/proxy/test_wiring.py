@@ -5,7 +5,11 @@ INVALID_ARGUMENT is the mesh's configuration error (502, naming both sides), not
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
 import pytest
+from prometheus_client import REGISTRY
 
 from proxy.engine.wiring import fits
 from tests.proxy.scripted import ScriptedModel, affine
@@ -162,3 +166,43 @@ async def test_a_tensor_the_model_does_not_have_is_a_502_not_a_null(
         f"{env['MODELS_URL']} has no output 'yy' (it has y, z)"
     ) in r.text
     assert fine.status_code == 200 and fine.json()["result"] == {"y": [2.0, 3.0], "z": None}
+
+
+async def test_the_background_audit_names_what_does_not_fit_before_a_request_meets_it(
+    servers, make_client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No request is sent: the audit reads the models' metadata (the proxy's catalog) and
+    says which pipeline does not fit, and why, in its log line and its gauge (the
+    MeshPipelineMisconfigured alert); a pipeline that fits reads 0."""
+    cubes = affine("cubes", 1, 1)
+    cubes.inputs = (TensorSpec("x", "FP32", (-1, 3, 3)),)
+    env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": await servers(cubes)}
+    env["PLUS_URL"] = await servers(affine("plus1", 1, 1))
+    pipes = {
+        "audit-fits": pipeline([call("s", "plus1", "parse", endpoint="PLUS_URL")], {"y": "s.y"}),
+        "audit-inputs": pipeline([call("s", "cubes", "parse")], {"y": "s.y"}),
+        "audit-outputs": pipeline(
+            [call("s", "plus1", "parse", endpoint="PLUS_URL")], {"y": "s.yy[0]"}
+        ),
+    }
+
+    def gauge(name: str) -> float | None:
+        return REGISTRY.get_sample_value("proxy_pipeline_misconfigured", {"pipeline": name})
+
+    caplog.set_level(logging.ERROR, logger="proxy.audit")
+    async with make_client(pipes, env, wiring_check_s=0.2, cache_check_ms=100):
+        deadline = asyncio.get_running_loop().time() + 15
+        while gauge("audit-inputs") != 1 or gauge("audit-outputs") != 1:
+            assert asyncio.get_running_loop().time() < deadline, caplog.text
+            await asyncio.sleep(0.1)
+        assert gauge("audit-fits") == 0
+    said = [r.getMessage() for r in caplog.records]
+    assert (
+        f"pipeline misconfigured: step 's': model 'cubes' at {env['MODELS_URL']} takes 'x' "
+        "FP32 [-1, 3, 3]; the pipeline sends parse.x as FP32 [-1, -1]"
+    ) in said, said
+    assert (
+        f"pipeline misconfigured: step 's': the pipeline reads 's.yy', but model 'plus1' at "
+        f"{env['PLUS_URL']} has no output 'yy' (it has y)"
+    ) in said, said
+    assert len(said) == 2, "each said once, not each period"
