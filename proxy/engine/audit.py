@@ -93,9 +93,12 @@ class Audit:
                 if isinstance(step, ParallelStep)
                 else [step.name]
             )
-            read = plan.branch_reads.get(step.name, frozenset())
-            if not isinstance(step, ParallelStep):
-                read = _tensors_of(plan, step.name)
+            read = set(step.outputs)  # asked of the model by name
+            if isinstance(step, ParallelStep):  # what per_branch and the combination read
+                read |= plan.branch_reads.get(step.name, frozenset())
+                read |= {step.combine.tensor} if step.combine.tensor else set()
+            else:
+                read |= _tensors_of(plan, step.name)
             for label in labels:
                 target = plan.targets[label]
                 why = await self.wiring.why_not(plan, step, target)

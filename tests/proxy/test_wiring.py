@@ -178,12 +178,19 @@ async def test_the_background_audit_names_what_does_not_fit_before_a_request_mee
     cubes.inputs = (TensorSpec("x", "FP32", (-1, 3, 3)),)
     env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": await servers(cubes)}
     env["PLUS_URL"] = await servers(affine("plus1", 1, 1))
+    fan = {
+        "name": "ens",
+        "branches": [{"name": "one", "endpoint": "PLUS_URL", "model": "plus1"}],
+        "inputs": {"x": "parse.x"},
+        "combine": {"op": "mean", "tensor": "probs"},  # plus1 answers `y`
+    }
     pipes = {
         "audit-fits": pipeline([call("s", "plus1", "parse", endpoint="PLUS_URL")], {"y": "s.y"}),
         "audit-inputs": pipeline([call("s", "cubes", "parse")], {"y": "s.y"}),
         "audit-outputs": pipeline(
             [call("s", "plus1", "parse", endpoint="PLUS_URL")], {"y": "s.yy[0]"}
         ),
+        "audit-combine": pipeline([{"parallel": fan}], {"p": "ens.probs"}),
     }
 
     def gauge(name: str) -> float | None:
@@ -192,7 +199,7 @@ async def test_the_background_audit_names_what_does_not_fit_before_a_request_mee
     caplog.set_level(logging.ERROR, logger="proxy.audit")
     async with make_client(pipes, env, wiring_check_s=0.2, cache_check_ms=100):
         deadline = asyncio.get_running_loop().time() + 15
-        while gauge("audit-inputs") != 1 or gauge("audit-outputs") != 1:
+        while {gauge("audit-inputs"), gauge("audit-outputs"), gauge("audit-combine")} != {1}:
             assert asyncio.get_running_loop().time() < deadline, caplog.text
             await asyncio.sleep(0.1)
         assert gauge("audit-fits") == 0
@@ -205,4 +212,8 @@ async def test_the_background_audit_names_what_does_not_fit_before_a_request_mee
         f"pipeline misconfigured: step 's': the pipeline reads 's.yy', but model 'plus1' at "
         f"{env['PLUS_URL']} has no output 'yy' (it has y)"
     ) in said, said
-    assert len(said) == 2, "each said once, not each period"
+    assert (
+        f"pipeline misconfigured: step 'ens/one': the pipeline reads 'probs' of ens/one, but "
+        f"model 'plus1' at {env['PLUS_URL']} has no output 'probs' (it has y)"
+    ) in said, said
+    assert len(said) == 3, "each said once, not each period"
