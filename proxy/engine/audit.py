@@ -70,7 +70,12 @@ class Audit:
 
     async def check_all(self) -> None:
         for name, plan in self.plans.items():
-            found = await self.check(plan)
+            found, complete = await self.check(plan)
+            if not found and not complete:
+                # A model that cannot say now (its service down, not asked yet): nothing is
+                # known to be wrong, nor known to fit. The last verdict stands: an outage is
+                # neither "fits again" nor, once over, a problem said a second time.
+                continue
             if found != self.problems[name]:
                 if found:
                     for problem in found:
@@ -84,9 +89,11 @@ class Audit:
             self.problems[name] = found
             metrics.PIPELINE_MISCONFIGURED.labels(name).set(1 if found else 0)
 
-    async def check(self, plan: Plan) -> list[str]:
-        """What of `plan` does not fit its models as their metadata declares them now."""
-        found = []
+    async def check(self, plan: Plan) -> tuple[list[str], bool]:
+        """What of `plan` does not fit its models as their metadata declares them now, and
+        whether every model's metadata could be read."""
+        found: list[str] = []
+        complete = True
         for step in calling_steps(plan.pipeline.steps):
             labels = (
                 [f"{step.name}/{b}" for b in plan.branches(step)]
@@ -101,14 +108,17 @@ class Audit:
                 read |= _tensors_of(plan, step.name)
             for label in labels:
                 target = plan.targets[label]
+                meta = await self.wiring.metadata(target)
+                if meta is None:
+                    complete = False
+                    continue
                 why = await self.wiring.why_not(plan, step, target)
                 if why is not None:
                     found.append(f"step '{label}': {why}")
-                meta = await self.wiring.metadata(target)
                 for tensor in sorted(read):
                     if (missing := no_output(label, target, meta, tensor)) is not None:
                         found.append(f"step '{label}': {missing}")
-        return found
+        return found, complete
 
 
 def _tensors_of(plan: Plan, step: str) -> set[str]:

@@ -9,8 +9,12 @@ import asyncio
 import logging
 
 import pytest
+import yaml
 from prometheus_client import REGISTRY
 
+from proxy import metrics
+from proxy.engine import plan
+from proxy.engine.audit import Audit
 from proxy.engine.wiring import fits
 from tests.proxy.scripted import ScriptedModel, affine
 from tests.proxy.test_pipelines import body, call, parse_model, pipeline, post
@@ -217,3 +221,36 @@ async def test_the_background_audit_names_what_does_not_fit_before_a_request_mee
         f"model 'plus1' at {env['PLUS_URL']} has no output 'probs' (it has y)"
     ) in said, said
     assert len(said) == 3, "each said once, not each period"
+
+
+class _CannotSay:
+    """Wiring whose models' metadata cannot be read now (their services down)."""
+
+    async def metadata(self, target: object) -> None:
+        return None
+
+    async def why_not(self, *args: object) -> None:
+        return None
+
+
+async def test_a_model_that_cannot_say_keeps_the_audits_last_verdict(
+    tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A service down is neither "fits again" (the gauge cleared, the alert resolved) nor,
+    once back, a problem logged a second time."""
+    path = tmp_path / "p.yaml"
+    pipes = {"audit-down": pipeline([call("s", "plus1", "parse")], {"y": "s.y"})}
+    path.write_text(yaml.safe_dump({"pipelines": pipes}))
+    plans = plan.load(path, {"PARSE_URL": "127.0.0.1:1", "MODELS_URL": "127.0.0.1:2"})
+    audit = Audit(plans, _CannotSay(), every_s=0)  # type: ignore[arg-type]
+    audit.start()
+    known = ["step 's': model 'plus1' at 127.0.0.1:2 takes 'x' FP32 [-1, 3, 3]; ..."]
+    audit.problems["audit-down"] = known
+    metrics.PIPELINE_MISCONFIGURED.labels("audit-down").set(1)
+    caplog.set_level(logging.INFO, logger="proxy.audit")
+    await audit.check_all()
+    assert audit.problems["audit-down"] == known
+    sample = {"pipeline": "audit-down"}
+    assert REGISTRY.get_sample_value("proxy_pipeline_misconfigured", sample) == 1
+    assert caplog.records == []
+    await audit.stop()
