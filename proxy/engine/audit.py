@@ -15,25 +15,44 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator
+from dataclasses import dataclass
 
 from proxy import metrics
-from proxy.engine.definitions import CallingStep, Entry, ParallelStep, SwitchStep
+from proxy.engine.definitions import CallingStep, ParallelStep
 from proxy.engine.plan import Plan
 from proxy.engine.wiring import Wiring, no_output
 
 log = logging.getLogger("proxy.audit")
 
 
-def calling_steps(entries: list[Entry]) -> Iterator[CallingStep]:
-    """Every step that calls models, those in a switch's paths too."""
-    for entry in entries:
-        step = entry.step
-        if isinstance(step, SwitchStep):
-            for path in step.paths():
-                yield from calling_steps(path)
-        elif isinstance(step, CallingStep):
-            yield step
+@dataclass(frozen=True)
+class Calls:
+    """One calling step of a pipeline, as the audit checks it."""
+
+    step: CallingStep
+    labels: list[str]
+    """Its calls' targets: the step's, or `<parallel step>/<branch>` each."""
+    read: list[str]
+    """Its model's outputs the pipeline reads: asked for by name (`outputs:`), read by the
+    answer or a later step, or for a parallel step by `per_branch` and the combination."""
+
+
+def calls_of(plan: Plan) -> list[Calls]:
+    """What the audit checks of `plan`: fixed by its definition, so found once."""
+    steps = plan.calling_steps()
+    later = {*plan.result_reads, *(r for s in steps for r in s.inputs.values())}
+    found = []
+    for step in steps:
+        read = set(step.outputs)
+        if isinstance(step, ParallelStep):
+            labels = [f"{step.name}/{b}" for b in plan.branches(step)]
+            read |= plan.branch_reads.get(step.name, frozenset())
+            read |= {step.combine.tensor} if step.combine.tensor else set()
+        else:
+            labels = [step.name]
+            read |= {t for p, _, t in (r.partition(".") for r in later) if p == step.name}
+        found.append(Calls(step, labels, sorted(read)))
+    return found
 
 
 class Audit:
@@ -41,6 +60,7 @@ class Audit:
         self.plans = plans
         self.wiring = wiring
         self.every_s = every_s
+        self._calls = {name: calls_of(plan) for name, plan in plans.items()}
         self.problems: dict[str, list[str]] = {name: [] for name in plans}
         """Pipeline -> what does not fit, as last checked."""
         self._task: asyncio.Task[None] | None = None
@@ -94,35 +114,17 @@ class Audit:
         whether every model's metadata could be read."""
         found: list[str] = []
         complete = True
-        for step in calling_steps(plan.pipeline.steps):
-            labels = (
-                [f"{step.name}/{b}" for b in plan.branches(step)]
-                if isinstance(step, ParallelStep)
-                else [step.name]
-            )
-            read = set(step.outputs)  # asked of the model by name
-            if isinstance(step, ParallelStep):  # what per_branch and the combination read
-                read |= plan.branch_reads.get(step.name, frozenset())
-                read |= {step.combine.tensor} if step.combine.tensor else set()
-            else:
-                read |= _tensors_of(plan, step.name)
-            for label in labels:
+        for calls in self._calls[plan.name]:
+            for label in calls.labels:
                 target = plan.targets[label]
                 meta = await self.wiring.metadata(target)
                 if meta is None:
                     complete = False
                     continue
-                why = await self.wiring.why_not(plan, step, target)
+                why = await self.wiring.why_not(plan, calls.step, target)
                 if why is not None:
                     found.append(f"step '{label}': {why}")
-                for tensor in sorted(read):
+                for tensor in calls.read:
                     if (missing := no_output(label, target, meta, tensor)) is not None:
                         found.append(f"step '{label}': {missing}")
         return found, complete
-
-
-def _tensors_of(plan: Plan, step: str) -> set[str]:
-    """The tensors of call step `step` that the answer or a later step reads."""
-    refs = set(plan.result_reads)
-    refs.update(r for s in calling_steps(plan.pipeline.steps) for r in s.inputs.values())
-    return {tensor for producer, _, tensor in (r.partition(".") for r in refs) if producer == step}

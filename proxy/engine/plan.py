@@ -9,6 +9,7 @@ from pathlib import Path
 
 from proxy.engine import endpoints
 from proxy.engine.definitions import (
+    CallingStep,
     CallStep,
     Entry,
     ParallelStep,
@@ -60,9 +61,9 @@ class Plan:
         self._asked: dict[str, list[str]] = {}
         """Call step -> the outputs it asks for (empty: all its model has)."""
         self._made: dict[str, list[str]] = {}
+        """Parallel step -> the tensors its combination makes."""
         self._fanned: dict[str, list[str]] = {}
         """Parallel step -> the outputs it asks its branches for (empty: all)."""
-        """Parallel step -> the tensors its combination makes."""
         self._inputs = set(pipeline.input_names())
         self._env = env
         self._walk(pipeline.steps)
@@ -108,17 +109,22 @@ class Plan:
         """The result template, parsed once: (tensors, branches) -> the answer's `result`."""
         return compiled(self.pipeline.result)
 
-    def call_steps(self, entries: list[Entry] | None = None) -> list[CallStep]:
-        """Every call step, those inside a switch's paths too."""
-        found: list[CallStep] = []
+    def calling_steps(self, entries: list[Entry] | None = None) -> list[CallingStep]:
+        """Every step that calls models (call and parallel steps), those inside a switch's
+        paths too."""
+        found: list[CallingStep] = []
         for entry in self.pipeline.steps if entries is None else entries:
             step = entry.step
-            if isinstance(step, CallStep):
-                found.append(step)
-            elif isinstance(step, SwitchStep):
+            if isinstance(step, SwitchStep):
                 for path in step.paths():
-                    found += self.call_steps(path)
+                    found += self.calling_steps(path)
+            elif isinstance(step, CallingStep):
+                found.append(step)
         return found
+
+    def call_steps(self) -> list[CallStep]:
+        """Every call step, those inside a switch's paths too."""
+        return [s for s in self.calling_steps() if isinstance(s, CallStep)]
 
     def branches(self, step: ParallelStep) -> dict[str, Target]:
         prefix = f"{step.name}/"
