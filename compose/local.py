@@ -192,7 +192,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _port(svc: LocalService) -> str:
-    return next((v for k, v in svc.env.items() if k.endswith("_PORT") and "METRICS" not in k), "?")
+    """The port a service listens on: its `*_PORT` setting, else its `--port` argument
+    (redis-server takes no environment)."""
+    port = next((v for k, v in svc.env.items() if k.endswith("_PORT") and "METRICS" not in k), "")
+    if not port and "--port" in svc.argv[:-1]:
+        port = svc.argv[svc.argv.index("--port") + 1]
+    return port or "?"
 
 
 def ready_banner(services: dict[str, LocalService]) -> str:
@@ -205,9 +210,9 @@ def ready_banner(services: dict[str, LocalService]) -> str:
             "",
             f"proxy: {url}   (OpenAPI: {url}/docs, readiness: {url}/readyz)",
             "try:",
-            f"  curl -s -X POST -H 'Content-Type: image/png' --data-binary @digit.png "
-            f"{url}/v1/pipelines/digits/infer",
-            f"  curl -s -X POST -F file=@page.png {url}/v1/pipelines/ocr/infer",
+            f"  curl -s -X POST -H 'Content-Type: image/jpeg' --data-binary "
+            f"@docs/examples/digit.jpg {url}/v1/pipelines/digits/infer",
+            f"  curl -s -X POST -F file=@docs/examples/page.jpg {url}/v1/pipelines/ocr/infer",
         ]
     lines.append("Ctrl-C stops every service.")
     return "\n".join(lines)

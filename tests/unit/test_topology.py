@@ -3,9 +3,10 @@ where named volumes go, and what a machine without redis-server runs instead."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-from compose.local import DEFAULT_FILE
+from compose.local import DEFAULT_FILE, ROOT, ready_banner
 from compose.topology import load, unavailable
 
 
@@ -54,3 +55,17 @@ def test_the_api_key_and_the_callbacks_settings_reach_the_proxy_when_set() -> No
     assert {name: env[name] for name in environ} == environ
     unset = load([DEFAULT_FILE], environ={})["proxy"].env
     assert [unset[name] for name in environ] == ["", "", ""]
+
+
+def test_the_banner_names_every_port_and_commands_that_run_as_printed(tmp_path: Path) -> None:
+    services = load([DEFAULT_FILE], environ={}, port_offset=1000, data_dir=tmp_path)
+    banner = ready_banner(services)
+    lines = {
+        line.split()[0]: line.split()[-1] for line in banner.splitlines()[2:] if line[:2] == "  "
+    }
+    assert lines["redis"] == "127.0.0.1:7380"  # a --port argument, not a setting
+    assert lines["proxy"] == "127.0.0.1:9080"
+    assert "?" not in banner
+    # The example commands name files the checkout has, from the folder ./mesh up runs in.
+    files = re.findall(r"@([\w./-]+)", banner)
+    assert files and all((ROOT / name).is_file() for name in files)
