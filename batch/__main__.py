@@ -15,7 +15,7 @@ from batch.calls import Retry
 from batch.progress import Progress
 from batch.runner import MeshError, Options, run
 from batch.sinks import Sink, open_sink
-from batch.sources import Source, SourceError, open_source
+from batch.sources import MAX_FILE_MB, Source, SourceError, open_source
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 
@@ -63,6 +63,12 @@ def parser() -> argparse.ArgumentParser:
         type=float,
         metavar="FRACTION",
         help="exit 1 when more than this fraction of the inputs sent failed (e.g. 0.01)",
+    )
+    p.add_argument(
+        "--max-file-mb",
+        type=float,
+        default=MAX_FILE_MB,
+        help=f"larger files are failed rows, never read ({MAX_FILE_MB:g})",
     )
     p.add_argument("--progress-every", type=float, default=10.0, help="seconds between log lines")
     return p
@@ -140,8 +146,16 @@ async def _resuming(
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.concurrency < 1 or args.attempts < 1 or (args.rate is not None and args.rate <= 0):
-        print("mesh batch: --concurrency, --attempts and --rate must be positive", file=sys.stderr)
+    if (
+        args.concurrency < 1
+        or args.attempts < 1
+        or (args.rate is not None and args.rate <= 0)
+        or args.max_file_mb <= 0
+    ):
+        print(
+            "mesh batch: --concurrency, --attempts, --rate and --max-file-mb must be positive",
+            file=sys.stderr,
+        )
         return 2
     try:
         source, sink = _opened(args)
@@ -156,6 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         retry=Retry(attempts=args.attempts),
         timeout_s=args.timeout,
         progress_every_s=args.progress_every,
+        max_file_bytes=int(args.max_file_mb * 2**20),
         door=args.door,
         grpc_address=args.grpc,
         # From the environment, not a flag: a key on the command line shows in `ps`.

@@ -18,7 +18,7 @@ import orjson
 
 from batch import http1
 from batch.sinks import Row
-from batch.sources import Input
+from batch.sources import Input, NotSent
 
 TRANSIENT = frozenset({429, 502, 503, 504})
 
@@ -61,15 +61,15 @@ def request_id(item: Input) -> str:
     return quote(f"batch-{item.key}", safe="/._-:")[:128]
 
 
-async def infer(send: Send, item: Input, retry: Retry) -> Row:
+async def infer(send: Send, item: Input, retry: Retry, max_bytes: int) -> Row:
     if item.problem is not None:
         error = {"status": None, "error": item.problem}
         return Row(item.key, "failed", None, error=error, extra=item.extra)
     try:
-        data = await item.read()
-    except OSError as exc:
-        error = {"status": None, "error": f"cannot read {item.path}: {exc.strerror}"}
-        return Row(item.key, "failed", None, error=error, extra=item.extra)
+        data = await item.read(max_bytes)
+    except (OSError, NotSent) as exc:
+        why = str(exc) if isinstance(exc, NotSent) else f"cannot read {item.path}: {exc.strerror}"
+        return Row(item.key, "failed", None, error={"status": None, "error": why}, extra=item.extra)
     error: dict = {}
     for attempt in range(1, retry.attempts + 1):
         started = time.perf_counter()

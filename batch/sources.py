@@ -13,6 +13,7 @@ import csv
 import glob
 import json
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,17 @@ class SourceError(ValueError):
     """The source itself cannot be read (not one of its inputs); the message says why."""
 
 
+class NotSent(ValueError):
+    """One input that cannot be sent (a FIFO, a device, a file over the size bound): recorded
+    as its failure, the batch goes on."""
+
+
+MAX_FILE_MB = 64.0
+"""Largest file read (`--max-file-mb`): above the mesh's default body limit (20 MiB), so its
+413 names the limit for the files between, while a stray disk image in the folder is refused
+before it is read into memory."""
+
+
 @dataclass(frozen=True)
 class Input:
     key: str
@@ -40,18 +52,40 @@ class Input:
     data: bytes | None = None
     """The image itself, when the source holds it (a database's bytes column)."""
 
-    async def read(self) -> bytes:
+    async def read(self, max_bytes: int = int(MAX_FILE_MB * 2**20)) -> bytes:
         """The image. A small file is read at once, a large one on a thread: a thread's round
         trip costs more than reading a photo of a few kilobytes (a 10 MB scan goes to the
-        thread). One open and one fstat a file: the batch's CPU is taken from the mesh."""
+        thread). One open and one fstat a file: the batch's CPU is taken from the mesh.
+
+        Opened without blocking, and only a regular file is read: a FIFO in the folder would
+        otherwise block the open (and with it the batch, Ctrl-C included) until something
+        writes to it, and a device would be read without end."""
         if self.data is not None:
             return self.data
         assert self.path is not None
-        with open(self.path, "rb", buffering=0) as f:  # noqa: ASYNC230 (small: see above)
-            size = os.fstat(f.fileno()).st_size
-            if size < SMALL_FILE:
+        fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(fd, "rb", buffering=0) as f:  # noqa: ASYNC230 (small: see above)
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise NotSent(f"{self.path} is not a regular file ({_kind(info.st_mode)})")
+            if info.st_size > max_bytes:
+                raise NotSent(
+                    f"{self.path} is {info.st_size / 2**20:.1f} MiB, over the "
+                    f"{max_bytes / 2**20:g} MiB --max-file-mb"
+                )
+            if info.st_size < SMALL_FILE:
                 return f.readall()
             return await asyncio.to_thread(f.readall)
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "a folder" if stat.S_ISDIR(mode) else "not a file"
 
 
 class Source:

@@ -15,7 +15,9 @@ from protos import tracing
 
 REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
 
-_PLAIN_ID = re.compile(r"[A-Za-z0-9._:+\-]{1,128}")
+_PLAIN_ID = re.compile(r"[A-Za-z0-9._:+/%\-]{1,128}")
+"""URL-safe characters, '/' and '%' included: a batch names each request by its file's path,
+percent-encoded (`batch-scans/2026/a%20b.png`)."""
 
 
 def plain_id(given: str | bytes) -> str:

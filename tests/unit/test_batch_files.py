@@ -4,6 +4,7 @@ refusal is retried while the input's own fault never is."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import csv
 import io
@@ -138,7 +139,7 @@ async def _mesh(answers: list[tuple[int, dict, dict]], seen: list[bytes]) -> Asy
 async def _infer(url: str, item: Input, retry: calls.Retry) -> Row:
     door = calls.RestDoor(http1.Client(url, timeout_s=10), "digits")
     try:
-        return await calls.infer(door.send, item, retry)
+        return await calls.infer(door.send, item, retry, 2**20)
     finally:
         await door.close()
 
@@ -166,6 +167,48 @@ async def test_transient_refusals_are_retried_and_a_bad_input_never(tmp_path: Pa
         row = await _infer(url, item, retry)
     assert row.status == "failed" and len(seen) == 3
     assert row.error == {"status": 429, "error": "slow down", "attempts": 3}
+
+
+async def test_what_is_not_a_file_or_too_large_fails_its_row_without_being_read(
+    tmp_path: Path,
+) -> None:
+    """A FIFO in the folder used to block the batch's open for good (Ctrl-C and SIGTERM
+    included), and a device or a disk image would have been read whole into memory: each is a
+    failed row naming why, sent to nobody, and the files beside them are answered."""
+    import os
+
+    from batch.runner import Options, run
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.png").write_bytes(b"img")
+    os.mkfifo(folder / "b.png")
+    (folder / "c.png").symlink_to("/dev/zero")
+    with (folder / "d.png").open("wb") as f:
+        f.truncate(3 * 2**20)  # sparse: 3 MiB that take no disk
+    (folder / "e.png").write_bytes(b"img2")
+    seen: list[bytes] = []
+
+    async def pipelines(request: web.Request) -> web.Response:
+        return web.json_response({"digits": {}})
+
+    async def infer(request: web.Request) -> web.Response:
+        seen.append(await request.read())
+        return web.json_response({"result": {"label": 1}})
+
+    out = tmp_path / "out.jsonl"
+    async with digits_mesh(pipelines, infer) as url:
+        options = Options(url, "digits", progress_every_s=60, max_file_bytes=2**20)
+        await asyncio.wait_for(run(Files(str(folder)), JsonlSink(out), options), 30)
+    rows = {row["key"]: row for row in map(json.loads, out.read_text().splitlines())}
+    assert sorted(seen) == [b"img", b"img2"]
+    assert rows["a.png"]["status"] == rows["e.png"]["status"] == "ok"
+    errors = {key: rows[key]["error"]["error"] for key in ("b.png", "c.png", "d.png")}
+    assert errors == {
+        "b.png": f"{folder / 'b.png'} is not a regular file (a FIFO)",
+        "c.png": f"{folder / 'c.png'} is not a regular file (a device)",
+        "d.png": f"{folder / 'd.png'} is 3.0 MiB, over the 1 MiB --max-file-mb",
+    }
 
 
 async def test_the_api_key_goes_with_every_request(tmp_path: Path) -> None:

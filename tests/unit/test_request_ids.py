@@ -22,6 +22,7 @@ from tests.proxy.scripted import ScriptedModel, serve
 def test_plain_ids_are_kept_and_others_replaced() -> None:
     assert plain_id("req-1.2:3+4") == "req-1.2:3+4"
     assert plain_id(b"abc_DEF") == "abc_DEF"
+    assert plain_id("batch-zeros/0001%20a.png") == "batch-zeros/0001%20a.png"  # mesh batch's
     for bad in ("x" * 129, "a b", "", "é", "a\nb"):
         replaced = plain_id(bad)
         assert replaced != bad and len(replaced) == 32 and int(replaced, 16) >= 0
