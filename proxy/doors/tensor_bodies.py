@@ -113,7 +113,13 @@ def tensor(name: str, value: Any, spec: InputTensor) -> np.ndarray:
         info = np.iinfo(dtype)
         if array.min() < info.min or array.max() > info.max:
             raise Problem(400, f"{where}: an element is out of {spec.datatype}'s range")
-    return array.astype(dtype)
+    with np.errstate(over="ignore"):
+        cast = array.astype(dtype)
+    # JSON has no infinity: one here is a number too large for the type (1e39 as FP32),
+    # which the models would turn into NaN and the mesh refuse as its own fault (502).
+    if dtype.kind == "f" and cast.size and not np.isfinite(cast).all():
+        raise Problem(400, f"{where}: an element is out of {spec.datatype}'s range")
+    return cast
 
 
 def _fits(given: str, wanted: str) -> bool:

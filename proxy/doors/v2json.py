@@ -243,9 +243,13 @@ def _tensor(
         array[:] = elements
     else:
         try:
-            array = np.array(flat, dtype=dtype)
+            with np.errstate(over="ignore"):
+                array = np.array(flat, dtype=dtype)
         except OverflowError:
             raise InvalidInput(f"{where}: a value does not fit {datatype}") from None
+        # JSON has no infinity: one here is a number too large for the type (1e39 as FP32).
+        if dtype.kind == "f" and count and not np.isfinite(array).all():
+            raise InvalidInput(f"{where}: a value does not fit {datatype}")
     return name, array.reshape(dims), offset
 
 

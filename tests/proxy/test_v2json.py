@@ -71,6 +71,7 @@ def test_a_valid_request_decodes() -> None:
         (request(tensor(data=[1.0, None])), "holds a NoneType"),
         (request(tensor(data=[1.0, {"a": 1}])), "holds a dict"),
         (request(tensor(data=[1.0, "2"])), "FP32 elements must be JSON numbers"),
+        (request(tensor(data=[1.0, -1e39])), "does not fit FP32"),  # not -infinity
         (request(tensor(datatype="INT32", data=[1, 2.5])), "INT32 elements must be JSON integers"),
         (request(tensor(datatype="INT32", data=[1, True])), "must be JSON integers"),
         (request(tensor(datatype="UINT8", data=[1, 300])), "does not fit UINT8"),
