@@ -165,7 +165,22 @@ def decode(data: bytes, where: str, limits: ImageLimits, color: str = "bgr") -> 
     img = _to_8bit(img)
     if img.ndim == 3 and img.shape[2] in (2, 4):
         img = _flatten_alpha(img)
-    return convert(img, color)
+    return convert(upright(img, media.orientation(data)), color)
+
+
+def upright(img: np.ndarray, orientation: int) -> np.ndarray:
+    """The pixels as a viewer shows them, by their EXIF orientation: a phone photo taken
+    sideways is stored sideways with a tag saying so, and its lines of text, read as stored,
+    came out in the wrong order."""
+    if orientation in (5, 7):  # across a diagonal: transposed first
+        img = cv2.transpose(img)
+    turn = {3: cv2.ROTATE_180, 6: cv2.ROTATE_90_CLOCKWISE, 7: cv2.ROTATE_180}
+    flip = {2: 1, 4: 0}  # mirrored left-right, top-bottom
+    if orientation == 8:
+        return cv2.rotate(img, cv2.ROTATE_90_COUNTERCLOCKWISE)
+    if orientation in turn:
+        return cv2.rotate(img, turn[orientation])
+    return cv2.flip(img, flip[orientation]) if orientation in flip else img
 
 
 def convert(img: np.ndarray, color: str) -> np.ndarray:

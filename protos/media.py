@@ -120,7 +120,14 @@ def _webp(data: bytes) -> tuple[int, int] | None:
     return None
 
 
-_TIFF_TAGS = {256: "width", 257: "height", 258: "bits", 262: "photometric", 277: "samples"}
+_TIFF_TAGS = {
+    256: "width",
+    257: "height",
+    258: "bits",
+    262: "photometric",
+    274: "orientation",
+    277: "samples",
+}
 
 
 def _tiff_tags(data: bytes) -> dict[str, int] | None:
@@ -187,3 +194,60 @@ def decoded_bytes_per_pixel(data: bytes) -> int:
         return 4
     bits = max(8, tags.get("bits", 8))
     return max(1, tags.get("samples", 1)) * -(-bits // 8)
+
+
+# ---------------------------------------------------------------- orientation
+
+
+def orientation(data: bytes) -> int:
+    """The EXIF orientation (1-8; 1: as stored) of a JPEG (APP1), PNG (eXIf) or WebP (EXIF):
+    how a phone's camera says to turn the pixels it stored sideways. Viewers and browsers
+    honour it; OpenCV's IMREAD_UNCHANGED, which keeps the alpha channel, does not (except
+    for a TIFF, whose decoder turns the image itself: 1 here)."""
+    block = _exif(data)
+    tags = _tiff_tags(block) if block else None
+    value = tags.get("orientation", 1) if tags else 1
+    return value if 1 <= value <= 8 else 1
+
+
+def _exif(data: bytes) -> bytes | None:
+    """The EXIF block (a TIFF header and its IFDs) of a JPEG, PNG or WebP, if it has one."""
+    if data[:2] == b"\xff\xd8":
+        return _jpeg_exif(data)
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        return _chunk(data, 8, b"eXIf", b"IDAT", ">I", name_first=False)
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        block = _chunk(data, 12, b"EXIF", b"", "<I", name_first=True)
+        return block[6:] if block and block[:6] == b"Exif\x00\x00" else block
+    return None
+
+
+def _jpeg_exif(data: bytes) -> bytes | None:
+    pos = 2
+    while pos + 4 <= len(data) and data[pos] == 0xFF:
+        marker = data[pos + 1]
+        if marker == 0xDA:  # start of scan: the metadata segments come before it
+            return None
+        (length,) = struct.unpack(">H", data[pos + 2 : pos + 4])
+        if marker == 0xE1 and data[pos + 4 : pos + 10] == b"Exif\x00\x00":
+            return data[pos + 10 : pos + 2 + length]
+        pos += 2 + length
+    return None
+
+
+def _chunk(
+    data: bytes, pos: int, name: bytes, stop: bytes, size: str, name_first: bool
+) -> bytes | None:
+    """A PNG chunk (length, name, data, CRC) or RIFF chunk (name, length, data, padded to
+    even) named `name`, looked for up to the chunk named `stop`."""
+    while pos + 8 <= len(data):
+        if name_first:
+            found, (length,) = data[pos : pos + 4], struct.unpack(size, data[pos + 4 : pos + 8])
+        else:
+            (length,), found = struct.unpack(size, data[pos : pos + 4]), data[pos + 4 : pos + 8]
+        if found == name:
+            return data[pos + 8 : pos + 8 + length]
+        if found == stop:
+            return None
+        pos += 8 + length + (length & 1 if name_first else 4)
+    return None

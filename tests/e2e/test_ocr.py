@@ -206,3 +206,33 @@ def test_the_documented_example_reads_as_the_page_is_written(mesh: Mesh) -> None
     for doc in ("README.md", "docs/calling.md"):
         shown = re.findall(r'\{"text": "([^"]*)", "score"', (ROOT / doc).read_text())
         assert shown == written, doc
+
+
+@pytest.mark.parametrize("orientation", [3, 6, 8])
+def test_a_photo_stored_sideways_reads_as_a_viewer_shows_it(mesh: Mesh, orientation: int) -> None:
+    """A phone stores a photo taken sideways as the sensor saw it, with an EXIF orientation
+    saying how to turn it. Read as stored, the example page's two lines came back in the
+    wrong order (6), and the boxes were in pixels no viewer shows."""
+    page = (ROOT / "docs" / "examples" / "page.jpg").read_bytes()
+    upright = read(mesh, page)["lines"]
+    lines = read(mesh, stored_sideways(page, orientation))["lines"]
+    assert [line["text"] for line in lines] == [line["text"] for line in upright]
+    for line, want in zip(lines, upright, strict=True):
+        assert np.abs(np.array(line["box"]) - np.array(want["box"])).max() < 6
+
+
+def stored_sideways(jpeg: bytes, orientation: int) -> bytes:
+    """The image as a camera held that way stores it: pixels turned, and the EXIF tag that
+    turns them back."""
+    import io
+
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(jpeg))
+    turn = {3: Image.Transpose.ROTATE_180, 6: Image.Transpose.ROTATE_90,
+            8: Image.Transpose.ROTATE_270}  # fmt: skip
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    out = io.BytesIO()
+    image.transpose(turn[orientation]).save(out, "JPEG", quality=95, exif=exif.tobytes())
+    return out.getvalue()

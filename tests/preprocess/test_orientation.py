@@ -1,0 +1,73 @@
+"""Images decoded as a viewer shows them: the EXIF orientation of a JPEG, PNG or WebP turns
+the pixels (OpenCV's IMREAD_UNCHANGED, kept for the alpha channel, ignores it), and a TIFF,
+which OpenCV's decoder turns itself, is not turned twice."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image, ImageOps
+
+from preprocess.images import ImageLimits, decode
+from protos import media
+
+FORMATS = {
+    "JPEG": {"quality": 100},
+    "PNG": {},
+    "WEBP": {"lossless": True},
+    "TIFF": {},
+}
+
+
+def tagged(image: Image.Image, fmt: str, orientation: int) -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    out = io.BytesIO()
+    image.save(out, fmt, exif=exif.tobytes(), **FORMATS[fmt])
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_orientation_decodes_as_pillow_shows_it(fmt: str) -> None:
+    pixels = np.random.default_rng(0).integers(0, 256, (40, 60, 3), dtype=np.uint8)
+    stored = Image.fromarray(pixels)
+    for orientation in range(1, 9):
+        data = tagged(stored, fmt, orientation)
+        shown = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB"))
+        got = decode(data, "image 0", ImageLimits(), color="rgb")
+        assert got.shape == shown.shape, (fmt, orientation)
+        assert np.abs(got.astype(int) - shown).mean() < 3, (fmt, orientation)
+
+
+def test_with_alpha_and_in_gray_too() -> None:
+    """Turned after the alpha is flattened and whatever the colour layout asked for."""
+    rgba = np.zeros((20, 50, 4), np.uint8)
+    rgba[5:15, 2:10] = (0, 0, 0, 255)  # a black mark on the left of a transparent canvas
+    data = tagged(Image.fromarray(rgba, "RGBA"), "PNG", 6)  # shown turned a quarter clockwise
+    gray = decode(data, "image 0", ImageLimits(), color="gray")
+    assert gray.shape == (50, 20)
+    ink = np.argwhere(gray < 128)
+    assert ink[:, 0].max() < 10 and ink[:, 1].min() >= 5  # now at the top, as shown
+
+
+@settings(max_examples=300, deadline=None)
+@given(cut=st.integers(0, 200), noise=st.binary(min_size=0, max_size=64))
+def test_torn_or_forged_exif_blocks_mean_as_stored(cut: int, noise: bytes) -> None:
+    """A truncated or forged EXIF block never fails the image nor turns it at random."""
+    data = tagged(Image.new("RGB", (8, 8)), "JPEG", 6)
+    start = data.index(b"Exif\x00\x00") + 6
+    forged = data[: start + cut] + noise + data[start + cut + len(noise) :]
+    assert media.orientation(forged) in range(1, 9)
+    assert media.orientation(data[: start + cut]) in range(1, 9)
+
+
+def test_no_exif_block_is_as_stored() -> None:
+    assert media.orientation(tagged(Image.new("RGB", (8, 8)), "JPEG", 1)) == 1
+    out = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(out, "PNG")
+    assert media.orientation(out.getvalue()) == 1
+    assert media.orientation(b"\xff\xd8\xff") == 1
