@@ -152,6 +152,12 @@ def decode(data: bytes, where: str, limits: ImageLimits, color: str = "bgr") -> 
         )
     if kind == "jpeg":
         _check_jpeg(data, w * h, where, limits)
+    if kind == "tiff" and (pages := media.tiff_pages(data)) > 1:
+        # OpenCV decodes the first page only: the others' text would be missing, unsaid.
+        raise InvalidInput(
+            f"{where} is a TIFF of {pages} pages, and only its first would be read: send "
+            "each page as an image of its own"
+        )
     try:
         img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
     except cv2.error:

@@ -121,6 +121,7 @@ def _webp(data: bytes) -> tuple[int, int] | None:
 
 
 _TIFF_TAGS = {
+    254: "subfile",
     256: "width",
     257: "height",
     258: "bits",
@@ -136,9 +137,32 @@ def _tiff_tags(data: bytes) -> dict[str, int] | None:
         return None
     order = "<" if data[:2] == b"II" else ">"
     (ifd,) = struct.unpack(order + "I", data[4:8])
-    if ifd + 2 > len(data):
-        return None
+    return _ifd(data, order, ifd)[0] if ifd + 2 <= len(data) else None
+
+
+def tiff_pages(data: bytes, most: int = 64) -> int:
+    """How many pages a TIFF holds (a scanner's or fax's multi-page document; IFDs marked
+    as reduced-resolution copies of a page, thumbnails, not counted); 1 for other formats.
+    OpenCV decodes the first page only."""
+    if data[:4] not in (b"II*\x00", b"MM\x00*") or len(data) < 8:
+        return 1
+    order = "<" if data[:2] == b"II" else ">"
+    (ifd,) = struct.unpack(order + "I", data[4:8])
+    pages, seen = 0, set()
+    while ifd >= 8 and ifd + 2 <= len(data) and ifd not in seen and len(seen) < most:
+        seen.add(ifd)
+        tags, ifd = _ifd(data, order, ifd)
+        pages += not tags.get("subfile", 0) & 1
+    return max(1, pages)
+
+
+def _ifd(data: bytes, order: str, ifd: int) -> tuple[dict[str, int], int]:
+    """One IFD's tags of `_TIFF_TAGS` (each one's first value), and where the next IFD
+    starts (0: none)."""
     (count,) = struct.unpack(order + "H", data[ifd : ifd + 2])
+    end = ifd + 2 + 12 * count
+    following = data[end : end + 4]
+    after = struct.unpack(order + "I", following)[0] if len(following) == 4 else 0
     tags: dict[str, int] = {}
     for i in range(min(count, 512)):
         entry = data[ifd + 2 + 12 * i : ifd + 14 + 12 * i]
@@ -157,7 +181,7 @@ def _tiff_tags(data: bytes) -> dict[str, int] | None:
             if len(where) < width:
                 continue
         (tags[name],) = struct.unpack(fmt, where[:width])
-    return tags
+    return tags, after
 
 
 def _tiff(data: bytes) -> tuple[int, int] | None:

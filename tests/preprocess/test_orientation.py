@@ -5,6 +5,7 @@ which OpenCV's decoder turns itself, is not turned twice."""
 from __future__ import annotations
 
 import io
+import struct
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from PIL import Image, ImageOps
 
 from preprocess.images import ImageLimits, decode
 from protos import media
+from protos.errors import InvalidInput
 
 FORMATS = {
     "JPEG": {"quality": 100},
@@ -71,3 +73,45 @@ def test_no_exif_block_is_as_stored() -> None:
     Image.new("RGB", (8, 8)).save(out, "PNG")
     assert media.orientation(out.getvalue()) == 1
     assert media.orientation(b"\xff\xd8\xff") == 1
+
+
+def test_a_multi_page_tiff_is_refused_naming_its_pages() -> None:
+    """A scanner's three-page TIFF decoded to its first page: the other two pages' text was
+    missing from the answer, unsaid. A page's thumbnail (a reduced-resolution IFD) is not a
+    page."""
+    pages = [Image.new("L", (40, 30), 255 - 60 * i) for i in range(3)]
+    out = io.BytesIO()
+    pages[0].save(out, "TIFF", save_all=True, append_images=pages[1:])
+    assert media.tiff_pages(out.getvalue()) == 3
+    with pytest.raises(InvalidInput, match="a TIFF of 3 pages, and only its first would be"):
+        decode(out.getvalue(), "image 0", ImageLimits(), color="gray")
+    one = io.BytesIO()
+    pages[0].save(one, "TIFF")
+    assert media.tiff_pages(one.getvalue()) == 1
+    assert decode(one.getvalue(), "image 0", ImageLimits(), color="gray").shape == (30, 40)
+    # A page and its thumbnail (an IFD marked a reduced-resolution copy): one page.
+    assert media.tiff_pages(tiff_of([0, 1])) == 1
+    assert media.tiff_pages(tiff_of([0, 1, 0, 1])) == 2
+    assert decode(tiff_of([0, 1]), "image 0", ImageLimits(), color="gray").shape == (8, 8)
+    # A chain of IFDs that loops back is walked once.
+    looped = bytearray(tiff_of([0, 0]))
+    second = int.from_bytes(looped[8 + 98 : 8 + 102], "little")
+    looped[second + 98 : second + 102] = (8).to_bytes(4, "little")  # back to the first
+    assert media.tiff_pages(bytes(looped)) == 2
+
+
+def tiff_of(subfile_types: list[int]) -> bytes:
+    """A little-endian TIFF of 8x8 grey images, one IFD each with its NewSubfileType."""
+    out = bytearray(b"II*\x00") + (8).to_bytes(4, "little")
+    for i, kind in enumerate(subfile_types):
+        ifd = len(out)
+        pixels = ifd + 2 + 12 * 8 + 4
+        entries = [(254, 4, kind), (256, 3, 8), (257, 3, 8), (258, 3, 8), (259, 3, 1),
+                   (262, 3, 1), (273, 4, pixels), (279, 4, 64)]  # fmt: skip
+        out += len(entries).to_bytes(2, "little")
+        for tag, kind_, value in entries:
+            out += struct.pack("<HHII", tag, kind_, 1, value)
+        last = i == len(subfile_types) - 1
+        out += (0 if last else pixels + 64).to_bytes(4, "little")
+        out += bytes([200]) * 64
+    return bytes(out)
