@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -171,6 +172,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (TopologyError, OSError) as exc:
         print(f"compose.local: {exc}", file=sys.stderr)
         return 2
+    taken = busy_ports(services)
+    for name, port in taken:
+        print(f"compose.local: port {port} ({name}) is in use on 127.0.0.1", file=sys.stderr)
+    if taken:
+        print(
+            "compose.local: stop what holds it (an earlier `./mesh up`?), or run this mesh "
+            "beside it: ./mesh up --port-offset 1000",
+            file=sys.stderr,
+        )
+        return 2
     mesh = LocalMesh(services)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -189,6 +200,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         mesh.down()
     return 0
+
+
+def _ports(svc: LocalService) -> list[int]:
+    """Every port a service listens on: its `*_PORT` settings and its `--port` argument."""
+    values = [v for k, v in svc.env.items() if k.endswith("_PORT")]
+    if "--port" in svc.argv[:-1]:
+        values.append(svc.argv[svc.argv.index("--port") + 1])
+    return [int(v) for v in values if v.isdigit()]
+
+
+def busy_ports(services: dict[str, LocalService]) -> list[tuple[str, int]]:
+    """The ports something else already listens on. Checked before anything starts: else
+    the one service that cannot bind exits, the mesh stops, and the reason is one log line
+    among the others' start and stop (a second `./mesh up` beside a first)."""
+    busy = []
+    for name, svc in services.items():
+        for port in _ports(svc):
+            with socket.socket() as probe:
+                # As the servers bind: a port left in TIME_WAIT by a mesh just stopped is free.
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    probe.bind(("127.0.0.1", port))
+                except OSError:
+                    busy.append((name, port))
+    return busy
 
 
 def _port(svc: LocalService) -> str:

@@ -4,10 +4,14 @@ where named volumes go, and what a machine without redis-server runs instead."""
 from __future__ import annotations
 
 import re
+import socket
 from pathlib import Path
 
-from compose.local import DEFAULT_FILE, ROOT, ready_banner
+import pytest
+
+from compose.local import DEFAULT_FILE, ROOT, busy_ports, main, ready_banner
 from compose.topology import load, unavailable
+from protos.ports import free_port
 
 
 def test_redis_moves_with_the_offset_and_keeps_its_data_in_a_folder(tmp_path: Path) -> None:
@@ -69,3 +73,22 @@ def test_the_banner_names_every_port_and_commands_that_run_as_printed(tmp_path: 
     # The example commands name files the checkout has, from the folder ./mesh up runs in.
     files = re.findall(r"@([\w./-]+)", banner)
     assert files and all((ROOT / name).is_file() for name in files)
+
+
+def test_a_port_in_use_stops_the_start_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A second `./mesh up` beside a first: the proxy alone failed to bind, the mesh stopped,
+    and the reason was one line among 80 of the others starting and stopping."""
+    port = free_port()
+    offset = port - 8080  # the proxy's port, moved onto one this test holds
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        services = load([DEFAULT_FILE], environ={}, port_offset=offset, data_dir=tmp_path)
+        assert ("proxy", port) in busy_ports(services)
+        code = main(["--port-offset", str(offset), "--data", str(tmp_path)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"port {port} (proxy) is in use" in err and "--port-offset" in err
+    assert ("proxy", port) not in busy_ports(services)
