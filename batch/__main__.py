@@ -82,7 +82,9 @@ def _source(args: argparse.Namespace) -> Source:
     if not _is_url(args.source):
         if args.table or args.query:
             raise SourceError("--table and --query name a database source's rows: give a URL")
-        return open_source(args.source, args.path_column)
+        return open_source(
+            args.source, args.path_column, None if _is_url(args.output) else args.output
+        )
     from batch.sql import TableSource  # SQLAlchemy only when a database is named
 
     return TableSource(

@@ -104,8 +104,12 @@ class Source:
 class Files(Source):
     """Every file under a folder (recursively, sorted), or every file a glob matches."""
 
-    def __init__(self, spec: str) -> None:
+    def __init__(self, spec: str, output: str | None = None) -> None:
         self.spec = spec
+        # An output written beside the images (`photos/ -o photos/answers.jsonl`) is not one
+        # of them: it was sent as an image, a failed row, and it grew while being walked.
+        self._output = os.path.realpath(output) if output else None
+        self._output_name = os.path.basename(self._output) if self._output else None
         if glob.has_magic(spec):
             fixed: list[str] = []
             for part in Path(spec).parts:
@@ -123,13 +127,21 @@ class Files(Source):
         # CPU per input, which on a shared machine is taken from the mesh.
         if glob.has_magic(self.spec):
             for name in glob.iglob(self.spec, recursive=True):
-                if os.path.isfile(name):
+                if os.path.isfile(name) and not self._is_output(name):
                     yield name
             return
         for folder, dirs, files in os.walk(self.root):
             dirs.sort()
             for name in sorted(files):
-                yield os.path.join(folder, name)
+                path = os.path.join(folder, name)
+                if not self._is_output(path):
+                    yield path
+
+    def _is_output(self, path: str) -> bool:
+        # The name first: a realpath (a few system calls) only for a file named as it is.
+        return (
+            os.path.basename(path) == self._output_name and os.path.realpath(path) == self._output
+        )
 
     def __iter__(self) -> Iterator[Input]:
         root = os.path.join(self.root, "")
@@ -215,8 +227,9 @@ def _text(value: object) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def open_source(spec: str, path_column: str = "path") -> Source:
-    """A folder, a glob or a manifest (a database: batch.sql.TableSource)."""
+def open_source(spec: str, path_column: str = "path", output: str | None = None) -> Source:
+    """A folder, a glob or a manifest (a database: batch.sql.TableSource); a folder's or
+    glob's files leave out `output`, the batch's own output file."""
     if spec.endswith((".jsonl", ".csv")):
         return Manifest(Path(spec), path_column)
-    return Files(spec)
+    return Files(spec, output)

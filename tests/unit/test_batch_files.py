@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestServer
 
 from batch import calls, http1, sources
 from batch.sinks import CsvSink, JsonlSink, Row
-from batch.sources import Files, Input, Manifest, SourceError
+from batch.sources import Files, Input, Manifest, SourceError, open_source
 from tests.disks import grow, small_disk
 
 
@@ -61,6 +61,16 @@ def test_sources_stream_folders_globs_and_manifests(tmp_path: Path) -> None:
     assert sorted(i.key for i in Files(f"{tmp_path}/*/*.png")) == ["a/1.png", "b/2.png"]
     assert [i.key for i in Files(f"{tmp_path}/")] == ["a/0.jpg", "a/1.png", "b/2.png"]
     assert Files(str(tmp_path)).count() == 3
+    # The batch's own output, written beside the images, is not one of them (by any name
+    # that reaches it); a file of the same name elsewhere is.
+    (tmp_path / "a" / "out.jsonl").write_text("{}\n")
+    (tmp_path / "b" / "out.jsonl").write_text("{}\n")
+    for output in (f"{tmp_path}/a/out.jsonl", f"{tmp_path}/b/../a/out.jsonl"):
+        keys = [i.key for i in open_source(str(tmp_path), output=output)]
+        assert keys == ["a/0.jpg", "a/1.png", "b/2.png", "b/out.jsonl"]
+        assert "a/out.jsonl" not in [i.key for i in Files(f"{tmp_path}/*/*", output)]
+    (tmp_path / "a" / "out.jsonl").unlink()
+    (tmp_path / "b" / "out.jsonl").unlink()
     with contextlib.chdir(tmp_path):  # a relative glob: keys relative to the current folder
         assert sorted(i.key for i in Files("*/*.png")) == ["a/1.png", "b/2.png"]
         assert sorted(i.key for i in Files("a/*")) == ["0.jpg", "1.png"]
