@@ -12,6 +12,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 
 from protos import heap
 from protos.version import VERSION
@@ -38,6 +39,16 @@ NO_FASTAPI_TELEMETRY: dict = {"tracing": False, "metrics": False, "logs": False}
 """FastAPI's own OpenTelemetry off: the mesh traces and measures itself (protos/tracing.py,
 proxy/metrics.py), and FastAPI asked OpenTelemetry for its three providers on every request
 to find out (~3% of a cache hit's cost)."""
+
+
+EXPOSED_HEADERS = [
+    "X-Request-Id",
+    "X-Cache",
+    "Retry-After",
+    "Location",
+    "Idempotent-Replayed",
+]
+"""The mesh's answer headers a browser page may read (CORS hides all but a few otherwise)."""
 
 
 def create_app(
@@ -103,6 +114,16 @@ def create_app(
     )
     open_paths = {p.strip() for p in settings.open_paths.split(",") if p.strip()}
     app.add_middleware(RequestContext, api_key=settings.api_key, open_paths=open_paths)
+    origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
+    if origins:  # outside RequestContext: a browser's preflight carries no API key
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=origins,
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["*"],
+            expose_headers=EXPOSED_HEADERS,
+            max_age=settings.cors_max_age_s,
+        )
     if door is not None:  # the gRPC front's unary calls, answered as gRPC, before all else
         wait_s = settings.max_timeout_ms / 1000
         app.add_middleware(

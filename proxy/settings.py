@@ -94,6 +94,14 @@ class ProxySettings(BaseSettings):
     Basic with the key as the password (a browser's, for the console page)."""
     open_paths: str = "/healthz,/readyz,/metrics"
     """Paths served without the API key."""
+    cors_origins: str = ""
+    """Origins whose web pages may call the proxy from a browser (comma-separated, e.g.
+    `https://app.example.com`, or `*`), as MLServer's `cors_settings` and BentoML's `cors`:
+    preflights answered before the API key is asked for, the mesh's headers (X-Request-Id,
+    X-Cache, Retry-After, Location) readable by the page. Empty: no CORS headers, and
+    browsers keep other origins' pages out."""
+    cors_max_age_s: int = Field(default=600, ge=0)
+    """How long a browser may keep a preflight's answer."""
     console: bool = True
     """The console page at /console/ (docs/console.md) and the record of the last requests
     it shows."""

@@ -178,6 +178,48 @@ async def test_api_key(env, make_client) -> None:
     assert health.status_code == 200
 
 
+async def test_a_browser_page_of_an_allowed_origin_may_call_and_read_the_answer(
+    env, make_client
+) -> None:
+    """PROXY_CORS_ORIGINS: the preflight is answered before the API key is asked for (a
+    browser sends none with it), the answer's headers are readable by the page, and an
+    origin not named gets no CORS headers, which browsers take as a refusal."""
+    app_origin = "https://app.example.com"
+    async with make_client(PIPES, env, api_key="s3cret", cors_origins=app_origin) as client:
+        preflight = await client.options(
+            "/v1/pipelines/p/infer",
+            headers={
+                "Origin": app_origin,
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization, content-type",
+            },
+        )
+        answer = await post(client, "p", body(1), Authorization="Bearer s3cret", Origin=app_origin)
+        keyless = await post(client, "p", body(1), Origin=app_origin)
+        stranger = await post(
+            client, "p", body(1), Authorization="Bearer s3cret", Origin="https://evil.example"
+        )
+    assert preflight.status_code == 200
+    assert preflight.headers["Access-Control-Allow-Origin"] == app_origin
+    assert "POST" in preflight.headers["Access-Control-Allow-Methods"]
+    assert "authorization" in preflight.headers["Access-Control-Allow-Headers"].lower()
+    assert answer.status_code == 200
+    assert answer.headers["Access-Control-Allow-Origin"] == app_origin
+    exposed = answer.headers["Access-Control-Expose-Headers"]
+    assert "X-Request-Id" in exposed and "Retry-After" in exposed
+    assert keyless.status_code == 401  # CORS opens no door the API key closes
+    assert keyless.headers["Access-Control-Allow-Origin"] == app_origin  # the page reads why
+    assert stranger.status_code == 200
+    assert "Access-Control-Allow-Origin" not in stranger.headers
+
+
+async def test_without_cors_origins_no_cors_headers(env, make_client) -> None:
+    async with make_client(PIPES, env) as client:
+        answer = await post(client, "p", body(1), Origin="https://app.example.com")
+    assert answer.status_code == 200
+    assert not [h for h in answer.headers if h.lower().startswith("access-control-")]
+
+
 async def test_v2_rest_protocol(env, make_client) -> None:
     async with make_client(PIPES, env) as client:
         meta = await client.get("/v2/models/plus1")

@@ -54,11 +54,12 @@ def test_the_api_key_and_the_callbacks_settings_reach_the_proxy_when_set() -> No
         "PROXY_API_KEY": "k3y",
         "PROXY_JOBS_CALLBACK_HOSTS": "hooks.internal:8443",
         "PROXY_JOBS_CALLBACK_SECRET": "s3cret",
+        "PROXY_CORS_ORIGINS": "https://app.example.com",
     }
     env = load([DEFAULT_FILE], environ=environ)["proxy"].env
     assert {name: env[name] for name in environ} == environ
     unset = load([DEFAULT_FILE], environ={})["proxy"].env
-    assert [unset[name] for name in environ] == ["", "", ""]
+    assert [unset[name] for name in environ] == ["", "", "", ""]
 
 
 def test_the_banner_names_every_port_and_commands_that_run_as_printed(tmp_path: Path) -> None:
