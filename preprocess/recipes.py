@@ -14,6 +14,7 @@ from preprocess import config as cfg
 from preprocess import images as imgs
 from preprocess.ops import OPS, PER_IMAGE, decode
 from preprocess.state import State
+from protos import media
 from protos.version import VERSION
 from v2server.config import TensorConfig
 from v2server.model import Scheduling, TensorSpec
@@ -58,8 +59,8 @@ class Recipe:
         self.config = config
         self.limits = limits
         self.digest = _digest(config, limits)
-        """What decides its answers: its definition, the image limits and the mesh's release
-        (the operations' code), digested; in its ModelConfig (v2server/triton.py)."""
+        """What decides its answers: its definition, the image limits, the mesh's release and
+        the operations' code, digested; in its ModelConfig (v2server/triton.py)."""
         self.inputs = _specs(config.inputs)
         self.outputs = _specs(config.outputs)
         self.scheduling = replace(scheduling or Scheduling(), max_batch_size=config.max_batch_size)
@@ -132,6 +133,24 @@ class Recipe:
         return None  # a recipe needs an image; the first request pays OpenCV's set-up
 
 
+CODE_SOURCES = (*sorted(Path(__file__).parent.glob("*.py")), Path(media.__file__))
+"""The operations' source: this package and the image headers' reader."""
+
+
+def code_digest(sources: tuple[Path, ...]) -> str:
+    """The operations' source, digested: the package's version stays 0.1.0 from commit to
+    commit, so an upgrade that changed how images are read (their EXIF orientation) kept
+    the digest, and a cache shared across the upgrade (Redis) answered from entries made by
+    the old code until they expired."""
+    digest = hashlib.sha256()
+    for path in sources:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+CODE = code_digest(CODE_SOURCES)
+
+
 def _digest(config: cfg.RecipeConfig, limits: imgs.ImageLimits) -> str:
     """The same on every replica: a `_file` parameter counts by its content, not its path."""
     steps = []
@@ -140,7 +159,8 @@ def _digest(config: cfg.RecipeConfig, limits: imgs.ImageLimits) -> str:
         counted = {k: _content(v) if k.endswith("_file") else v for k, v in params.items()}
         steps.append({op: counted})
     definition = config.model_copy(update={"steps": steps}).model_dump_json()
-    return hashlib.sha256("\n".join((VERSION, definition, repr(limits))).encode()).hexdigest()
+    text = "\n".join((VERSION, CODE, definition, repr(limits)))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _content(path: str) -> str:

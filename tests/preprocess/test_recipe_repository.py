@@ -80,6 +80,25 @@ def test_a_stamp_changes_with_what_decides_the_recipes_answers(path: Path) -> No
     assert all(repo.stamp(name) != before[name] for name in ("gray", "other"))
 
 
+def test_a_stamp_changes_with_the_operations_code(path: Path, monkeypatch) -> None:
+    """An upgrade that changes how images are read moves every recipe's stamp (and with it
+    the proxy's cache keys), though the package's version stays the same."""
+    from preprocess import recipes
+
+    names = {source.name for source in recipes.CODE_SOURCES}
+    assert {"images.py", "ops.py", "ocr.py", "media.py"} <= names
+    copies = []
+    for source in recipes.CODE_SOURCES[:2]:
+        copy = path.parent / source.name
+        copy.write_bytes(source.read_bytes())
+        copies.append(copy)
+    assert recipes.code_digest(tuple(copies)) == recipes.code_digest(recipes.CODE_SOURCES[:2])
+    before = RecipeRepository(path).stamp("gray")
+    copies[0].write_bytes(copies[0].read_bytes() + b"# one line more\n")
+    monkeypatch.setattr(recipes, "CODE", recipes.code_digest(tuple(copies)))
+    assert RecipeRepository(path).stamp("gray") != before
+
+
 def test_a_file_that_cannot_be_read_keeps_its_recipes_and_fails_their_loads(path: Path) -> None:
     repo = RecipeRepository(path)
     good = repo.stamp("gray")
