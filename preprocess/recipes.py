@@ -15,7 +15,7 @@ from preprocess import images as imgs
 from preprocess.ops import OPS, PER_IMAGE, decode
 from preprocess.state import State
 from protos import media
-from protos.version import VERSION
+from protos.version import VERSION, code_digest
 from v2server.config import TensorConfig
 from v2server.model import Scheduling, TensorSpec
 from v2server.policy import payload_bytes
@@ -137,18 +137,9 @@ CODE_SOURCES = (*sorted(Path(__file__).parent.glob("*.py")), Path(media.__file__
 """The operations' source: this package and the image headers' reader."""
 
 
-def code_digest(sources: tuple[Path, ...]) -> str:
-    """The operations' source, digested: the package's version stays 0.1.0 from commit to
-    commit, so an upgrade that changed how images are read (their EXIF orientation) kept
-    the digest, and a cache shared across the upgrade (Redis) answered from entries made by
-    the old code until they expired."""
-    digest = hashlib.sha256()
-    for path in sources:
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
 CODE = code_digest(CODE_SOURCES)
+"""An upgrade that changed how images are read (their EXIF orientation) kept the version,
+and with it every recipe's digest."""
 
 
 def _digest(config: cfg.RecipeConfig, limits: imgs.ImageLimits) -> str:

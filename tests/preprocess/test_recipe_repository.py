@@ -15,6 +15,7 @@ from prometheus_client import REGISTRY
 from preprocess.config import RecipeFileError
 from preprocess.repository import RecipeRepository
 from protos.errors import InvalidInput
+from protos.version import code_digest
 from v2server.control import ModelControl
 
 GRAY = """
@@ -92,10 +93,10 @@ def test_a_stamp_changes_with_the_operations_code(path: Path, monkeypatch) -> No
         copy = path.parent / source.name
         copy.write_bytes(source.read_bytes())
         copies.append(copy)
-    assert recipes.code_digest(tuple(copies)) == recipes.code_digest(recipes.CODE_SOURCES[:2])
+    assert code_digest(tuple(copies)) == code_digest(recipes.CODE_SOURCES[:2])
     before = RecipeRepository(path).stamp("gray")
     copies[0].write_bytes(copies[0].read_bytes() + b"# one line more\n")
-    monkeypatch.setattr(recipes, "CODE", recipes.code_digest(tuple(copies)))
+    monkeypatch.setattr(recipes, "CODE", code_digest(tuple(copies)))
     assert RecipeRepository(path).stamp("gray") != before
 
 

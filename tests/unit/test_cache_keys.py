@@ -11,6 +11,7 @@ import pytest
 
 from predictors.repository import DIGEST_PARAMETER
 from protos import grpc_predict_v2_pb2 as pb
+from protos.version import code_digest
 from proxy.engine.cache import keys
 from proxy.engine.cache.fingerprints import Fingerprints
 from proxy.transport.catalog import Catalog
@@ -72,6 +73,18 @@ async def test_every_part_of_the_inputs_decides_the_key() -> None:
     assert found[0] == same
     assert len(set(found)) == len(found)
     assert await key({"image": image}, fingerprints("2")) != same  # a new model version
+
+
+async def test_the_engines_code_decides_the_key(monkeypatch) -> None:
+    """Another engine (an upgrade that assembles answers differently) never reads the
+    entries the old one made in a shared cache, though the package's version is the same."""
+    names = {path.name for path in keys.ENGINE_SOURCES}
+    assert {"combine.py", "results.py", "executor.py", "keys.py"} <= names
+    assert keys.SCHEME.endswith(code_digest(keys.ENGINE_SOURCES).encode())
+    image = {"image": one(b"\x89PNG" + bytes(range(200)))}
+    before = await key(image)
+    monkeypatch.setattr(keys, "SCHEME", keys.SCHEME[:-1] + b"!")  # one byte of the code's digest
+    assert await key(image) != before
 
 
 async def test_a_big_input_is_hashed_off_the_loop_with_the_same_key(monkeypatch) -> None:

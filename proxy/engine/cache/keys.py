@@ -22,18 +22,23 @@ import hashlib
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import orjson
 
 from protos import codec
+from protos.version import code_digest
 from proxy.engine.cache.fingerprints import Base, Fingerprints
 from proxy.engine.plan import Plan
 from proxy.transport.target import Target
 
-SCHEME = b"mesh-cache-2"
+ENGINE_SOURCES = tuple(sorted(Path(__file__).parents[1].rglob("*.py")))
+"""The engine's source (plans, combinations, results, the cache itself)."""
+SCHEME = b"mesh-cache-2" + code_digest(ENGINE_SOURCES).encode()
+"""Bumped when the key or the entry layout changes, and moved by any change of the engine's
+code (which makes the answers from the models' outputs): old entries are never read."""
 STEPS = b"steps\0"
-"""Bumped when the key or the entry layout changes: old entries are never read."""
 
 
 MAX_BASES = 4096
