@@ -18,12 +18,15 @@ from proxy.app import create_app
 from proxy.doors import grpc_front_nginx as nginx
 from proxy.doors.protocol import GuardedHttpToolsProtocol
 from proxy.doors.server import Server
+from proxy.engine import plan
 from proxy.errors import DefinitionError
 from proxy.settings import ProxySettings
 
 
 def main(argv: list[str] | None = None) -> int:
     settings = settings_from(ProxySettings, sys.argv[1:] if argv is None else argv)
+    if settings.check:  # before logging is set up: it prints, and touches nothing else
+        return _check(settings)
     logs.configure(settings.log_level)
     # The front (nginx on the door's port) is started once: by a supervisor for its workers.
     # Before tracing's exporter opens its gRPC channel: nginx is forked with a preexec_fn, and
@@ -39,6 +42,21 @@ def main(argv: list[str] | None = None) -> int:
     except nginx.FrontError as exc:
         logging.getLogger("proxy").error("cannot start: %s", exc)
         return 2
+
+
+def _check(settings: ProxySettings) -> int:
+    try:
+        plans = plan.load(settings.pipelines, os.environ)
+    except DefinitionError as exc:
+        print(f"python -m proxy: {exc}", file=sys.stderr)
+        return 2
+    for name, each in plans.items():
+        print(f"{name}:")
+        for label, target in each.targets.items():  # in the order the steps call
+            version = f" version {target.version}" if target.version else ""
+            print(f"  {label}: {target.model}{version} at {target.address} ({target.endpoint})")
+    print(f"{settings.pipelines}: {len(plans)} pipelines, every reference and endpoint resolved")
+    return 0
 
 
 def _serve(settings: ProxySettings) -> int:

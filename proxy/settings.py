@@ -55,6 +55,11 @@ class ProxySettings(BaseSettings):
     """Proxy processes sharing the port (proxy/workers.py); 1: this process serves."""
     pipelines: Path = DEFAULT_PIPELINES
     """The pipeline definition file."""
+    check: bool = False
+    """Check the pipeline file against the environment and exit, starting and calling
+    nothing (a pipelines ConfigMap checked in CI before it rolls out): 0 and every call each
+    pipeline makes, with its model, address and variable; or 2 and the problem, as a start
+    would."""
     max_body_mb: float = 20.0
     """Largest request body; larger ones get 413 as soon as the excess arrives."""
     min_upload_kbps: float = 32.0

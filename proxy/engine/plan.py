@@ -70,12 +70,12 @@ class Plan:
         self.keep_after: dict[int, frozenset[str]] = {}
         """id(step) -> producers ("request" or a step name) whose tensors a later step or
         the result still reads: everything else is dropped once the step is done."""
-        for name, output in (pipeline.outputs or {}).items():
-            where = f"pipeline '{self.name}', output '{name}'"
+        for output_name, output in (pipeline.outputs or {}).items():
+            where = f"pipeline '{self.name}', output '{output_name}'"
             if output.tensor.partition(".")[0] == "request":
                 raise DefinitionError(f"{where}: outputs name a step's tensor, not the request")
             check_ref(output.tensor, self._known, set(), where)
-        check_result(pipeline.result, self._known, self._inputs, f"pipeline '{name}', result")
+        check_result(pipeline.result, self._known, self._inputs, f"pipeline '{self.name}', result")
         answer = references(pipeline.result) | {o.tensor for o in (pipeline.outputs or {}).values()}
         self.result_reads = frozenset(r for r in answer if r.partition(".")[0] in self._asked)
         """The references of the answer (the result, the v2 outputs) to a call step's
@@ -89,11 +89,11 @@ class Plan:
             asked = self._fanned.get(step, [])
             if left := [t for t in sorted(tensors) if asked and t not in asked]:
                 raise DefinitionError(
-                    f"pipeline '{name}', result: per_branch reads {left} of step '{step}''s "
+                    f"pipeline '{self.name}', result: per_branch reads {left} of step '{step}''s "
                     f"branches, which it asks for {', '.join(asked)} only (its `outputs`)"
                 )
         for ref in answer:
-            check_made(ref, self._asked, self._made, f"pipeline '{name}', result")
+            check_made(ref, self._asked, self._made, f"pipeline '{self.name}', result")
         read_later = producers(pipeline.result) | {
             producers(o.tensor).pop() for o in (pipeline.outputs or {}).values()
         }

@@ -1,0 +1,60 @@
+"""`python -m proxy --check true`: the pipeline file checked against the environment as a
+start would check it, and nothing started: each pipeline's calls listed, or the problem named
+with exit status 2 (a pipelines ConfigMap checked in CI before it rolls out)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from proxy.__main__ import main
+
+ENDPOINTS = {
+    "PREPROCESS_URL": "preprocess:8002",
+    "PREDICTOR_DIGITS_LOGREG_URL": "digits-logreg:8101",
+    "PREDICTOR_DIGITS_MLP_URL": "dns:///digits-mlp:8102",
+    "PREDICTOR_OCR_DET_URL": "ocr-det:8111",
+    "PREDICTOR_OCR_CLS_URL": "ocr-cls:8112",
+    "PREDICTOR_OCR_REC_URL": "ocr-rec:8113/ocr_rec/2",
+}
+
+
+@pytest.fixture
+def endpoints(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)  # anything the check wrote would land here
+    for name, value in ENDPOINTS.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_the_shipped_pipelines_list_every_call(endpoints, capsys, tmp_path: Path) -> None:
+    assert main(["--check", "true", "--port", "1"]) == 0  # port 1: never bound
+    out = capsys.readouterr().out.splitlines()
+    digits = out[out.index("digits:") + 1 : out.index("digits-partial:")]
+    assert digits == [
+        "  preprocess: digits_input at preprocess:8002 (PREPROCESS_URL)",
+        "  ensemble/logreg: digits_logreg at digits-logreg:8101 (PREDICTOR_DIGITS_LOGREG_URL)",
+        "  ensemble/mlp: digits_mlp at dns:///digits-mlp:8102 (PREDICTOR_DIGITS_MLP_URL)",
+    ]
+    assert "  rec: ocr_rec version 2 at ocr-rec:8113 (PREDICTOR_OCR_REC_URL)" in out
+    assert out[-1].endswith("pipelines.yaml: 5 pipelines, every reference and endpoint resolved")
+    assert list(tmp_path.iterdir()) == []  # no jobs' database, no cache, nothing
+
+
+def test_a_problem_is_named_as_a_start_would_name_it(
+    endpoints, monkeypatch, capsys, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("PREDICTOR_OCR_DET_URL")
+    assert main(["--check", "true"]) == 2
+    assert (
+        "step 'det': endpoint variable PREDICTOR_OCR_DET_URL is not set" in capsys.readouterr().err
+    )
+    monkeypatch.setenv("PREDICTOR_OCR_DET_URL", "ocr-det:8111")
+    shipped = (Path(__file__).parents[2] / "proxy" / "pipelines.yaml").read_text()
+    typo = tmp_path / "pipelines.yaml"
+    typo.write_text(shipped.replace("label: ensemble.label[0]", "label: ensemble.labl[0]"))
+    assert main(["--check", "true", "--pipelines", str(typo)]) == 2
+    err = capsys.readouterr().err
+    # The pipeline named, not its last v2 output's name ("pipeline 'probabilities'" before).
+    assert "pipeline 'digits', result: reads 'ensemble.labl'" in err, err
+    assert "Traceback" not in err
