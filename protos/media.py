@@ -32,6 +32,7 @@ _OTHERS = (
     (b"v/1\x01", "OpenEXR"),
     (b"PF", "PFM"),
     (b"Pf", "PFM"),
+    (b"%PDF-", "a PDF document (send each page as an image)"),
 )
 
 

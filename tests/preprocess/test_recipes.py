@@ -331,6 +331,10 @@ def test_a_long_line_is_classified_through_windows(recipes: dict[str, Recipe]) -
     [
         (b"", "is empty"),
         (b"not an image at all", "not a decodable image"),
+        (
+            b"%PDF-1.7\n%\xe2\xe3\xcf\xd3\n1 0 obj",
+            r"is a PDF document \(send each page as an image\)",
+        ),
         (encode(np.zeros((40, 40), np.uint8))[:60], "not a decodable image"),
         (encode(np.zeros((40, 40, 3), np.uint8), ".jpg")[:-40], "truncated JPEG"),
         (
