@@ -202,11 +202,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _argument_port(svc: LocalService) -> str:
+    """A `--port` argument's value (redis-server takes no environment), or ''."""
+    return svc.argv[svc.argv.index("--port") + 1] if "--port" in svc.argv[:-1] else ""
+
+
 def _ports(svc: LocalService) -> list[int]:
     """Every port a service listens on: its `*_PORT` settings and its `--port` argument."""
-    values = [v for k, v in svc.env.items() if k.endswith("_PORT")]
-    if "--port" in svc.argv[:-1]:
-        values.append(svc.argv[svc.argv.index("--port") + 1])
+    values = [v for k, v in svc.env.items() if k.endswith("_PORT")] + [_argument_port(svc)]
     return [int(v) for v in values if v.isdigit()]
 
 
@@ -228,12 +231,10 @@ def busy_ports(services: dict[str, LocalService]) -> list[tuple[str, int]]:
 
 
 def _port(svc: LocalService) -> str:
-    """The port a service listens on: its `*_PORT` setting, else its `--port` argument
-    (redis-server takes no environment)."""
+    """The port a service serves on: its `*_PORT` setting (not its metrics'), else its
+    `--port` argument."""
     port = next((v for k, v in svc.env.items() if k.endswith("_PORT") and "METRICS" not in k), "")
-    if not port and "--port" in svc.argv[:-1]:
-        port = svc.argv[svc.argv.index("--port") + 1]
-    return port or "?"
+    return port or _argument_port(svc) or "?"
 
 
 def ready_banner(services: dict[str, LocalService]) -> str:
