@@ -210,7 +210,7 @@ def test_a_jobs_run_joins_the_trace_that_submitted_it(traced: TracedMesh) -> Non
 def test_merged_calls_link_every_member(traced: TracedMesh) -> None:
     """Concurrent requests share calls (merging.py): the merged call's span is in its first
     member's trace, linked to every member's attempt, and the service's span is its child."""
-    headers = [_traceparent() for _ in range(48)]
+    ours: set[str] = set()
 
     def send(header: tuple[str, str, str]) -> int:
         with httpx.Client(timeout=10) as client:
@@ -220,15 +220,20 @@ def test_merged_calls_link_every_member(traced: TracedMesh) -> None:
                 headers={"Content-Type": "image/png", "traceparent": header[0]},
             ).status_code
 
-    with ThreadPoolExecutor(16) as pool:
-        assert set(pool.map(send, headers)) == {200}
-    ours = {trace_id for _, trace_id, _ in headers}
-
     def merged(spans: list[Received]) -> list[Received]:
         return [s for s in spans if s.span.name == "merged call" and s.trace_id in ours]
 
-    assert traced.receiver.wait_for(lambda spans: bool(merged(spans)))
-    traced.receiver.wait_for(lambda _: False, timeout_s=1.0)
+    # Calls merge only when requests meet at a step: on two busy cores a burst of 48 once
+    # met none (every merged call one member), so bursts are sent until two members share one.
+    for _ in range(5):
+        headers = [_traceparent() for _ in range(48)]
+        ours |= {trace_id for _, trace_id, _ in headers}
+        with ThreadPoolExecutor(16) as pool:
+            assert set(pool.map(send, headers)) == {200}
+        assert traced.receiver.wait_for(lambda spans: bool(merged(spans)))
+        traced.receiver.wait_for(lambda _: False, timeout_s=1.0)
+        if max(len(s.span.links) for s in merged(traced.receiver.spans)) >= 2:
+            break
     spans = traced.receiver.spans
     by_id = {s.span_id: s for s in spans}
     call = max(merged(spans), key=lambda s: len(s.span.links))
