@@ -16,7 +16,7 @@ import orjson
 from batch import calls, http1
 from batch.progress import Progress
 from batch.sinks import Sink
-from batch.sources import MAX_FILE_MB, Input, Source
+from batch.sources import MAX_FILE_BYTES, Input, Source
 
 if TYPE_CHECKING:
     from batch.grpc_door import GrpcDoor
@@ -41,7 +41,7 @@ class Options:
     retry: calls.Retry = field(default_factory=calls.Retry)
     timeout_s: float = 120.0
     progress_every_s: float = 10.0
-    max_file_bytes: int = int(MAX_FILE_MB * 2**20)
+    max_file_bytes: int = MAX_FILE_BYTES
 
 
 class _Pace:

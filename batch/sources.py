@@ -38,6 +38,7 @@ MAX_FILE_MB = 64.0
 """Largest file read (`--max-file-mb`): above the mesh's default body limit (20 MiB), so its
 413 names the limit for the files between, while a stray disk image in the folder is refused
 before it is read into memory."""
+MAX_FILE_BYTES = int(MAX_FILE_MB * 2**20)
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class Input:
     data: bytes | None = None
     """The image itself, when the source holds it (a database's bytes column)."""
 
-    async def read(self, max_bytes: int = int(MAX_FILE_MB * 2**20)) -> bytes:
+    async def read(self, max_bytes: int = MAX_FILE_BYTES) -> bytes:
         """The image. A small file is read at once, a large one on a thread: a thread's round
         trip costs more than reading a photo of a few kilobytes (a 10 MB scan goes to the
         thread). One open and one fstat a file: the batch's CPU is taken from the mesh.
