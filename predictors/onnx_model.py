@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -81,9 +82,14 @@ def _specs(
     return tuple(specs)
 
 
-def _bounds(field: str, override: ModelTensor, rank: int, kind: str) -> dict[str, tuple[int, ...]]:
-    """An input's max_shape and multiple_of, one entry a dimension of its shape."""
-    out = {}
+def _bounds(field: str, override: ModelTensor, rank: int, kind: str) -> dict[str, Any]:
+    """An input's max_shape and multiple_of (one entry a dimension of its shape) and
+    max_elements."""
+    out: dict[str, Any] = {}
+    if override.max_elements is not None:
+        if kind != "input":
+            raise ValueError(f"{field}: max_elements bounds what callers send; an {kind} has none")
+        out["max_elements"] = override.max_elements
     for what in ("max_shape", "multiple_of"):
         given = getattr(override, what)
         if given is None:

@@ -36,6 +36,7 @@ def _specs(tensors: list[TensorConfig]) -> tuple[TensorSpec, ...]:
             t.optional,
             tuple(t.max_shape or ()),
             tuple(t.multiple_of or ()),
+            t.max_elements or 0,
         )
         for t in tensors
     )

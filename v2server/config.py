@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from protos.codec import DATATYPE_TO_DTYPE
 from protos.strict import Strict
@@ -21,6 +21,11 @@ class TensorConfig(Strict):
     """An input's largest size along each dimension, batch included (-1: no bound): a
     model whose memory grows faster than its input (a recogniser's attention over a line's
     width) must not take what one request can make it take. Refused before decoding."""
+    max_elements: int | None = Field(default=None, gt=0)
+    """An input's largest element count (the product of its shape): where memory grows
+    with the area, not a side (a detector: a receipt 700x6600 costs what a square page of
+    2000 does, a page 6600x6600 eleven times that), a bound per side cannot tell them
+    apart. Refused before decoding."""
     multiple_of: list[int] | None = None
     """What each dimension of an input must be a multiple of (1 or -1: anything): a
     detector whose feature maps halve five times needs sides that are multiples of 32, and

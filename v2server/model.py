@@ -33,6 +33,8 @@ class TensorSpec:
     """An input's largest size along each dimension (-1: no bound); empty: none."""
     multiple_of: tuple[int, ...] = ()
     """What each dimension of an input must be a multiple of (1 or -1: any); empty: none."""
+    max_elements: int = 0
+    """An input's largest element count (the product of its shape); 0: no bound."""
 
 
 class Outputs(dict):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -53,7 +54,7 @@ def check_declared(
                 f"model '{model}' input '{spec.name}': expected shape "
                 f"{list(spec.shape)}, got {list(shape)}"
             )
-        if spec.max_shape or spec.multiple_of:
+        if spec.max_shape or spec.multiple_of or spec.max_elements:
             check_bounds(model, spec, shape)
         if max_batch and len(shape) and shape[0] > max_batch:
             raise InvalidInput(
@@ -71,6 +72,11 @@ def check_bounds(model: str, spec: TensorSpec, shape: Sequence[int]) -> None:
                 f"{where}: dimension {axis} is {size}, more than the model takes "
                 f"({most}; largest shape {list(spec.max_shape)})"
             )
+    if spec.max_elements and math.prod(shape) > spec.max_elements:
+        raise InvalidInput(
+            f"{where}: shape {list(shape)} is {math.prod(shape):,} elements, more than the "
+            f"model takes ({spec.max_elements:,})"
+        )
     for axis, (size, step) in enumerate(zip(shape, spec.multiple_of, strict=False)):
         if step > 1 and size % step:
             raise InvalidInput(

@@ -107,20 +107,22 @@ def bounded(tmp_path: Path, **x: list[int]) -> Path:
         ((1, 9, 2), "dimension 1 is 9, more than the model takes (8; largest shape [4, 8, -1]"),
         ((5, 2, 2), "dimension 0 is 5, more than the model takes (4"),
         ((1, 3, 2), "dimension 1 is 3, not a multiple of 2"),
+        ((3, 8, 2), "shape [3, 8, 2] is 48 elements, more than the model takes (40)"),
     ],
 )
 def test_an_input_past_its_declared_bounds_is_refused_naming_them(
     tmp_path: Path, shape: tuple[int, ...], message: str
 ) -> None:
-    """`max_shape` and `multiple_of` on an input are checked with its shape, before any
-    of it is decoded; within them the model runs as before."""
-    (model,) = discover(bounded(tmp_path, max_shape=[4, 8, -1], multiple_of=[1, 2, -1]), ["ragged"])
+    """`max_shape`, `max_elements` and `multiple_of` on an input are checked with its shape,
+    before any of it is decoded; within them the model runs as before."""
+    root = bounded(tmp_path, max_shape=[4, 8, -1], multiple_of=[1, 2, -1], max_elements=40)
+    (model,) = discover(root, ["ragged"])
     spec = next(s for s in model.inputs if s.name == "x")
-    assert (spec.max_shape, spec.multiple_of) == ((4, 8, -1), (1, 2, -1))
+    assert (spec.max_shape, spec.multiple_of, spec.max_elements) == ((4, 8, -1), (1, 2, -1), 40)
     lengths = ("lengths", "INT32", [shape[0]])
     with pytest.raises(InvalidInput, match=re.escape(message)):
         check_declared("ragged", model.inputs, [("x", "FP32", list(shape)), lengths])
-    check_declared("ragged", model.inputs, [("x", "FP32", [4, 8, 2]), ("lengths", "INT32", [4])])
+    check_declared("ragged", model.inputs, [("x", "FP32", [2, 8, 2]), ("lengths", "INT32", [2])])
 
 
 @pytest.mark.parametrize(
@@ -128,6 +130,7 @@ def test_an_input_past_its_declared_bounds_is_refused_naming_them(
     [
         ({"max_shape": [4, 8]}, "max_shape [4, 8] in the config has 2 dimensions, the input has 3"),
         ({"multiple_of": [1, 2, 1, 1]}, "multiple_of [1, 2, 1, 1] in the config has 4"),
+        ({"max_elements": 0}, "max_elements\n  Input should be greater than 0"),
     ],
 )
 def test_bounds_that_do_not_fit_the_input_stop_start_up(
