@@ -42,13 +42,21 @@ MODELS = {
 CONFIGS = {
     # Detection runs one image of its own size at a time. Its sides must be multiples of 32
     # (other sizes failed deep in the graph), and its memory grows ~150 MiB a megapixel: at
-    # most 2560 a side (~1 GB; the pipeline sends 2016 at most, ocr_det_prepare's max_side).
-    # Its arena gives back what an unusually large page took (predictors/arena.py): one
-    # 2560x2560 page left it holding 1.1 GB for good.
+    # most 2048x2048 pixels in any shape (~630 MiB; a receipt 8192 long fits, the pipeline
+    # sends 2 Mpx at most, ocr_det_prepare's max_pixels), and 8192 a side. Its arena gives
+    # back what an unusually large page took (predictors/arena.py): one 2560x2560 page left
+    # it holding 1.1 GB for good.
     "ocr_det": {
         "max_batch_size": 1,
         "warmup": {"x": [1, 64, 64, 3]},
-        "inputs": [{"name": "x", "max_shape": [1, 2560, 2560, 3], "multiple_of": [1, 32, 32, 1]}],
+        "inputs": [
+            {
+                "name": "x",
+                "max_shape": [1, 8192, 8192, 3],
+                "max_elements": 2048 * 2048 * 3,
+                "multiple_of": [1, 32, 32, 1],
+            }
+        ],
         "onnxruntime": {"arena": "outliers"},
     },
     "ocr_cls": {

@@ -19,7 +19,17 @@ import numpy as np
 from samples.pixels import contrasting, encode
 from samples.text_drawing import Look, WordBox, draw, drawn, fonts
 
-__all__ = ["CATEGORIES", "Look", "Sample", "draw", "drawn", "fonts", "sentence", "suite"]
+__all__ = [
+    "CATEGORIES",
+    "Look",
+    "Sample",
+    "draw",
+    "drawn",
+    "fonts",
+    "receipt",
+    "sentence",
+    "suite",
+]
 
 # ---------------------------------------------------------------- words
 
@@ -200,6 +210,20 @@ def suite(per_category: int, seed: int = 0, categories: list[str] | None = None)
             image, words = drawn(text, look, rng)
             out.append(Sample(name, encode(image, look.jpeg), text, words))
     return out
+
+
+def receipt(seed: int, lines: int = 200, size: int = 16) -> Sample:
+    """A till receipt as a phone scans it: one narrow column of short lines (an item and
+    its price), long enough that a page's long-side limit shrinks its text to a few
+    pixels (200 lines of 16 px: ~450x4800). Not in the suite: it takes seconds to read."""
+    rng = np.random.default_rng([seed, 1_000])
+    text = [
+        f"{sentence(rng, (1, 4))} {int(rng.integers(1, 99))}.{int(rng.integers(10, 99))}"
+        for _ in range(lines)
+    ]
+    look = Look(lines=lines, size=size, font=int(rng.integers(0, 1000)), spacing=1.4)
+    image, words = drawn(text, look, rng)
+    return Sample("receipt", encode(image, None), text, words)
 
 
 def write_folder(

@@ -74,22 +74,25 @@ def test_a_line_too_wide_for_the_recogniser_is_refused_before_it_runs(mesh: Mesh
 
 
 @pytest.mark.parametrize(
-    ("side", "status", "message"),
+    ("height", "width", "status", "message"),
     [
-        (2010, 400, "dimension 1 is 2010, not a multiple of 32"),
-        (2592, 400, "dimension 1 is 2592, more than the model takes (2560"),
-        (640, 200, ""),
+        (2010, 640, 400, "dimension 1 is 2010, not a multiple of 32"),
+        (8224, 320, 400, "dimension 1 is 8224, more than the model takes (8192"),
+        (2080, 2080, 400, "shape [1, 2080, 2080, 3] is 12,979,200 elements, more than the"),
+        (8192, 512, 200, ""),  # a receipt: as many pixels as a page of 2048x2048
+        (640, 640, 200, ""),
     ],
 )
-def test_the_detector_takes_the_sides_its_graph_can(
-    mesh: Mesh, side: int, status: int, message: str
+def test_the_detector_takes_the_sizes_its_graph_and_memory_can(
+    mesh: Mesh, height: int, width: int, status: int, message: str
 ) -> None:
     """Sides that are not multiples of 32 failed inside the detector's graph (a broadcast
-    of 323 by 324): a 500 and a traceback in its log. Sides past 2560 (~1 GB of the
-    detector's memory at 2560; the pipeline sends 2016 at most) are refused too."""
-    x = np.full((1, side, 640, 3), 255, np.uint8)
+    of 323 by 324): a 500 and a traceback in its log. Its memory grows with the area
+    (~150 MiB a megapixel): more than 2048x2048 pixels in any shape is refused (the
+    pipeline sends 2 Mpx at most), and so is a side past 8192."""
+    x = np.full((1, height, width, 3), 255, np.uint8)
     r = binary_infer(mesh, "ocr_det", {"x": x})
-    assert r.status_code == status, r.text
+    assert r.status_code == status, r.text[:300]
     assert message in r.text
 
 
@@ -142,8 +145,9 @@ def test_the_text_decoder_takes_the_steps_the_recogniser_can_make(mesh: Mesh) ->
 
 def test_the_detector_gives_back_what_a_giant_page_took(tmp_path: Path) -> None:
     """ONNX Runtime's arena keeps every byte an execution needed: one 2560x2560 page left the
-    detector holding ~1.1 GB for good. The shipped detector (`arena: outliers`) gives back
-    what an execution far larger than the usual ones took, and keeps what those need."""
+    detector holding ~1.1 GB for good (it now takes 2048x2048 pixels at most). The shipped
+    detector (`arena: outliers`) gives back what an execution far larger than the usual ones
+    took, and keeps what those need."""
     service = start_service(
         "predictors",
         ["--repository", str(ROOT / "models" / "repository"), "--models", "ocr_det"],
@@ -168,13 +172,13 @@ def test_the_detector_gives_back_what_a_giant_page_took(tmp_path: Path) -> None:
             for _ in range(4):  # the usual traffic: pages of a phone's screen
                 assert page(736, 960) == (1, 1, 736, 960)
             usual, _ = memory_mb(pid)
-            assert page(2560, 2560) == (1, 1, 2560, 2560)
+            assert page(2048, 2048) == (1, 1, 2048, 2048)
             after, peak = memory_mb(pid)
             assert page(736, 960) == (1, 1, 736, 960)
     finally:
         service.stop()
     report(
-        f"ocr_det, one 2560x2560 page among 736x960 ones: resident {usual:.0f} MiB before, "
+        f"ocr_det, one 2048x2048 page among 736x960 ones: resident {usual:.0f} MiB before, "
         f"peak {peak:.0f}, {after:.0f} after"
     )
     assert peak - usual > 400, "the giant page did not take the memory it takes"

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from preprocess import config as cfg
-from preprocess import images
+from preprocess import images, ocr
 from preprocess import recipes as recipe_file
 from preprocess.ocr_text import Spacing, charset, ctc_line, latin_punctuation
 from preprocess.recipes import Recipe
@@ -48,11 +48,79 @@ def test_det_input_shape_and_transform(recipes: dict[str, Recipe]) -> None:
     # Bytes at the image's own scale (multiples of 32), not floats upscaled to 736.
     assert x.dtype == np.uint8 and x.shape[0] == 1 and x.shape[3] == 3
     assert x.shape[1] % 32 == 0 and x.shape[2] % 32 == 0
-    assert abs(x.shape[1] - prepared.shape[0]) <= 16 and abs(x.shape[2] - prepared.shape[1]) <= 16
     assert prepared.dtype == np.uint8 and prepared.shape[2] == 3
-    pad_top, _pad_left, rh, _rw, h, w = tf.tolist()
-    assert (h, w) == img.shape[:2]
-    assert prepared.shape[0] == pytest.approx(h / rh + 2 * pad_top, abs=1)
+    pad_top, pad_left, rh, rw, h, w = tf.tolist()
+    assert (h, w) == img.shape[:2] and pad_left == 0
+    # The image lines are cut from is sent without the detector's bands.
+    assert prepared.shape[:2] == (round(h / rh), round(w / rw))
+    assert abs(x.shape[2] - prepared.shape[1]) <= 16
+    assert abs(x.shape[1] - (prepared.shape[0] + 2 * pad_top)) <= 16
+
+
+# (height, width) of images users send, and of ones no user does: the bounds must hold
+# for every shape, the flat and the tall ones most of all.
+ODD_SIZES = [
+    (16, 8192), (8192, 16), (1, 20_000), (20_000, 1), (20, 20), (64, 64), (300, 900),
+    (4423, 392), (6772, 514), (9024, 625), (1300, 3000), (3000, 4000), (2100, 2100),
+    (30, 5000), (120, 4000), (5000, 5000),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("height", "width"), ODD_SIZES)
+def test_what_the_detection_recipe_makes_the_detector_and_crops_take(
+    recipes: dict[str, Recipe], height: int, width: int
+) -> None:
+    """ocr_det_input's `x` within ocr_det's config (multiples of 32, 8192 a side, 2048x2048
+    pixels) and ocr_crops' bounds on the map; its `image` at most 4 Mpx, unpadded, and
+    its `transform` mapping back to the image as sent."""
+    config = cfg_yaml(ROOT / "models/repository/ocr_det/config.yaml")["inputs"][0]
+    image = np.full((height, width, 3), 255, np.uint8)
+    image[height // 3 : height // 3 + 1] = 0
+    out = recipes["ocr_det_input"].run({"image_bytes": as_bytes(encode(image))})
+    x, prepared, tf = out["x"], out["image"], out["transform"]
+    shape = list(x.shape)
+    assert all(s % m == 0 for s, m in zip(shape, config["multiple_of"], strict=True)), shape
+    assert all(s <= m for s, m in zip(shape, config["max_shape"], strict=True)), shape
+    assert x.size <= config["max_elements"], shape
+    assert x.shape[1] * x.shape[2] <= 2_000_000, shape
+    maps = next(t for t in recipes["ocr_crops"].inputs if t.name == "maps")
+    assert x.shape[1] * x.shape[2] <= maps.max_elements
+    assert prepared.shape[0] * prepared.shape[1] <= 4_000_000
+    pad_top, _, rh, rw, h, w = tf.tolist()
+    assert (h, w) == (height, width)
+    assert prepared.shape[:2] == (round(h / rh), round(w / rw))
+    # The bands, if any, come to at most the image's height again on each side (at the
+    # reference's ratio of 8), and the detector sees the image's aspect.
+    assert 0 <= pad_top <= max(prepared.shape[1] / 8, 30)
+    seen_h = x.shape[1] * prepared.shape[0] / (prepared.shape[0] + 2 * pad_top)
+    if min(seen_h, x.shape[2]) > 64:
+        assert seen_h / x.shape[2] == pytest.approx(height / width, rel=0.2)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.integers(1, 30_000),
+    st.integers(1, 30_000),
+    st.integers(32, 256),
+    st.integers(1_000, 8_000),
+    st.integers(262_144, 8_000_000),
+)
+def test_detection_sizes_keep_every_bound(
+    h: int, w: int, min_side: int, max_side: int, max_pixels: int
+) -> None:
+    """Rounded to the detector's stride, a size still keeps its side and area bounds (a
+    nearest rounding took 2000x2000 to 2016x2016, past a bound of 4 Mpx)."""
+    max_side = max_side // 32 * 32
+    sh, sw = ocr.detection_size(h, w, min_side, max_side, max_pixels)
+    assert sh % 32 == 0 and sw % 32 == 0 and sh >= 32 and sw >= 32
+    assert max(sh, sw) <= max_side
+    assert sh * sw <= max(max_pixels, 32 * max_side)
+
+
+def cfg_yaml(path: Path) -> dict:
+    import yaml
+
+    return yaml.safe_load(path.read_text())
 
 
 def _ocr_session(name: str) -> ort.InferenceSession:
