@@ -287,6 +287,14 @@ def ocr_crops(
         raise InvalidInput(f"input '{transform}': expected 6 values, got {list(tf.shape)}")
     h, w = img.shape[:2]
     pad_top, pad_left, ratio_h, ratio_w, raw_h, raw_w = tf.tolist()
+    # What ocr_det_prepare makes; anything else (NaN, a band of 1e30) answered boxes of NaN.
+    pads_fit = all(0 <= pad <= max(h, w, 32) for pad in (pad_top, pad_left))
+    if not (pads_fit and all(0 < v < math.inf for v in (ratio_h, ratio_w, raw_h, raw_w))):
+        raise InvalidInput(
+            f"input '{transform}': expected [pad_top, pad_left, ratio_h, ratio_w, height, "
+            f"width] with bands of 0 to {max(h, w, 32)} and the rest finite and over 0, got "
+            f"{tf.tolist()}"
+        )
     # The map covers `image` with the bands ocr_det_prepare added for the detector; boxes
     # come back in `image`'s pixels, bands taken off (and then clipped to it by _tidy).
     boxes = db_boxes(

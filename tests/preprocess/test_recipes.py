@@ -95,6 +95,37 @@ def test_what_the_detection_recipe_makes_the_detector_and_crops_take(
     seen_h = x.shape[1] * prepared.shape[0] / (prepared.shape[0] + 2 * pad_top)
     if min(seen_h, x.shape[2]) > 64:
         assert seen_h / x.shape[2] == pytest.approx(height / width, rel=0.2)
+    # ocr_crops takes what it makes (a map of no text: no lines).
+    maps = np.zeros((1, 1, *x.shape[1:3]), np.float32)
+    crops = recipes["ocr_crops"].run({"maps": maps, "image": prepared, "transform": tf})
+    assert crops["boxes"].shape == (0, 4, 2)
+
+
+@pytest.mark.parametrize(
+    "transform",
+    [
+        [np.nan, 0, 1, 1, 64, 64],
+        [np.inf, 0, 1, 1, 64, 64],
+        [1e30, 0, 1, 1, 64, 64],
+        [-50, 0, 1, 1, 64, 64],
+        [0, 0, np.nan, 1, 64, 64],
+        [0, 0, 1, 0, 64, 64],
+        [0, 0, 1, 1, -64, 64],
+    ],
+)
+def test_a_transform_ocr_det_prepare_cannot_make_is_refused_naming_it(
+    recipes: dict[str, Recipe], transform: list[float]
+) -> None:
+    """ocr_crops is a model any caller may call on the v2 door: a NaN band or ratio
+    answered boxes of NaN (200), a NaN band after the bands moved off the image failed
+    inside the operation."""
+    maps = np.zeros((1, 1, 64, 64), np.float32)
+    maps[0, 0, 20:30, 5:50] = 0.9
+    inputs = {"maps": maps, "image": np.full((64, 64, 3), 255, np.uint8)}
+    with pytest.raises(InvalidInput, match="input 'transform': expected"):
+        recipes["ocr_crops"].run({**inputs, "transform": np.array(transform, np.float32)})
+    good = np.array([0, 0, 1, 1, 64, 64], np.float32)
+    assert len(recipes["ocr_crops"].run({**inputs, "transform": good})["boxes"]) == 1
 
 
 @settings(max_examples=500, deadline=None)
