@@ -10,6 +10,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from preprocess import ink as _ink  # noqa: F401  (registers the ink operations)
 from preprocess import ocr as _ocr  # noqa: F401  (registers the OCR operations)
+from preprocess import ocr_crops as _ocr_crops  # noqa: F401  (the boxes and the lines cut)
 from preprocess import ocr_gaps as _ocr_gaps  # noqa: F401  (the lines' ink)
 from preprocess import ocr_lines as _ocr_lines  # noqa: F401  (and the per-line ones)
 from preprocess import ocr_text as _ocr_text  # noqa: F401  (and CTC decoding)
