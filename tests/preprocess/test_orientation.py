@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageOps
 
-from preprocess.images import ImageLimits, decode
+from preprocess.images import ImageLimits, decode, reduction
 from protos import media
 from protos.errors import InvalidInput
 
@@ -115,3 +115,49 @@ def tiff_of(subfile_types: list[int]) -> bytes:
         out += (0 if last else pixels + 64).to_bytes(4, "little")
         out += bytes([200]) * 64
     return bytes(out)
+
+
+@pytest.mark.parametrize("color", ["rgb", "gray"])
+def test_a_large_jpeg_decoded_smaller_is_turned_once_and_looks_the_same(color: str) -> None:
+    """A JPEG decoded at 1/2-1/8 of its size (`min_pixels`) goes through OpenCV's colour
+    decoder, which turns the image by its EXIF orientation itself unless told not to:
+    every orientation must come out as the whole decode shows it, only smaller."""
+    rng = np.random.default_rng(1)
+    coarse = rng.integers(0, 256, (12, 16, 3), dtype=np.uint8)  # smooth: survives scaling
+    stored = Image.fromarray(np.asarray(Image.fromarray(coarse).resize((1600, 1200))))
+    for orientation in range(1, 9):
+        data = tagged(stored, "JPEG", orientation)
+        whole = decode(data, "image 0", ImageLimits(), color=color)
+        small = decode(data, "image 0", ImageLimits(), color=color, min_pixels=100_000)
+        assert small.shape[:2] == (whole.shape[0] // 4, whole.shape[1] // 4), orientation
+        assert small.ndim == whole.ndim
+        shrunk = np.asarray(Image.fromarray(whole).resize(small.shape[1::-1], Image.BOX))
+        assert np.abs(small.astype(int) - shrunk).mean() < 4, orientation
+
+
+@pytest.mark.parametrize(
+    ("width", "height", "min_pixels", "factor"),
+    [
+        (4032, 3024, 500_000, 4),  # a phone photo, for an 8x8 digit: 1008x756
+        (4032, 3024, 4_000_000, 1),  # the same, for OCR's 4 Mpx: 1/2 would be 3 Mpx
+        (8000, 6000, 4_000_000, 2),
+        (8000, 6000, 0, 1),  # 0: always whole
+        (800, 600, 500_000, 1),
+        (100_000, 8, 1, 8),
+    ],
+)
+def test_a_jpeg_is_decoded_smaller_only_while_the_pixels_asked_for_remain(
+    width: int, height: int, min_pixels: int, factor: int
+) -> None:
+    assert reduction(width, height, min_pixels) == factor
+    if factor > 1:
+        assert (width // factor) * (height // factor) >= min_pixels
+
+
+def test_only_jpegs_are_decoded_smaller() -> None:
+    """PNG, WebP and the rest have no cheaper smaller decode: OpenCV would decode them
+    whole and resize, which the steps after do better."""
+    pixels = np.zeros((600, 800, 3), np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "PNG")
+    assert decode(out.getvalue(), "x", ImageLimits(), min_pixels=10_000).shape == (600, 800, 3)
