@@ -130,6 +130,13 @@ REDUCED = {
 """(factor, gray) -> OpenCV's flag for a JPEG decoded at 1/factor of its size."""
 
 
+REDUCED_SOURCE_FACTOR = 4
+"""A baseline JPEG decoded at 1/2 or smaller may declare this many times `max_pixels`:
+libjpeg reads its blocks as a stream and keeps only the smaller image (a 48 Mpx photo, a
+phone's high-resolution mode, at 1/2: +70 MiB and 171 ms; whole: +276 MiB and 378 ms).
+What it decodes to stays within `max_pixels`."""
+
+
 def reduction(w: int, h: int, min_pixels: int) -> int:
     """The largest of 8, 4, 2 a JPEG of w x h may be decoded smaller by while keeping
     `min_pixels` (libjpeg scales inside its inverse DCT: a 12 Mpx photo decoded in a quarter
@@ -145,6 +152,14 @@ def decode(
     """Decode one encoded image to uint8 HWC (`bgr`, `rgb`) or HW (`gray`). A JPEG far
     larger than the `min_pixels` the steps after need is decoded at 1/2, 1/4 or 1/8 of its
     size (`reduction`), never below them."""
+    return decode_sized(data, where, limits, color, min_pixels)[0]
+
+
+def decode_sized(
+    data: bytes, where: str, limits: ImageLimits, color: str = "bgr", min_pixels: int = 0
+) -> tuple[np.ndarray, tuple[int, int]]:
+    """`decode`, and the image's (height, width) as sent and shown (which a JPEG decoded
+    smaller is not)."""
     if not data:
         raise InvalidInput(f"{where} is empty")
     if len(data) > limits.max_encoded_bytes:
@@ -164,12 +179,20 @@ def decode(
     w, h = size
     if w == 0 or h == 0:
         raise InvalidInput(f"{where} declares a zero-size image ({w}x{h})")
-    if w * h > limits.max_pixels:
+    factor = reduction(w, h, min_pixels) if kind == "jpeg" else 1
+    most, why = limits.max_pixels, ""
+    if factor > 1 and w * h > most:
+        if media.jpeg_progressive(data):
+            why = " (a progressive JPEG holds all of its pixels while it decodes)"
+        else:
+            most *= REDUCED_SOURCE_FACTOR
+            why = f" for a JPEG decoded at 1/{factor}"
+    if w * h > most:
         raise InvalidInput(
-            f"{where} declares {w}x{h} = {w * h} pixels, more than the limit of {limits.max_pixels}"
+            f"{where} declares {w}x{h} = {w * h} pixels, more than the limit of {most}{why}"
         )
     depth = media.decoded_bytes_per_pixel(data)
-    if w * h * depth > limits.max_decoded_bytes:
+    if -(-w // factor) * -(-h // factor) * depth > limits.max_decoded_bytes:
         raise InvalidInput(
             f"{where} declares {w}x{h} at {depth} bytes a pixel once decoded = {w * h * depth} "
             f"bytes, more than the limit of {limits.max_decoded_bytes} (8 bits a sample fit)"
@@ -182,7 +205,6 @@ def decode(
             f"{where} is a TIFF of {pages} pages, and only its first would be read: send "
             "each page as an image of its own"
         )
-    factor = reduction(w, h, min_pixels) if kind == "jpeg" else 1
     # A reduced decode is always colour or grey (a JPEG has no alpha), and would turn the
     # image by its EXIF orientation itself: `upright` does that, once, for every format.
     flag = (
@@ -203,7 +225,11 @@ def decode(
     img = _to_8bit(img)
     if img.ndim == 3 and img.shape[2] in (2, 4):
         img = _flatten_alpha(img)
-    return convert(upright(img, media.orientation(data)), color)
+    turn = media.orientation(data)
+    img = convert(upright(img, turn), color)
+    if factor == 1:
+        return img, img.shape[:2]
+    return img, ((w, h) if turn in (5, 6, 7, 8) else (h, w))
 
 
 def upright(img: np.ndarray, orientation: int) -> np.ndarray:

@@ -103,7 +103,8 @@ def ocr_det_prepare(
     if len(state.images) != 1:
         raise InvalidInput(f"text detection takes one image per request, got {len(state.images)}")
     raw = state.images[0]
-    raw_h, raw_w = raw.shape[:2]
+    # Boxes answer in the pixels of the image as sent, which a JPEG decoded smaller is not.
+    raw_h, raw_w = state.sizes[0] if state.sizes else raw.shape[:2]
     img = _limit(raw, min_side_len, max_side, image_max_pixels)
     h, w = img.shape[:2]
     state.tensors[image_output] = np.ascontiguousarray(img)

@@ -93,12 +93,14 @@ def decode(state: State, input: str = "image", color: str = "bgr", min_pixels: i
         items = tensor.reshape(-1)
         if len(items) == 0:
             raise InvalidInput(f"input '{input}' holds no image")
-        state.images = [
-            imgs.decode(
+        decoded = [
+            imgs.decode_sized(
                 bytes(item), f"input '{input}' element {i}", state.limits, color, min_pixels
             )
             for i, item in enumerate(items, state.first)
         ]
+        state.images = [img for img, _ in decoded]
+        state.sizes = [size for _, size in decoded]
         return
     if tensor.dtype != np.uint8 or tensor.ndim not in (3, 4) or tensor.shape[-1] not in (1, 3):
         raise InvalidInput(

@@ -108,12 +108,14 @@ class Recipe:
         name = self._decodes
         items = state.tensors[name].reshape(-1)
         images: list[np.ndarray] = []
+        sizes: list[tuple[int, int]] = []
         for rows in groups:
             group = State({name: items[rows]}, state.limits, first=rows.start)
             for op, params in self._steps[: self._grouped]:
                 OPS[op](group, **params)
             images += group.images
-        state.images = images
+            sizes += group.sizes
+        state.images, state.sizes = images, sizes
 
     def work_bytes(self, inputs: Mapping[str, np.ndarray]) -> int:
         """What a request weighs for running on the event loop (v2server/policy.py): the

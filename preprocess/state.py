@@ -18,6 +18,10 @@ class State:
     limits: ImageLimits
     images: list[np.ndarray] = field(default_factory=list)
     """The images being transformed, one per batch row."""
+    sizes: list[tuple[int, int]] = field(default_factory=list)
+    """Each decoded image's (height, width) as sent and shown (its EXIF orientation
+    applied), which a JPEG decoded smaller (`decode`'s `min_pixels`) is not: what answers
+    in the image's pixels (OCR's boxes) map back to. Empty where images came otherwise."""
     first: int = 0
     """The batch row of `images[0]`: a recipe may run a few rows at a time, and errors
     name the row of the whole request."""

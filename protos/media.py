@@ -76,6 +76,24 @@ def _png(data: bytes) -> tuple[int, int] | None:
 
 
 def _jpeg(data: bytes) -> tuple[int, int] | None:
+    frame = _jpeg_frame(data)
+    return None if frame is None else frame[:2]
+
+
+PROGRESSIVE_FRAMES = frozenset({0xC2, 0xC6, 0xCA, 0xCE})
+"""Start-of-frame markers of progressive JPEGs (Huffman or arithmetic, with or without
+differential frames)."""
+
+
+def jpeg_progressive(data: bytes) -> bool:
+    """A progressive JPEG: libjpeg keeps all its coefficients while it decodes (2 bytes a
+    sample, ~3 bytes a pixel in 4:2:0), whatever scale it decodes at."""
+    frame = _jpeg_frame(data)
+    return frame is not None and frame[2] in PROGRESSIVE_FRAMES
+
+
+def _jpeg_frame(data: bytes) -> tuple[int, int, int] | None:
+    """(width, height, start-of-frame marker) from a JPEG's first frame header."""
     if data[:2] != b"\xff\xd8":
         return None
     pos = 2
@@ -92,7 +110,7 @@ def _jpeg(data: bytes) -> tuple[int, int] | None:
             if pos + 9 > len(data):
                 return None
             h, w = struct.unpack(">HH", data[pos + 5 : pos + 9])
-            return w, h
+            return w, h, marker
         pos += 2 + length
     return None
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageOps
 
-from preprocess.images import ImageLimits, decode, reduction
+from preprocess.images import ImageLimits, decode, decode_sized, reduction
 from protos import media
 from protos.errors import InvalidInput
 
@@ -128,8 +128,9 @@ def test_a_large_jpeg_decoded_smaller_is_turned_once_and_looks_the_same(color: s
     for orientation in range(1, 9):
         data = tagged(stored, "JPEG", orientation)
         whole = decode(data, "image 0", ImageLimits(), color=color)
-        small = decode(data, "image 0", ImageLimits(), color=color, min_pixels=100_000)
+        small, size = decode_sized(data, "image 0", ImageLimits(), color, min_pixels=100_000)
         assert small.shape[:2] == (whole.shape[0] // 4, whole.shape[1] // 4), orientation
+        assert size == whole.shape[:2], orientation  # what boxes map back to
         assert small.ndim == whole.ndim
         shrunk = np.asarray(Image.fromarray(whole).resize(small.shape[1::-1], Image.BOX))
         assert np.abs(small.astype(int) - shrunk).mean() < 4, orientation
@@ -161,3 +162,48 @@ def test_only_jpegs_are_decoded_smaller() -> None:
     out = io.BytesIO()
     Image.fromarray(pixels).save(out, "PNG")
     assert decode(out.getvalue(), "x", ImageLimits(), min_pixels=10_000).shape == (600, 800, 3)
+
+
+@pytest.fixture(scope="module")
+def phone_photo_48mpx() -> dict[str, bytes]:
+    """A photo in a phone's high-resolution mode (8000x6000) of a 7 on paper, as phones
+    write it (baseline) and as an editor may re-save it (progressive)."""
+    import cv2
+
+    image = np.full((6000, 8000), 230, np.uint8)
+    cv2.putText(image, "7", (3000, 4600), cv2.FONT_HERSHEY_SIMPLEX, 100, 30, 200)
+    baseline = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes()
+    progressive = cv2.imencode(
+        ".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, 90, cv2.IMWRITE_JPEG_PROGRESSIVE, 1]
+    )[1].tobytes()
+    return {"baseline": baseline, "progressive": progressive}
+
+
+def test_a_photo_past_the_pixel_limit_is_read_when_decoded_smaller(
+    phone_photo_48mpx: dict[str, bytes],
+) -> None:
+    """48 Mpx (a phone's high-resolution mode) is past the 40 Mpx limit on decoded images,
+    which a whole decode of it would take (+276 MiB); decoded at 1/8 for the digits (0.5
+    Mpx needed) or 1/2 for OCR (4 Mpx), libjpeg streams it. A progressive JPEG keeps all its
+    coefficients while it decodes, whatever the scale, and is refused as before, saying so;
+    so is a photo 4x past the limit (libjpeg still reads every block) and one whose steps
+    need it whole."""
+    limits = ImageLimits()
+    digit = decode(phone_photo_48mpx["baseline"], "x", limits, "gray", min_pixels=500_000)
+    assert digit.shape == (750, 1000)
+    ink = np.argwhere(digit < 128)
+    assert ink[:, 1].min() > 300 and ink[:, 0].max() < 600  # the 7, where it was drawn
+    assert decode(phone_photo_48mpx["baseline"], "x", limits, min_pixels=4_000_000).shape == (
+        3000,
+        4000,
+        3,
+    )
+    with pytest.raises(InvalidInput, match="a progressive JPEG holds all of its pixels"):
+        decode(phone_photo_48mpx["progressive"], "x", limits, "gray", min_pixels=500_000)
+    with pytest.raises(InvalidInput, match=r"more than the limit of 40000000$"):
+        decode(phone_photo_48mpx["baseline"], "x", limits, "gray")
+    with pytest.raises(InvalidInput, match=r"more than the limit of 40000000$"):
+        decode(phone_photo_48mpx["baseline"], "x", limits, "gray", min_pixels=20_000_000)
+    small = ImageLimits(max_pixels=10_000_000)
+    with pytest.raises(InvalidInput, match="limit of 40000000 for a JPEG decoded at 1/8"):
+        decode(phone_photo_48mpx["baseline"], "x", small, "gray", min_pixels=500_000)

@@ -180,6 +180,27 @@ def test_crops_find_each_line_and_its_box(recipes: dict[str, Recipe]) -> None:
     assert out["crops"].shape[0] == len(boxes) == len(out["crop_sizes"])
 
 
+def test_boxes_of_a_photo_decoded_smaller_are_in_the_photos_own_pixels(
+    recipes: dict[str, Recipe],
+) -> None:
+    """A 24 Mpx JPEG is decoded at 1/2 for OCR (4 Mpx is what it needs): its boxes must
+    still come back in the pixels of the photo as sent, not of the smaller decode."""
+    photo = np.full((4000, 6000, 3), 235, np.uint8)
+    text = "Total 1284.50"
+    cv2.putText(photo, text, (1800, 2600), cv2.FONT_HERSHEY_SIMPLEX, 6, (20, 20, 20), 14)
+    (tw, th), base = cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, 6, 14)
+    blob = cv2.imencode(".jpg", photo, [cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes()
+    det_in = recipes["ocr_det_input"].run({"image_bytes": as_bytes(blob)})
+    assert det_in["transform"].tolist()[4:] == [4000, 6000]
+    maps = _ocr_session("ocr_det").run(None, {"x": det_in["x"]})[0]
+    out = recipes["ocr_crops"].run(
+        {"maps": maps, "image": det_in["image"], "transform": det_in["transform"]}
+    )
+    (box,) = out["boxes"]
+    assert abs(box[:, 0].min() - 1800) < 40 and abs(box[:, 0].max() - (1800 + tw)) < 40
+    assert abs(box[:, 1].min() - (2600 - th)) < 40 and abs(box[:, 1].max() - (2600 + base)) < 40
+
+
 def test_no_text_gives_no_crops(recipes: dict[str, Recipe]) -> None:
     blank = np.full((200, 300, 3), 255, np.uint8)
     det_in = recipes["ocr_det_input"].run({"image_bytes": as_bytes(encode(blank))})
