@@ -192,9 +192,11 @@ def decode_sized(
             f"{where} declares {w}x{h} = {w * h} pixels, more than the limit of {most}{why}"
         )
     depth = media.decoded_bytes_per_pixel(data)
-    if -(-w // factor) * -(-h // factor) * depth > limits.max_decoded_bytes:
+    decoded = -(-w // factor) * -(-h // factor) * depth
+    if decoded > limits.max_decoded_bytes:
+        scaled = f" (at 1/{factor})" if factor > 1 else ""
         raise InvalidInput(
-            f"{where} declares {w}x{h} at {depth} bytes a pixel once decoded = {w * h * depth} "
+            f"{where} declares {w}x{h}{scaled} at {depth} bytes a pixel once decoded = {decoded} "
             f"bytes, more than the limit of {limits.max_decoded_bytes} (8 bits a sample fit)"
         )
     if kind == "jpeg":
