@@ -10,6 +10,7 @@ import cv2
 import numpy as np
 
 from protos import media
+from protos.decoded import reduction
 from protos.errors import InvalidInput
 from protos.media import declared_size
 
@@ -135,15 +136,6 @@ REDUCED_SOURCE_FACTOR = 4
 libjpeg reads its blocks as a stream and keeps only the smaller image (a 48 Mpx photo, a
 phone's high-resolution mode, at 1/2: +70 MiB and 171 ms; whole: +276 MiB and 378 ms).
 What it decodes to stays within `max_pixels`."""
-
-
-def reduction(w: int, h: int, min_pixels: int) -> int:
-    """The largest of 8, 4, 2 a JPEG of w x h may be decoded smaller by while keeping
-    `min_pixels` (libjpeg scales inside its inverse DCT: a 12 Mpx photo decoded in a quarter
-    of the time at 1/2, a sixth at 1/4); 1 when none does (or `min_pixels` is 0)."""
-    if min_pixels <= 0:
-        return 1
-    return next((f for f in (8, 4, 2) if (w // f) * (h // f) >= min_pixels), 1)
 
 
 def decode(

@@ -68,6 +68,11 @@ class Recipe:
         self._steps = [next(iter(step.items())) for step in config.steps]
         self._decodes = _decoded_input(self._steps)
         """The input of encoded images the recipe starts by decoding ('' if it does not)."""
+        self.decoding: tuple[str, int] | None = (
+            (self._decodes, int(self._steps[0][1].get("min_pixels", 0))) if self._decodes else None
+        )
+        """(input, min_pixels) of the recipe's decode, reported in its ModelConfig: the proxy
+        counts a pipeline's images in flight as decoded (protos/decoded.py)."""
         self._grouped = _per_image_prefix(self._steps) if self._decodes else 0
         """How many first steps may run a few images at a time (0: none)."""
 

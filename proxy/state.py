@@ -68,7 +68,7 @@ class ProxyState:
         calls = Calls(channels, services, merge=settings.merge)
         executor = Executor(calls, caches, Wiring(catalog))
         recent = Recent(settings.console_requests) if settings.console else None
-        engine = Engine(plans, executor, admission, caches, recent)
+        engine = Engine(plans, executor, admission, caches, recent, catalog)
         jobs = Jobs(engine, _jobs_config(settings))
         return cls(settings, engine, channels, services, catalog, settings.upload_limits(), jobs)
 

@@ -29,6 +29,8 @@ class ServedModel:
         self.labels = runnable.labels
         self.digest: str | None = getattr(runnable, "digest", None)
         """What decides its answers, digested (v2server/triton.py: DIGEST_PARAMETER)."""
+        self.decoding: tuple[str, int] | None = getattr(runnable, "decoding", None)
+        """(input, min_pixels) of the images the model starts by decoding (a recipe's)."""
         self.reported_config = getattr(runnable, "reported_config", None)
         """The Triton config the model was loaded from, when it has one (v2server/triton.py)."""
         self.scheduling: Scheduling = runnable.scheduling

@@ -8,6 +8,7 @@ import numpy as np
 from protos import pb
 from protos.channels import STREAM_CANCEL_EXTENSION
 from protos.codec import CONFIG_DATA_TYPE
+from protos.decoded import MIN_PIXELS_PARAMETER
 from protos.errors import InvalidInput
 from protos.tracing import TRACE_EXTENSION
 from v2server.model import Served, TensorSpec
@@ -66,6 +67,9 @@ def model_config(model: Served) -> pb.ModelConfig:
             config.dynamic_batching.preferred_batch_size.append(scheduling.preferred_batch_size)
     if digest := getattr(model, "digest", None):
         config.parameters[DIGEST_PARAMETER].string_value = digest
+    if decoding := getattr(model, "decoding", None):
+        tensor, min_pixels = decoding
+        config.parameters[MIN_PIXELS_PARAMETER + tensor].string_value = str(min_pixels)
     return config
 
 

@@ -109,6 +109,20 @@ class Plan:
         """The result template, parsed once: (tensors, branches) -> the answer's `result`."""
         return compiled(self.pipeline.result)
 
+    @functools.cached_property
+    def decoders(self) -> tuple[tuple[Target, str], ...] | None:
+        """(target, model input) of each call step sent the uploaded image as it came, whose
+        decode the admission counts (engine/pixels.py); None when a parallel step is sent it
+        (its branches' models are not known before the call)."""
+        upload = f"request.{self.pipeline.input}"
+        found: list[tuple[Target, str]] = []
+        for step in self.calling_steps():
+            taken = [name for name, ref in step.inputs.items() if ref == upload]
+            if taken and not isinstance(step, CallStep):
+                return None
+            found += [(self.targets[step.name], name) for name in taken]
+        return tuple(found)
+
     def calling_steps(self, entries: list[Entry] | None = None) -> list[CallingStep]:
         """Every step that calls models (call and parallel steps), those inside a switch's
         paths too."""

@@ -33,11 +33,13 @@ from proxy.engine.cache.answers import Answers
 from proxy.engine.cache.caches import Caches
 from proxy.engine.cache.keys import pipeline_key, pipeline_key_now
 from proxy.engine.executor import Executor
+from proxy.engine.pixels import counted
 from proxy.engine.plan import Plan
 from proxy.engine.recent import Recent
 from proxy.engine.recorded import Outcome, recorded
 from proxy.engine.run import Run, StepStatus, ms
 from proxy.errors import Problem
+from proxy.transport.catalog import Catalog
 
 
 class Engine:
@@ -50,6 +52,7 @@ class Engine:
         admission: Admission,
         caches: Caches | None = None,
         recent: Recent | None = None,
+        catalog: Catalog | None = None,
     ) -> None:
         self.plans = plans
         self.executor = executor
@@ -58,6 +61,8 @@ class Engine:
         """The inference and data caches (None: none at all)."""
         self.recent = recent
         """The console's record of the last requests (None: the console is off)."""
+        self.catalog = catalog
+        """The models' configurations: how many pixels a model decodes of an upload."""
 
     def plan(self, name: str) -> Plan:
         plan = self.plans.get(name)
@@ -182,7 +187,8 @@ class Ticket:
                 self.request_id = request_id
                 self.answered = _shared(found, key)  # type: ignore[arg-type]
                 return self.answered
-        return self._run(inputs, width * height, request_id, key)
+        pixels = counted(plan, self.engine.catalog, body, width, height)
+        return self._run(inputs, pixels, request_id, key)
 
     async def run_tensors(self, inputs: dict[str, np.ndarray], request_id: str) -> Run:
         """A pipeline's declared `inputs` through it: each checked against its declaration

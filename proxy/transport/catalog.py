@@ -73,6 +73,16 @@ class Catalog:
         held = None if fresh is None else fresh.peek()
         return None if held is None else held[0]
 
+    def last(self, address: str, model: str, version: str = "") -> Described | None:
+        """The model's metadata as last known, however old, without waiting; asked again in
+        the background when older than check_s (None: never known yet, asked now)."""
+        key = (address, model, version)
+        fresh = self._fresh.get(key)
+        if fresh is None:
+            fresh = self._fresh[key] = Fresh(lambda: self._ask(key), self.check_s)
+        held = fresh.last()
+        return None if held is None else held[0]
+
     def until(self, address: str, model: str, version: str = "") -> float:
         """When the model's metadata goes stale (time.monotonic; -inf: not known now)."""
         fresh = self._fresh.get((address, model, version))

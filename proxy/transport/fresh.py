@@ -34,6 +34,14 @@ class Fresh(Generic[T]):
         """When the last answer stops being fresh (time.monotonic; -inf: none yet)."""
         return self._at + self._ttl_s if self._value is not None else float("-inf")
 
+    def last(self) -> T | None:
+        """The last answer whatever its age, without waiting (None: none yet); asked again in
+        the background when older than `ttl_s`, one check at a time."""
+        if self._running is None and time.monotonic() - self._at >= self._ttl_s:
+            self._running = asyncio.ensure_future(self._refresh())
+            self._running.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return self._value
+
     async def get(self) -> T:
         """The last answer if younger than `ttl_s`, else a new one (one check at a time)."""
         if self._value is not None and time.monotonic() - self._at < self._ttl_s:

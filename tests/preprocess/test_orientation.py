@@ -13,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageOps
 
-from preprocess.images import ImageLimits, decode, decode_sized, reduction
+from preprocess.images import ImageLimits, decode, decode_sized
 from protos import media
+from protos.decoded import decoded_pixels, reduction
 from protos.errors import InvalidInput
 
 FORMATS = {
@@ -162,6 +163,28 @@ def test_only_jpegs_are_decoded_smaller() -> None:
     out = io.BytesIO()
     Image.fromarray(pixels).save(out, "PNG")
     assert decode(out.getvalue(), "x", ImageLimits(), min_pixels=10_000).shape == (600, 800, 3)
+
+
+@pytest.mark.parametrize("kind", ["baseline", "progressive", "png"])
+@pytest.mark.parametrize("min_pixels", [0, 100_000, 500_000, 4_000_000])
+def test_the_proxy_counts_the_pixels_the_decode_makes(kind: str, min_pixels: int) -> None:
+    """The proxy counts an upload's pixels in flight (`max_inflight_mpx`) from its header and
+    the decode's `min_pixels` (protos/decoded.py), before the preprocessing sees it: the
+    count must be the decoded image's (a progressive JPEG, which holds all its coefficients,
+    counted whole)."""
+    import cv2
+
+    image = np.full((1511, 2017), 200, np.uint8)  # odd sides: a reduced decode rounds up
+    params = [cv2.IMWRITE_JPEG_PROGRESSIVE, 1] if kind == "progressive" else []
+    data = cv2.imencode(".png" if kind == "png" else ".jpg", image, params)[1].tobytes()
+    decoded = decode(data, "image 0", ImageLimits(), color="gray", min_pixels=min_pixels)
+    counted = decoded_pixels(data, 2017, 1511, min_pixels)
+    if kind == "progressive":
+        assert counted == 2017 * 1511 >= decoded.size
+    else:
+        assert counted == decoded.size
+    if kind == "baseline" and min_pixels == 100_000:
+        assert counted == 505 * 378  # at 1/4
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from preprocess.ocr_text import Spacing, charset, ctc_line, latin_punctuation
 from preprocess.recipes import Recipe
 from preprocess.settings import DEFAULT_RECIPES
 from protos import media
+from protos.decoded import MIN_PIXELS_PARAMETER
 from protos.errors import InvalidInput
 from samples.images import encode, render_lines
 from v2server import triton
@@ -630,3 +631,20 @@ def test_a_recipe_edited_is_told_apart_by_its_digest(tmp_path: Path) -> None:
     assert after["ocr_ctc_decode"].digest == before["ocr_ctc_decode"].digest
     config = triton.model_config(ServedModel(after["digits_input"]))
     assert config.parameters[triton.DIGEST_PARAMETER].string_value == after["digits_input"].digest
+
+
+def test_a_recipe_that_decodes_says_how_small_in_its_config() -> None:
+    """The proxy counts a pipeline's images in flight as the preprocessing decodes them,
+    from the `min_pixels` a recipe's ModelConfig reports for its input of encoded images."""
+    recipes = recipe_file.load(DEFAULT_RECIPES)
+    said = {
+        name: {
+            k: p.string_value
+            for k, p in triton.model_config(ServedModel(recipe)).parameters.items()
+            if k.startswith(MIN_PIXELS_PARAMETER)
+        }
+        for name, recipe in recipes.items()
+    }
+    assert said["digits_input"] == {MIN_PIXELS_PARAMETER + "image": "500000"}
+    assert said["ocr_det_input"] == {MIN_PIXELS_PARAMETER + "image_bytes": "4000000"}
+    assert said["ocr_crops"] == {}  # takes tensors: nothing to decode

@@ -26,6 +26,8 @@ class ScriptedModel:
     outputs: tuple[TensorSpec, ...] = (TensorSpec("y", "FP32", (-1, -1)),)
     platform: str = "scripted"
     labels: dict[str, list[str]] = field(default_factory=dict)
+    decoding: tuple[str, int] | None = None
+    """(input, min_pixels) reported in its ModelConfig, as a recipe that decodes does."""
     version: str = "1"
     scheduling: Scheduling = field(default_factory=Scheduling)
     statistics: ModelStatistics = field(default_factory=ModelStatistics)

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 
+import cv2
+import numpy as np
 import pytest
 
 from proxy.engine.admission import Admission, PipelineLimits
 from proxy.errors import Problem
+from tests.proxy.scripted import ScriptedModel
+from v2server.model import TensorSpec
 
 
 async def test_a_pipelines_megapixels_bound_what_it_takes() -> None:
@@ -105,3 +109,104 @@ def test_an_upload_is_refused_once_it_would_pass_the_bytes_in_flight() -> None:
     alone.hold_upload(150)  # larger than the bound, but alone: passes (as a big image does)
     with pytest.raises(Problem, match="MiB of requests in flight"):
         Admission.ledger(alone.admission).hold_upload(1)  # while it holds them, none else
+
+
+def _photo(width: int, height: int, progressive: bool = False, ext: str = ".jpg") -> bytes:
+    img = np.full((height, width), 200, np.uint8)
+    img[height // 3 : height // 2, width // 3 : width // 2] = 30
+    params = [cv2.IMWRITE_JPEG_PROGRESSIVE, 1] if progressive else []
+    return cv2.imencode(ext, img, params)[1].tobytes()
+
+
+def _looking(decoding: tuple[str, int] | None) -> tuple[ScriptedModel, asyncio.Event]:
+    """A model sent the upload as it came, held until the event is set."""
+    gate = asyncio.Event()
+
+    async def look(inputs, deadline):
+        await gate.wait()
+        return {"y": np.zeros((1, 1), np.float32)}
+
+    model = ScriptedModel(
+        "look",
+        look,
+        inputs=(TensorSpec("image", "BYTES", (-1,)),),
+        outputs=(TensorSpec("y", "FP32", (-1, -1)),),
+        decoding=decoding,
+    )
+    return model, gate
+
+
+def _photos_pipeline() -> dict:
+    return {
+        "photos": {
+            "input": "image",
+            "accept": ["png", "jpeg"],
+            "max_inflight_mpx": 1,
+            "steps": [
+                {
+                    "call": {
+                        "name": "look",
+                        "endpoint": "LOOK_URL",
+                        "model": "look",
+                        "inputs": {"image": "request.image"},
+                    }
+                }
+            ],
+            "result": {"y": "look.y"},
+        }
+    }
+
+
+async def _held(model: ScriptedModel, calls: int) -> None:
+    while model.calls < calls:  # noqa: ASYNC110 (the model counts its calls, no event)
+        await asyncio.sleep(0.01)
+
+
+async def test_a_jpeg_is_counted_as_its_model_decodes_it(make_client, servers) -> None:
+    """A 3 Mpx photo sent to a model that decodes it keeping 0.1 Mpx (at 1/4: 0.19 Mpx)
+    takes that much of the pipeline's 1 Mpx: a second one runs beside it. Counted as its
+    header declares it, the second was refused 503 (a phone's 12 Mpx photos, two at once, to
+    `digits`' 24 Mpx). A progressive JPEG and a PNG are decoded whole, and counted so."""
+    model, gate = _looking(("image", 100_000))
+    address = await servers(model)
+    photo = _photo(2000, 1500)
+    post = "/v1/pipelines/photos/infer"
+    async with make_client(_photos_pipeline(), {"LOOK_URL": address}) as client:
+        # The model's configuration is asked once the pipeline meets a JPEG: until it has
+        # answered, a photo is counted whole (and the second refused here).
+        for _ in range(50):
+            gate.clear()
+            first = asyncio.ensure_future(client.post(post, content=photo))
+            await asyncio.wait_for(_held(model, model.calls + 1), 10)
+            second = asyncio.ensure_future(client.post(post, content=_photo(2000, 1502)))
+            done, _ = await asyncio.wait([second], timeout=0.2)
+            if not done:
+                break
+            assert second.result().status_code == 503, second.result().text
+            gate.set()
+            assert (await first).status_code == 200
+        assert not second.done(), "a second photo was never let in beside the first"
+        await asyncio.wait_for(_held(model, 2), 10)
+        for refused in (_photo(2000, 1500, progressive=True), _photo(2000, 1500, ext=".png")):
+            answer = await client.post(post, content=refused)
+            assert answer.status_code == 503 and "megapixels in flight" in answer.text
+        gate.set()
+        assert [(await t).status_code for t in (first, second)] == [200, 200]
+
+
+async def test_a_model_that_does_not_say_how_it_decodes_has_photos_counted_whole(
+    make_client, servers
+) -> None:
+    model, gate = _looking(None)
+    address = await servers(model)
+    post = "/v1/pipelines/photos/infer"
+    async with make_client(_photos_pipeline(), {"LOOK_URL": address}) as client:
+        gate.set()
+        assert (await client.post(post, content=_photo(2000, 1500))).status_code == 200
+        gate.clear()
+        first = asyncio.ensure_future(client.post(post, content=_photo(2000, 1504)))
+        await asyncio.wait_for(_held(model, 2), 10)
+        answer = await client.post(post, content=_photo(2000, 1502))
+        assert answer.status_code == 503 and "3.0 of 1 megapixels" in answer.text
+        gate.set()
+        assert (await first).status_code == 200
