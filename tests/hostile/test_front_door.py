@@ -277,6 +277,7 @@ def test_large_v2_bodies_leave_the_event_loop_free(mesh: Mesh) -> None:
         )
         assert r.status_code in (400, 415), r.text  # refused, by its shape or its bytes
         # orjson holds the GIL while it reads a body (~0.2 s and ~13x its size for 17 MiB of
-        # numbers; 0.57 s on a slow CI machine): bounded by the body limit, no longer seconds.
-        assert max(slowest) < 1.0 and watch.cost.peak_growth_mb < 320
+        # numbers; 0.57-1.12 s on CI's two cores, shared with another test's mesh): bounded
+        # by the body limit. On the loop, each body held it 2-3 s on a quiet machine.
+        assert max(slowest) < 2.0 and watch.cost.peak_growth_mb < 320
     assert digits_ok(mesh.url) == [200] * 4
