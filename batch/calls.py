@@ -19,8 +19,13 @@ import orjson
 from batch import http1
 from batch.sinks import Row
 from batch.sources import Input, NotSent
+from batch.window import FULL, Window
 
 TRANSIENT = frozenset({429, 502, 503, 504})
+CROWDED_MOST = 1000
+"""Refusals of an input sent while the batch's own requests filled the mesh, at most: they
+spend none of its attempts (batch/window.py), and the window closes on each, so this is
+only a bound, never met while the mesh answers anything."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,11 @@ def request_id(item: Input) -> str:
     return quote(f"batch-{item.key}", safe="/._-:")[:128]
 
 
-async def infer(send: Send, item: Input, retry: Retry, max_bytes: int) -> Row:
+async def infer(
+    send: Send, item: Input, retry: Retry, max_bytes: int, window: Window | None = None
+) -> Row:
+    """`item` through the mesh, its transient failures tried `retry.attempts` times, each
+    request within `window` (batch/window.py)."""
     if item.problem is not None:
         error = {"status": None, "error": item.problem}
         return Row(item.key, "failed", None, error=error, extra=item.extra)
@@ -71,17 +80,27 @@ async def infer(send: Send, item: Input, retry: Retry, max_bytes: int) -> Row:
         why = str(exc) if isinstance(exc, NotSent) else f"cannot read {item.path}: {exc.strerror}"
         return Row(item.key, "failed", None, error={"status": None, "error": why}, extra=item.extra)
     error: dict = {}
-    for attempt in range(1, retry.attempts + 1):
+    window = window or Window(1 << 30)
+    attempt, crowded = 1, 0
+    while True:
         started = time.perf_counter()
-        got = await send(item, data)
+        async with window.slot():
+            got = await send(item, data)
         latency_ms = round((time.perf_counter() - started) * 1000, 2)
+        if got.status in FULL and window.refused() and crowded < CROWDED_MOST:
+            crowded += 1  # the batch's own requests filled the mesh: sent again, in its turn
+            continue
+        if got.status not in FULL:
+            window.answered()
         if got.status == 200:
             return Row(item.key, "ok", latency_ms, result=got.result, extra=item.extra)
         error = got.error or {"status": got.status, "error": "no answer"}
         if got.status is not None and got.status not in TRANSIENT:
             return Row(item.key, "failed", latency_ms, error=error, extra=item.extra)
-        if attempt < retry.attempts:
-            await asyncio.sleep(retry.delay_s(attempt, got.retry_after))
+        if attempt >= retry.attempts:
+            break
+        await asyncio.sleep(retry.delay_s(attempt, got.retry_after))
+        attempt += 1
     error["attempts"] = retry.attempts
     return Row(item.key, "failed", None, error=error, extra=item.extra)
 

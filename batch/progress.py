@@ -22,6 +22,8 @@ class Progress:
         self._bar = (
             tqdm(total=total, file=out, unit="input", dynamic_ncols=True) if out.isatty() else None
         )
+        self.narrowed: tuple[int, int] | None = None
+        """(fewest, most) requests in flight, when the mesh said it was full (batch/window.py)."""
 
     @property
     def sent(self) -> int:
@@ -68,5 +70,8 @@ class Progress:
             f"{self.counts['failed']} failed, {self.counts['skipped']} answered before; "
             f"{self.rate():.1f}/s over {elapsed:.1f} s"
         )
+        if self.narrowed is not None:
+            fewest, most = self.narrowed
+            summary += f"; the mesh was full at times: as few as {fewest} of {most} at once"
         print(summary, file=self._out, flush=True)
         return summary

@@ -17,6 +17,7 @@ from batch import calls, http1
 from batch.progress import Progress
 from batch.sinks import Sink
 from batch.sources import MAX_FILE_BYTES, Input, Source
+from batch.window import Window
 
 if TYPE_CHECKING:
     from batch.grpc_door import GrpcDoor
@@ -87,6 +88,7 @@ async def _run(source: Source, sink: Sink, options: Options) -> Progress:
     progress = Progress(await asyncio.to_thread(source.count), every_s=options.progress_every_s)
     queue: asyncio.Queue[Input | None] = asyncio.Queue(maxsize=2 * options.concurrency)
     pace = _Pace(options.rate)
+    window = Window(options.concurrency)
     door: calls.RestDoor | GrpcDoor
     if options.door == "grpc":
         door = await _grpc_door(options)
@@ -116,7 +118,7 @@ async def _run(source: Source, sink: Sink, options: Options) -> Progress:
     async def call() -> None:
         while (item := await queue.get()) is not None:
             await pace.wait()
-            row = await calls.infer(door.send, item, options.retry, options.max_file_bytes)
+            row = await calls.infer(door.send, item, options.retry, options.max_file_bytes, window)
             sink.write(row)
             progress.answered(row.status)
 
@@ -133,6 +135,8 @@ async def _run(source: Source, sink: Sink, options: Options) -> Progress:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await door.close()
+        if window.narrowest < window.most:
+            progress.narrowed = (window.narrowest, window.most)
     return progress
 
 

@@ -19,6 +19,7 @@ from aiohttp.test_utils import TestServer
 from batch import calls, http1, sources
 from batch.sinks import CsvSink, JsonlSink, Row
 from batch.sources import Files, Input, Manifest, SourceError, open_source
+from batch.window import Window
 from tests.disks import grow, small_disk
 
 
@@ -295,3 +296,68 @@ async def test_a_full_disk_stops_the_run_with_its_reason_and_a_rerun_resumes(
     else:
         keys = [row["key"] for row in csv.DictReader(io.StringIO(text))]
     assert sorted(keys) == [f"{i:03d}.png" for i in range(120)]
+
+
+async def test_a_batch_sends_no_more_at_once_than_the_mesh_takes(tmp_path: Path) -> None:
+    """A pipeline that takes two requests at once (OCR takes three 7 Mpx pages) and refuses
+    more with 503: sent 16 at a time with three attempts each, most inputs failed (21 of 24
+    scanned pages through the shipped `ocr`, five attempts each). The window closes to what
+    the mesh takes, and a refusal while the batch's own requests fill it spends no attempt:
+    every input is answered."""
+    from batch.runner import Options, run
+
+    (tmp_path / "in").mkdir()
+    for i in range(40):
+        (tmp_path / "in" / f"{i:02d}.png").write_bytes(b"img%d" % i)
+    taken, most, refused = 0, 0, 0
+
+    async def pipelines(request: web.Request) -> web.Response:
+        return web.json_response({"digits": {}})
+
+    async def infer(request: web.Request) -> web.Response:
+        nonlocal taken, most, refused
+        await request.read()
+        if taken >= 2:
+            refused += 1
+            return web.json_response(
+                {"error": "pipeline 'digits' at capacity (2 requests in flight)"},
+                status=503,
+                headers={"Retry-After": "1"},
+            )
+        taken += 1
+        most = max(most, taken)
+        try:
+            await asyncio.sleep(0.2)
+        finally:
+            taken -= 1
+        return web.json_response({"result": {"label": 1}})
+
+    out = tmp_path / "out.jsonl"
+    async with digits_mesh(pipelines, infer) as url:
+        options = Options(
+            url, "digits", concurrency=16, retry=calls.Retry(attempts=3), progress_every_s=60
+        )
+        ran = run(Files(str(tmp_path / "in")), JsonlSink(out), options)
+        progress = await asyncio.wait_for(ran, 60)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["status"] for r in rows] == ["ok"] * 40, [r["error"] for r in rows if r["error"]]
+    assert progress.counts["ok"] == 40 and most == 2 and refused > 0
+    assert progress.narrowed is not None and progress.narrowed[0] <= 2
+    assert "as few as" in progress.close()
+
+
+async def test_the_window_closes_to_what_the_mesh_took_and_opens_an_answer_at_a_time() -> None:
+    window = Window(8)
+    async with contextlib.AsyncExitStack() as held:
+        for _ in range(5):
+            await held.enter_async_context(window.slot())
+        assert window.refused()  # 5 of its own in flight: the batch crowded the mesh
+        assert window.limit == 5
+    assert not window.refused()  # none in flight: the mesh was full of others
+    assert window.limit == 1 and window.narrowest == 1
+    for expected in (2.0, 2.5, 2.9):
+        window.answered()
+        assert window.limit == pytest.approx(expected, abs=0.01)
+    for _ in range(100):
+        window.answered()
+    assert window.limit == 8  # never past --concurrency
