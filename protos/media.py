@@ -10,6 +10,7 @@ before decoding (for callers that reach it directly).
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 
 ACCEPTED = {"png": "PNG", "jpeg": "JPEG", "bmp": "BMP", "webp": "WebP", "tiff": "TIFF"}
 """Format key -> the name messages use."""
@@ -94,8 +95,21 @@ def jpeg_progressive(data: bytes) -> bool:
 
 def _jpeg_frame(data: bytes) -> tuple[int, int, int] | None:
     """(width, height, start-of-frame marker) from a JPEG's first frame header."""
+    for marker, pos, _ in _jpeg_segments(data):
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            if pos + 9 > len(data):
+                return None
+            h, w = struct.unpack(">HH", data[pos + 5 : pos + 9])
+            return w, h, marker
+    return None
+
+
+def _jpeg_segments(data: bytes) -> Iterator[tuple[int, int, int]]:
+    """(marker, position, length) of each segment of a JPEG before its first scan (the frame
+    header and the metadata come before it); fill bytes and markers without a length are
+    passed over."""
     if data[:2] != b"\xff\xd8":
-        return None
+        return
     pos = 2
     while pos + 4 <= len(data):
         if data[pos] != 0xFF:
@@ -105,14 +119,11 @@ def _jpeg_frame(data: bytes) -> tuple[int, int, int] | None:
         if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7 or marker == 0xFF:
             pos += 1 if marker == 0xFF else 2
             continue
+        if marker == 0xDA:  # start of scan
+            return
         (length,) = struct.unpack(">H", data[pos + 2 : pos + 4])
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-            if pos + 9 > len(data):
-                return None
-            h, w = struct.unpack(">HH", data[pos + 5 : pos + 9])
-            return w, h, marker
+        yield marker, pos, length
         pos += 2 + length
-    return None
 
 
 def _bmp(data: bytes) -> tuple[int, int] | None:
@@ -266,15 +277,9 @@ def _exif(data: bytes) -> bytes | None:
 
 
 def _jpeg_exif(data: bytes) -> bytes | None:
-    pos = 2
-    while pos + 4 <= len(data) and data[pos] == 0xFF:
-        marker = data[pos + 1]
-        if marker == 0xDA:  # start of scan: the metadata segments come before it
-            return None
-        (length,) = struct.unpack(">H", data[pos + 2 : pos + 4])
+    for marker, pos, length in _jpeg_segments(data):
         if marker == 0xE1 and data[pos + 4 : pos + 10] == b"Exif\x00\x00":
             return data[pos + 10 : pos + 2 + length]
-        pos += 2 + length
     return None
 
 
