@@ -28,7 +28,8 @@ def counted(plan: Plan, catalog: Catalog | None, body: bytes, width: int, height
         described = catalog.last(target.address, target.model, target.version)
         config = None if described is None else described.config
         said = None if config is None else config.parameters.get(MIN_PIXELS_PARAMETER + tensor)
-        if said is None or not said.string_value.isdigit():
+        value = "" if said is None else said.string_value
+        if not (value.isascii() and value.isdigit() and len(value) < 16):  # anyone's server
             return declared
-        most = max(most, decoded_pixels(body, width, height, int(said.string_value)))
+        most = max(most, decoded_pixels(body, width, height, int(value)))
     return most

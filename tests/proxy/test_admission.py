@@ -7,6 +7,7 @@ import asyncio
 import cv2
 import numpy as np
 import pytest
+import yaml
 
 from proxy.engine.admission import Admission, PipelineLimits
 from proxy.errors import Problem
@@ -210,3 +211,42 @@ async def test_a_model_that_does_not_say_how_it_decodes_has_photos_counted_whole
         assert answer.status_code == 503 and "3.0 of 1 megapixels" in answer.text
         gate.set()
         assert (await first).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("said", "counted_as"),
+    [
+        ("100000", 505 * 378),  # decoded at 1/4
+        ("0", 2017 * 1511),  # decoded whole
+        (None, 2017 * 1511),  # a model that does not say
+        ("²", 2017 * 1511),  # anyone's server: str.isdigit() takes it, int() does not
+        ("9" * 5000, 2017 * 1511),  # past int()'s 4,300 digits
+        ("-5", 2017 * 1511),
+        ("", 2017 * 1511),
+    ],
+)
+def test_what_a_model_says_of_its_decode_is_read_never_trusted(
+    tmp_path, said: str | None, counted_as: int
+) -> None:
+    from protos import pb
+    from protos.decoded import MIN_PIXELS_PARAMETER
+    from proxy.engine import plan
+    from proxy.engine.pixels import counted
+    from proxy.transport.catalog import Described
+
+    path = tmp_path / "pipelines.yaml"
+    path.write_text(yaml.safe_dump({"pipelines": _photos_pipeline()}))
+    photos = plan.load(path, {"LOOK_URL": "127.0.0.1:1"})["photos"]
+    config = pb.ModelConfig(name="look")
+    if said is not None:
+        config.parameters[MIN_PIXELS_PARAMETER + "image"].string_value = said
+
+    class Catalog:
+        def last(self, address: str, model: str, version: str = "") -> Described:
+            assert (address, model) == ("127.0.0.1:1", "look")
+            return Described(pb.ModelMetadataResponse(name="look"), config, b"")
+
+    photo = _photo(2017, 1511)
+    assert counted(photos, Catalog(), photo, 2017, 1511) == counted_as  # type: ignore[arg-type]
+    png = _photo(2017, 1511, ext=".png")
+    assert counted(photos, Catalog(), png, 2017, 1511) == 2017 * 1511  # type: ignore[arg-type]
