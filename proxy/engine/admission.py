@@ -151,13 +151,18 @@ class Admission:
             raise Problem(503, f"proxy at capacity ({self.max_requests} requests in flight)")
         running = self._in_flight.get(pipeline, 0)
         if limits.max_in_flight is not None and running >= limits.max_in_flight:
-            raise Problem(503, f"pipeline '{pipeline}' at capacity ({running} requests in flight)")
+            raise Problem(
+                503,
+                f"pipeline '{pipeline}' at capacity ({running} requests in flight)",
+                retry_after=self._room_in(pipeline),
+            )
         held = self._pixels.get(pipeline, 0)
         if limits.max_pixels is not None and held and held + pixels > limits.max_pixels:
             raise Problem(
                 503,
                 f"pipeline '{pipeline}' at capacity ({held / 1e6:.1f} of "
                 f"{limits.max_pixels / 1e6:g} megapixels in flight)",
+                retry_after=self._room_in(pipeline),
             )
         # Kept only while shedding is on: off, a request pays nothing for it.
         pace = self._paced(pipeline, pixels, background, left_s) if self.shed_late else None
@@ -189,6 +194,15 @@ class Admission:
             self._pixels[pipeline] -= pixels
             if pace is not None:
                 pace.ended(token, answered=not late)
+
+    def _room_in(self, pipeline: str) -> str | None:
+        """Retry-After for a pipeline at its limits: the seconds until its first request in
+        flight is expected to end (engine/pace.py), at least 1; None (the default, 1 s)
+        while its pace is not known. Four clients sending 7 Mpx scans to `ocr` were told
+        1 s, and came back while the three pages it held needed ~7 s more."""
+        pace = self._pace.get(pipeline)
+        wait_s = None if pace is None else pace.next_end_s()
+        return None if wait_s is None else str(max(1, math.ceil(wait_s)))
 
     def _paced(self, pipeline: str, pixels: int, background: bool, left_s: float | None) -> Pace:
         """The pipeline's pace, once a request of `pixels` with `left_s` of its budget is

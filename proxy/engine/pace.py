@@ -117,3 +117,16 @@ class Pace:
             min(work, max(0.0, w - (self._clock - came))) for came, w in self._flights.values()
         )
         return (ahead + work) / rate
+
+    def next_end_s(self) -> float | None:
+        """Seconds until the first request in flight is expected to end, each getting an
+        equal share of the pipeline's pace (None: nothing in flight, or no pace known yet):
+        when a pipeline at its limits may have room again (its 503's Retry-After). A hint,
+        not a refusal: read from any work answered while shared (MIN_DONE not needed; three
+        OCR pages at a time end two while shared a round, forgotten by the next)."""
+        self._advance()
+        if not self._flights or self._done <= 0 or self._busy_s <= 0:
+            return None
+        rate = self._done / self._busy_s
+        least = min(max(0.0, w - (self._clock - came)) for came, w in self._flights.values())
+        return least * self.running / rate

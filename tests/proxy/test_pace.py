@@ -169,3 +169,35 @@ async def test_shedding_can_be_turned_off(clock: Clock) -> None:
 
 def _shed(pipeline: str) -> float:
     return metrics.SHED.labels(pipeline)._value.get()
+
+
+def test_the_first_end_is_the_least_work_left_at_an_equal_share(clock: Clock) -> None:
+    pace = Pace()
+    assert pace.next_end_s() is None  # nothing in flight, nothing answered
+    _shared(pace, clock, 1_000_000, 0.5, 4)  # 2 Mpx a second while shared
+    for work in (3_000_000, 1_000_000, 2_000_000):
+        pace.started(work)
+    # Three share 2 Mpx a second: the 1 Mpx one has its megapixel in 1.5 s.
+    assert pace.next_end_s() == pytest.approx(1.5, rel=0.01)
+    clock.now += 0.6  # 0.4 Mpx each since, were the pace kept; none answered, so it is
+    # read lower (work a busy second): sooner than before, later than 0.9 s.
+    assert 0.9 < pace.next_end_s() < 1.5  # type: ignore[operator]
+
+
+async def test_a_pipeline_at_its_limits_says_when_it_may_have_room(clock: Clock) -> None:
+    """Its 503's Retry-After is when its first request in flight is expected to end: OCR
+    pages told to come back in 1 s came back while three 7 Mpx pages needed ~7 s more."""
+    from proxy.engine.admission import PipelineLimits
+
+    limits = {"ocr": PipelineLimits(max_pixels=6_000_000, max_in_flight=3)}
+    admission = await _primed(clock, pipelines=limits, shed_late=True)
+    async with AsyncExitStack() as running:
+        for _ in range(3):  # three 2 Mpx pages share a megapixel a second
+            await running.enter_async_context(admission.admit("ocr", 2_000_000, left_s=60))
+        for pixels in (1_000_000, 1):  # past its pixels, past its requests
+            with pytest.raises(Problem) as info:
+                async with admission.admit("ocr", pixels, left_s=60):
+                    pass
+            assert "at capacity" in info.value.message
+            # 2 Mpx each at a third of ~1 Mpx/s (the pace as measured: a little under).
+            assert info.value.retry_after in ("6", "7")
