@@ -34,6 +34,9 @@ at its deadline by whoever enforced it)."""
 SHED_FROM = SHARED
 """Requests of a pipeline in flight before one may be refused for its budget: a pipeline
 with one request in flight has cores to spare."""
+MOST_WAIT_S = 30
+"""The longest Retry-After a pipeline at its limits tells: a pace read from little (one
+stalled request, nothing answered for long) may say hours."""
 
 
 @dataclass(frozen=True)
@@ -197,12 +200,12 @@ class Admission:
 
     def _room_in(self, pipeline: str) -> str | None:
         """Retry-After for a pipeline at its limits: the seconds until its first request in
-        flight is expected to end (engine/pace.py), at least 1; None (the default, 1 s)
-        while its pace is not known. Four clients sending 7 Mpx scans to `ocr` were told
-        1 s, and came back while the three pages it held needed ~7 s more."""
+        flight is expected to end (engine/pace.py), 1 to MOST_WAIT_S; None (the default,
+        1 s) while its pace is not known. Four clients sending 7 Mpx scans to `ocr` were
+        told 1 s, and came back while the three pages it held needed ~7 s more."""
         pace = self._pace.get(pipeline)
         wait_s = None if pace is None else pace.next_end_s()
-        return None if wait_s is None else str(max(1, math.ceil(wait_s)))
+        return None if wait_s is None else str(min(MOST_WAIT_S, max(1, math.ceil(wait_s))))
 
     def _paced(self, pipeline: str, pixels: int, background: bool, left_s: float | None) -> Pace:
         """The pipeline's pace, once a request of `pixels` with `left_s` of its budget is

@@ -201,3 +201,9 @@ async def test_a_pipeline_at_its_limits_says_when_it_may_have_room(clock: Clock)
             assert "at capacity" in info.value.message
             # 2 Mpx each at a third of ~1 Mpx/s (the pace as measured: a little under).
             assert info.value.retry_after in ("6", "7")
+        # A pace read from little may say hours (one request stalled): told 30 s at most.
+        admission._pace["ocr"].next_end_s = lambda: 5000.0  # type: ignore[method-assign]
+        with pytest.raises(Problem) as info:
+            async with admission.admit("ocr", 1, left_s=60):
+                pass
+        assert info.value.retry_after == "30"  # MOST_WAIT_S
