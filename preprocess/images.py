@@ -10,7 +10,7 @@ import cv2
 import numpy as np
 
 from protos import media
-from protos.decoded import reduction
+from protos.decoded import reduced, reduction
 from protos.errors import InvalidInput
 from protos.media import declared_size
 
@@ -184,7 +184,7 @@ def decode_sized(
             f"{where} declares {w}x{h} = {w * h} pixels, more than the limit of {most}{why}"
         )
     depth = media.decoded_bytes_per_pixel(data)
-    decoded = -(-w // factor) * -(-h // factor) * depth
+    decoded = reduced(w, factor) * reduced(h, factor) * depth
     if decoded > limits.max_decoded_bytes:
         scaled = f" (at 1/{factor})" if factor > 1 else ""
         raise InvalidInput(

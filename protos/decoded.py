@@ -27,6 +27,11 @@ def reduction(w: int, h: int, min_pixels: int) -> int:
     return next((f for f in (8, 4, 2) if (w // f) * (h // f) >= min_pixels), 1)
 
 
+def reduced(side: int, factor: int) -> int:
+    """A side decoded at 1/`factor`: libjpeg rounds up (2017 at 1/4: 505)."""
+    return -(-side // factor)
+
+
 def decoded_pixels(data: bytes, width: int, height: int, min_pixels: int) -> int:
     """The pixels an image of `width` x `height` (as its header declares) holds once decoded
     by a step asking for `min_pixels`: fewer for a baseline JPEG that `reduction` takes down.
@@ -35,4 +40,4 @@ def decoded_pixels(data: bytes, width: int, height: int, min_pixels: int) -> int
     factor = reduction(width, height, min_pixels)
     if factor == 1 or media.sniff(data) != "jpeg" or media.jpeg_progressive(data):
         return width * height
-    return -(-width // factor) * -(-height // factor)
+    return reduced(width, factor) * reduced(height, factor)

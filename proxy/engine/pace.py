@@ -113,9 +113,7 @@ class Pace:
         rate = self._rate()
         if not rate:
             return math.inf  # busy, and nothing got through in time
-        ahead = sum(
-            min(work, max(0.0, w - (self._clock - came))) for came, w in self._flights.values()
-        )
+        ahead = sum(min(work, left) for left in self._left())
         return (ahead + work) / rate
 
     def next_end_s(self) -> float | None:
@@ -128,5 +126,8 @@ class Pace:
         if not self._flights or self._done <= 0 or self._busy_s <= 0:
             return None
         rate = self._done / self._busy_s
-        least = min(max(0.0, w - (self._clock - came)) for came, w in self._flights.values())
-        return least * self.running / rate
+        return min(self._left()) * self.running / rate
+
+    def _left(self) -> list[float]:
+        """The work each request in flight has left, by the virtual clock."""
+        return [max(0.0, w - (self._clock - came)) for came, w in self._flights.values()]

@@ -9,11 +9,10 @@ yet) has the image counted whole, as its header declares it.
 
 from __future__ import annotations
 
+from protos import media
 from protos.decoded import MIN_PIXELS_PARAMETER, decoded_pixels
 from proxy.engine.plan import Plan
 from proxy.transport.catalog import Catalog
-
-_JPEG = b"\xff\xd8\xff"
 
 
 def counted(plan: Plan, catalog: Catalog | None, body: bytes, width: int, height: int) -> int:
@@ -21,7 +20,7 @@ def counted(plan: Plan, catalog: Catalog | None, body: bytes, width: int, height
     most any step it is sent to decodes."""
     declared = width * height
     # Only a JPEG decodes smaller: any other upload is counted without a lookup.
-    if catalog is None or not declared or body[:3] != _JPEG or not plan.decoders:
+    if catalog is None or not declared or media.sniff(body) != "jpeg" or not plan.decoders:
         return declared
     most = 0
     for target, tensor in plan.decoders:

@@ -52,9 +52,7 @@ class Catalog:
         wait). None when the service could not say (unreachable, frozen, unknown model):
         such a model is asked again once per check_s, but no caller waits for it."""
         key = (address, model, version)
-        fresh = self._fresh.get(key)
-        if fresh is None:
-            fresh = self._fresh[key] = Fresh(lambda: self._ask(key), self.check_s)
+        fresh = self._entry(key)
         asked = self._unknown.get(key)
         if asked is None:
             return (await fresh.get())[0]
@@ -76,12 +74,14 @@ class Catalog:
     def last(self, address: str, model: str, version: str = "") -> Described | None:
         """The model's metadata as last known, however old, without waiting; asked again in
         the background when older than check_s (None: never known yet, asked now)."""
-        key = (address, model, version)
+        held = self._entry((address, model, version)).last()
+        return None if held is None else held[0]
+
+    def _entry(self, key: Key) -> Fresh[tuple[Described | None]]:
         fresh = self._fresh.get(key)
         if fresh is None:
             fresh = self._fresh[key] = Fresh(lambda: self._ask(key), self.check_s)
-        held = fresh.last()
-        return None if held is None else held[0]
+        return fresh
 
     def until(self, address: str, model: str, version: str = "") -> float:
         """When the model's metadata goes stale (time.monotonic; -inf: not known now)."""
