@@ -9,9 +9,7 @@ import numpy as np
 import pytest
 import yaml
 
-from proxy import metrics
-from proxy.engine.admission import Admission
-from proxy.engine.room import PipelineLimits
+from proxy.engine.admission import Admission, PipelineLimits
 from proxy.errors import Problem
 from tests.proxy.scripted import ScriptedModel
 from v2server.model import TensorSpec
@@ -145,7 +143,6 @@ def _photos_pipeline() -> dict:
             "input": "image",
             "accept": ["png", "jpeg"],
             "max_inflight_mpx": 1,
-            "max_queued": 0,  # refused at once, not waiting for room: what is counted shows
             "steps": [
                 {
                     "call": {
@@ -217,33 +214,6 @@ async def test_a_model_that_does_not_say_how_it_decodes_has_photos_counted_whole
         assert answer.status_code == 503 and "3.0 of 1 megapixels" in answer.text
         gate.set()
         assert (await first).status_code == 200
-
-
-async def test_a_photo_past_the_pipelines_megapixels_waits_for_room(make_client, servers) -> None:
-    """Past `max_inflight_mpx` a client's photo waits for room and is answered once the
-    first is (four clients sending 7 Mpx scans to `ocr` had 21 of 24 refused 503); one whose
-    budget ends first gets 504 naming the wait, and leaves the line."""
-    model, gate = _looking(None)
-    address = await servers(model)
-    pipelines = _photos_pipeline()
-    del pipelines["photos"]["max_queued"]
-    post = "/v1/pipelines/photos/infer"
-    waiting = metrics.WAITING.labels("photos")
-    async with make_client(pipelines, {"LOOK_URL": address}) as client:
-        first = asyncio.ensure_future(client.post(post, content=_photo(2000, 1500, ext=".png")))
-        await asyncio.wait_for(_held(model, 1), 10)
-        second = asyncio.ensure_future(client.post(post, content=_photo(2000, 1502, ext=".png")))
-        while waiting._value.get() < 1:  # noqa: ASYNC110 (a gauge, no event)
-            await asyncio.sleep(0.01)
-        hurried = await client.post(
-            post, content=_photo(1000, 1000, ext=".png"), headers={"X-Request-Timeout-Ms": "300"}
-        )
-        assert hurried.status_code == 504, hurried.text
-        assert "'photos' had no room for the request within its budget" in hurried.text
-        assert waiting._value.get() == 1 and model.calls == 1  # the second still waits
-        gate.set()
-        assert [(await t).status_code for t in (first, second)] == [200, 200]
-        assert model.calls == 2 and waiting._value.get() == 0
 
 
 @pytest.mark.parametrize(
