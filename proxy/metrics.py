@@ -72,6 +72,12 @@ PIPELINE_MISCONFIGURED = Gauge(
     ["pipeline"],
     multiprocess_mode="max",
 )
+WAITING = Gauge(
+    "proxy_requests_waiting",
+    "Requests waiting for room in a pipeline at its limits (proxy/engine/room.py)",
+    ["pipeline"],
+    multiprocess_mode="livesum",
+)
 SHED = Counter(
     "proxy_requests_shed_total",
     "Requests refused at once (503) because the work ahead of them would outlast their budget",

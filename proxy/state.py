@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from protos.tls import channel_credentials
 from proxy.doors.uploads import UploadLimits
 from proxy.engine import definitions, plan
-from proxy.engine.admission import Admission, PipelineLimits
+from proxy.engine.admission import Admission
 from proxy.engine.cache.caches import Caches
 from proxy.engine.executor import Executor
 from proxy.engine.recent import Recent
+from proxy.engine.room import PipelineLimits
 from proxy.engine.runner import Engine
 from proxy.engine.wiring import Wiring
 from proxy.jobs.callbacks import allowed_hosts
@@ -109,4 +110,5 @@ def _jobs_config(settings: ProxySettings) -> JobsConfig:
 
 def _limits(pipeline: definitions.Pipeline) -> PipelineLimits:
     mpx = pipeline.max_inflight_mpx
-    return PipelineLimits(pipeline.max_in_flight, None if mpx is None else int(mpx * 1e6))
+    pixels = None if mpx is None else int(mpx * 1e6)
+    return PipelineLimits(pipeline.max_in_flight, pixels, pipeline.max_queued)

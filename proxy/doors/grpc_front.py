@@ -29,7 +29,8 @@ from protos.eager import Pending, eager
 from proxy.doors import inflate
 from proxy.doors.disconnect import until_disconnect
 from proxy.doors.middleware import key_matches
-from proxy.engine.admission import Admission, Ledger
+from proxy.engine.admission import Admission
+from proxy.engine.ledger import Ledger
 from proxy.errors import ClientGone, Problem, grpc_code
 from v2server.interceptors import REQUEST_ID_KEY, CallScope, error_status, error_trailers
 from v2server.server import V2Server

@@ -10,7 +10,7 @@ from fastapi import Request
 
 from proxy.doors import tensor_bodies
 from proxy.doors.uploads import UploadLimits, read_body
-from proxy.engine.admission import Ledger
+from proxy.engine.ledger import Ledger
 from proxy.engine.plan import Plan
 from proxy.errors import Problem
 

@@ -19,7 +19,7 @@ from starlette.types import Message
 
 from protos.eager import Pending, eager
 from proxy.doors import inflate
-from proxy.engine.admission import Ledger
+from proxy.engine.ledger import Ledger
 from proxy.errors import ClientGone, Problem
 
 

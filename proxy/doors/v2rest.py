@@ -25,7 +25,7 @@ from proxy.doors.pipeline_models import PipelineFailed
 from proxy.doors.responses import json_response
 from proxy.doors.uploads import read_body
 from proxy.doors.v2plane import SERVER_NAME, ProxyPlane
-from proxy.engine.admission import Ledger
+from proxy.engine.ledger import Ledger
 from proxy.errors import Problem, http_status
 from proxy.state import ProxyState
 from v2server.dataplane import Inference, Requested

@@ -5,8 +5,9 @@ Bytes count from the first byte of an upload to the last tensor a request keeps,
 flood of large requests is shed at the door (503 + Retry-After) while the proxy still
 has the memory to answer the requests it took. A pipeline's own limits keep what it
 takes within its budget: 32 clients sending 3000x3000 pages used to be taken all at once
-and 3 of 65 were answered in time; beyond a pipeline's megapixels in flight the rest are
-told at once to come back.
+and 3 of 65 were answered in time; beyond a pipeline's limits the rest wait for room while
+its pace says they would be answered in time, and are told to come back otherwise
+(engine/room.py).
 
 Background requests (jobs) wait for room instead, within a share of those limits; and while
 clients that wait are being served, or were within `quiet_s`, at most `busy_background` of
@@ -18,14 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 import weakref
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
 
 from proxy import metrics
-from proxy.engine.pace import SHARED, Pace
+from proxy.engine.ledger import Ledger
+from proxy.engine.pace import SHARED
+from proxy.engine.room import PipelineLimits, Room
 from proxy.errors import Problem
 
 LATE_SHARE = 0.95
@@ -34,15 +35,6 @@ at its deadline by whoever enforced it)."""
 SHED_FROM = SHARED
 """Requests of a pipeline in flight before one may be refused for its budget: a pipeline
 with one request in flight has cores to spare."""
-MOST_WAIT_S = 30
-"""The longest Retry-After a pipeline at its limits tells: a pace read from little (one
-stalled request, nothing answered for long) may say hours."""
-
-
-@dataclass(frozen=True)
-class PipelineLimits:
-    max_in_flight: int | None = None
-    max_pixels: int | None = None
 
 
 class Admission:
@@ -63,12 +55,10 @@ class Admission:
         self.bytes_in_flight = 0
         self._requests = 0
         self._limits = dict(pipelines or {})
-        self._in_flight: dict[str, int] = {}
-        self._pixels: dict[str, int] = {}
-        self._pace: dict[str, Pace] = {}
-        """Per pipeline, its work in flight and how fast it answers (engine/pace.py)."""
         self.shed_late = shed_late
         """Whether a request is refused for its budget (PROXY_SHED_LATE)."""
+        self._rooms: dict[str, Room] = {}
+        """Per pipeline, what it holds of its limits, who waits, and its pace."""
         self._background: dict[str, tuple[int, int]] = {}
         """Per pipeline, the background requests running and their pixels."""
         self._freed = asyncio.Event()
@@ -140,43 +130,39 @@ class Admission:
         self._background[pipeline] = (n - 1, held - pixels)
         self._freed.set()
 
+    def room(self, pipeline: str) -> Room:
+        room = self._rooms.get(pipeline)
+        if room is None:
+            limits = self._limits.get(pipeline, PipelineLimits())
+            room = self._rooms[pipeline] = Room(pipeline, limits, paced=self.shed_late)
+        return room
+
     @contextlib.asynccontextmanager
     async def admit(
         self, pipeline: str, pixels: int, background: bool = False, left_s: float | None = None
     ) -> AsyncIterator[None]:
         """Room for one request of `pipeline` with an image of `pixels`, for as long as it
-        runs; 503 at once when the proxy's or the pipeline's limits are reached (an image
-        larger than the whole pixel budget may still pass alone), or when the work ahead
-        would outlast `left_s`, the seconds left of its budget (engine/pace.py).
+        runs; 503 at once when the proxy is at its limits, or when the work ahead would
+        outlast `left_s`, the seconds left of its budget (engine/pace.py). At the pipeline's
+        own limits a client's request waits for room while it would still be answered in
+        time (`_wait`, engine/room.py).
         `background`: a job's, admitted after wait_background (not a client that waits)."""
-        limits = self._limits.get(pipeline, PipelineLimits())
         if self._requests >= self.max_requests:
             raise Problem(503, f"proxy at capacity ({self.max_requests} requests in flight)")
-        running = self._in_flight.get(pipeline, 0)
-        if limits.max_in_flight is not None and running >= limits.max_in_flight:
-            raise Problem(
-                503,
-                f"pipeline '{pipeline}' at capacity ({running} requests in flight)",
-                retry_after=self._room_in(pipeline),
-            )
-        held = self._pixels.get(pipeline, 0)
-        if limits.max_pixels is not None and held and held + pixels > limits.max_pixels:
-            raise Problem(
-                503,
-                f"pipeline '{pipeline}' at capacity ({held / 1e6:.1f} of "
-                f"{limits.max_pixels / 1e6:g} megapixels in flight)",
-                retry_after=self._room_in(pipeline),
-            )
-        # Kept only while shedding is on: off, a request pays nothing for it.
-        pace = self._paced(pipeline, pixels, background, left_s) if self.shed_late else None
-        self._requests += 1
-        self._in_flight[pipeline] = running + 1
-        self._pixels[pipeline] = held + pixels
+        room = self.room(pipeline)
+        if room.line or not room.fits(pixels):
+            entered = time.monotonic()
+            await self._wait(room, pixels, background, left_s)
+            if left_s is not None:  # what is left of it to run in
+                left_s -= time.monotonic() - entered
+        else:
+            if room.pace is not None:
+                self._paced(room, pixels, background, left_s)
+            room.in_flight += 1
+            room.pixels += pixels
+            self._count_in(background)
+        pace = room.pace
         token = 0 if pace is None else pace.started(max(pixels, 1))
-        if self.sets_gauges:
-            metrics.IN_FLIGHT.inc()
-        if not background:
-            self._clients += 1
         started, late = (0.0 if pace is None else time.monotonic()), False
         try:
             yield
@@ -187,48 +173,79 @@ class Admission:
                 late = time.monotonic() - started >= left_s * LATE_SHARE
             raise
         finally:
-            if not background:
-                self._clients -= 1
-                self._last_client = time.monotonic()
-            if self.sets_gauges:
-                metrics.IN_FLIGHT.dec()
-            self._requests -= 1
-            self._in_flight[pipeline] -= 1
-            self._pixels[pipeline] -= pixels
             if pace is not None:
                 pace.ended(token, answered=not late)
+            self._give_back(room, pixels, background)
 
-    def _room_in(self, pipeline: str) -> str | None:
-        """Retry-After for a pipeline at its limits: the seconds until its first request in
-        flight is expected to end (engine/pace.py), 1 to MOST_WAIT_S; None (the default,
-        1 s) while its pace is not known. Four clients sending 7 Mpx scans to `ocr` were
-        told 1 s, and came back while the three pages it held needed ~7 s more."""
-        pace = self._pace.get(pipeline)
-        wait_s = None if pace is None else pace.next_end_s()
-        return None if wait_s is None else str(min(MOST_WAIT_S, max(1, math.ceil(wait_s))))
+    def _count_in(self, background: bool) -> None:
+        self._requests += 1
+        if self.sets_gauges:
+            metrics.IN_FLIGHT.inc()
+        if not background:
+            self._clients += 1
 
-    def _paced(self, pipeline: str, pixels: int, background: bool, left_s: float | None) -> Pace:
-        """The pipeline's pace, once a request of `pixels` with `left_s` of its budget is
-        judged to fit: 503 at once when the work ahead would outlast it (engine/pace.py)."""
-        pace = self._pace.get(pipeline) or self._pace.setdefault(pipeline, Pace())
-        if left_s is None or background or pace.running < SHED_FROM:
-            return pace
+    def _give_back(self, room: Room, pixels: int, background: bool) -> None:
+        if not background:
+            self._clients -= 1
+            self._last_client = time.monotonic()
+        if self.sets_gauges:
+            metrics.IN_FLIGHT.dec()
+        self._requests -= 1
+        room.in_flight -= 1
+        room.pixels -= pixels
+        if room.line:
+            self._serve(room)
+
+    def _serve(self, room: Room) -> None:
+        """Room handed to the requests waiting for it, in the order they came; those the
+        work ahead would now outlast are told so (503) rather than left to time out."""
+        now = time.monotonic()
+        for waiter in room.let_in(now):
+            self._count_in(waiter.background)
+        if room.line:
+            room.tell_late(now)
+
+    async def _wait(self, room: Room, pixels: int, background: bool, left_s: float | None) -> None:
+        """Until the pipeline has room for this request, those that came before it served
+        first (its room is reserved as it is handed over); 503 at once when it may not wait
+        (no budget, the line full, no pace known yet) or the work ahead would outlast its
+        budget, or later when the pipeline's pace says so (Room.tell_late; never a job's);
+        504 when its budget ends first."""
+        pace = None if background else room.pace  # a job waits its turn whatever the pace
+        # With no pace known yet nothing says how long the line would take: 32 clients
+        # sending 6000x6000 photos to `digits` (one at a time) waited, let in to time out.
+        if left_s is None or not room.takes_waiters() or (pace is not None and not pace.known):
+            raise room.at_capacity()
+        if pace is not None:
+            expected = pace.queued_s(max(pixels, 1), room.queued)
+            if expected is not None and expected > left_s:
+                raise room.late(expected, left_s)
+        waiter = room.join(pixels, background, time.monotonic() + left_s)
+        try:
+            async with asyncio.timeout(left_s):
+                await waiter.room
+        except BaseException as exc:
+            if room.leave(waiter):
+                self._serve(room)  # the first in line gone: the next may fit
+            elif waiter.handed():  # its room came as it was cancelled: given back
+                self._give_back(room, pixels, background)
+            if isinstance(exc, TimeoutError):
+                raise Problem(
+                    504,
+                    f"pipeline '{room.name}' had no room for the request within its budget "
+                    f"({left_s:.2f} s; {len(room.line)} waiting)",
+                ) from None
+            raise
+
+    def _paced(self, room: Room, pixels: int, background: bool, left_s: float | None) -> None:
+        """503 at once when the work ahead of a request of `pixels` with `left_s` of its
+        budget would outlast it (engine/pace.py)."""
+        pace = room.pace
+        if left_s is None or background or pace is None or pace.running < SHED_FROM:
+            return
         expected = pace.expected_s(max(pixels, 1))
-        if expected is None or expected <= left_s:
-            return pace
-        metrics.SHED.labels(pipeline).inc()
-        if math.isinf(expected):
-            ahead, wait_s = "none of its recent requests was answered in time", 1
-        else:
-            # Come back once the work ahead, were none added, would fit this budget.
-            ahead = f"~{expected:.2f} s of work ahead at its pace now"
-            wait_s = max(1, math.ceil(expected - left_s))
-        raise Problem(
-            503,
-            f"pipeline '{pipeline}' would not answer within the request's budget: "
-            f"{ahead}, {left_s:.2f} s left",
-            retry_after=str(wait_s),
-        )
+        if expected is not None and expected > left_s:
+            raise room.late(expected, left_s)
 
     def ledger(self) -> Ledger:
         return Ledger(self)
@@ -242,54 +259,3 @@ def _read(alive: weakref.ref[Admission], name: str) -> float:
 
 def _fits(held: int, more: int, limit: int | None, share: float) -> bool:
     return limit is None or held + more <= max(1, int(limit * share))
-
-
-class Ledger:
-    """The bytes one request holds; released together when it ends."""
-
-    def __init__(self, admission: Admission) -> None:
-        self.admission = admission
-        self.held = 0
-
-    def hold(self, nbytes: int) -> None:
-        if self.held + nbytes > self.admission.max_request_bytes:
-            raise Problem(
-                413,
-                f"the request's tensors would exceed {self.admission.max_request_bytes >> 20} "
-                "MiB (PROXY_MAX_REQUEST_MB)",
-            )
-        self.held += nbytes
-        self.admission.bytes_in_flight += nbytes
-        if self.admission.sets_gauges:
-            metrics.BYTES_IN_FLIGHT.set(self.admission.bytes_in_flight)
-
-    def hold_upload(self, nbytes: int) -> None:
-        """`hold` for bytes a client is still sending, refused (503 + Retry-After) when the
-        proxy would pass its bytes in flight. The room is checked as each request starts,
-        but requests that start together each find it: 64 OCR pages of 17.7 MiB sent at
-        once took a proxy whose bound was 256 MiB to 2 GiB. The connection stays open: the
-        server drops the rest of the body unread and unkept, and the client, which sends
-        it all before it reads, gets the 503 (closed, it got a reset: 44 of 64). An upload
-        larger than the bound passes while it is alone, as an image larger than a pipeline's
-        pixel budget does (its own limits still hold: PROXY_MAX_REQUEST_MB, the body's)."""
-        admission = self.admission
-        others = admission.bytes_in_flight - self.held
-        if others and admission.bytes_in_flight + nbytes > admission.max_bytes:
-            raise admission.full()
-        self.hold(nbytes)
-
-    def release(self, nbytes: int) -> None:
-        nbytes = min(nbytes, self.held)
-        self.held -= nbytes
-        self.admission.bytes_in_flight -= nbytes
-        if self.admission.sets_gauges:
-            metrics.BYTES_IN_FLIGHT.set(self.admission.bytes_in_flight)
-
-    def close(self) -> None:
-        self.release(self.held)
-
-    def __enter__(self) -> Ledger:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -222,14 +222,15 @@ class Pipeline(Strict):
     timeout_ms: float = Field(default=5000, gt=0)
     """Budget of a request unless X-Request-Timeout-Ms asks for less (or more, up to the cap)."""
     max_in_flight: int | None = Field(default=None, ge=1)
-    """Requests of this pipeline served at once; more get 503 with Retry-After at once.
-    Beyond what the services can finish within the budget, a queue only turns every
-    answer into a 504: shedding the excess keeps the admitted ones in time."""
+    """Requests of this pipeline served at once; more wait for room (`max_queued`)."""
     max_inflight_mpx: float | None = Field(default=None, gt=0)
-    """Megapixels of uploaded images (as their headers declare them) this pipeline may
-    work on at once; more get 503 with Retry-After at once. An image's cost grows with its
-    pixels: a page photo costs what a hundred text lines do, so a count of requests alone
-    cannot keep a crowd of large pages within the budget."""
+    """Megapixels of uploaded images (as their models decode them) worked on at once; more
+    wait for room. A page photo costs what a hundred text lines do: a count of requests
+    alone cannot keep a crowd of large pages within the budget."""
+    max_queued: int | None = Field(default=None, ge=0)
+    """Requests waiting for room at once, first come first served (engine/room.py); more
+    get 503 + Retry-After. Unset: those the pipeline's pace says would still be answered
+    within their budgets (the rest are told so, 503); 0: none waits."""
     steps: list[Entry] = Field(min_length=1)
     result: dict[str, Any]
     """The /v1 answer's `result`, shaped from the tensors (results.py)."""

@@ -15,8 +15,10 @@ Work is counted in pixels for image inputs (what `max_inflight_mpx` bounds: an O
 costs about its pixels) and one unit otherwise. The rate is read only while two or more
 requests share the pipeline: one at a time runs its services one after the other, well
 under the cores' pace, and a burst judged at that pace was refused work it could do in time
-(bench/README). It forgets with a half-life, so a change of load or of the services' speed
-is followed within seconds.
+(bench/README). Each request that ends brings its work over its share of the pipeline (the
+seconds it was served, each over the requests then in flight), so the first of a crowd to
+end reads the pace right; it forgets with a half-life, so a change of load or of the
+services' speed is followed within seconds.
 """
 
 from __future__ import annotations
@@ -46,23 +48,36 @@ class Pace:
     through work while shared."""
 
     def __init__(self) -> None:
-        self._flights: dict[int, tuple[float, int]] = {}
-        """Per request in flight: the virtual clock when it came, and its work."""
+        self._flights: dict[int, tuple[float, int, float, float, float]] = {}
+        """Per request in flight: the virtual clock when it came, its work, the share and
+        shared clocks then, and when it came (monotonic)."""
         self._tokens = 0
         self._clock = 0.0
         """Work each request in flight has received, were they served in equal shares."""
+        self._share = 0.0
+        """Seconds of the pipeline each request in flight has had while shared: the
+        seconds shared, each over the requests then in flight."""
+        self._shared = 0.0
+        """Seconds shared."""
         self._done = 0.0
         """Work answered while shared (decayed)."""
         self._ended = 0.0
-        """Requests out of flight while shared, answered or not (decayed)."""
+        """Requests out of flight, each by the part of its life it was shared, answered or
+        not (decayed)."""
         self._busy_s = 0.0
-        """Seconds shared (decayed)."""
+        """The pipeline's seconds those requests had, each its share (decayed)."""
         self._at = time.monotonic()
 
     @property
     def running(self) -> int:
         """Requests in flight."""
         return len(self._flights)
+
+    @property
+    def known(self) -> bool:
+        """Whether any request has ended while it shared the pipeline: until then nothing
+        says how long a request waiting for room would take."""
+        return self._busy_s > 0
 
     def _rate(self) -> float | None:
         """Work a second while shared; None while too few requests ended to say."""
@@ -79,28 +94,41 @@ class Pace:
         running = self.running
         if running and (rate := self._rate()):
             self._clock += rate * elapsed / running
+        if running >= SHARED:
+            self._share += elapsed / running
+            self._shared += elapsed
         keep = 0.5 ** (elapsed / HALF_LIFE_S)
         self._done *= keep
         self._ended *= keep
-        self._busy_s = self._busy_s * keep + (elapsed if running >= SHARED else 0.0)
+        self._busy_s *= keep
 
     def started(self, work: int) -> int:
         """A request in flight; its token for `ended`."""
         self._advance()
         self._tokens += 1
-        self._flights[self._tokens] = (self._clock, work)
+        self._flights[self._tokens] = (self._clock, work, self._share, self._shared, self._at)
         return self._tokens
 
     def ended(self, token: int, answered: bool) -> None:
         """One request out of flight; `answered`: it did not run out of time. One that did
         took the pipeline's time without getting its work through: a pipeline where most
-        run out is read as slow, and sheds until they are answered again."""
+        run out is read as slow, and sheds until they are answered again.
+
+        Its work over its share of the pipeline is the pace as processor sharing serves
+        it, whatever else was in flight: three 7 Mpx pages sent together, read as the work
+        answered over the seconds shared, said 1 Mpx a second when the first ended (one
+        page in the three pages' seconds), and the crowd behind them was told it would
+        wait 25 s for what took 8."""
         self._advance()
-        if self.running >= SHARED:  # counting this one
-            self._ended += 1
-            if answered:
-                self._done += self._flights[token][1]
-        del self._flights[token]
+        _, work, share, shared, came = self._flights.pop(token)
+        share = self._share - share
+        if share <= 0:  # never shared
+            return
+        part = (self._shared - shared) / (self._at - came)
+        self._ended += part
+        self._busy_s += share
+        if answered:
+            self._done += work * part
 
     def expected_s(self, work: int) -> float | None:
         """Seconds a request of `work` arriving now is expected to take (inf: of late,
@@ -116,6 +144,21 @@ class Pace:
         ahead = sum(min(work, left) for left in self._left())
         return (ahead + work) / rate
 
+    def queued_s(self, work: int, queued: float) -> float | None:
+        """Seconds a request of `work` waiting for room behind `queued` work of requests
+        that wait before it is expected to take: all the work in flight and queued ahead,
+        then its own, at the pipeline's pace (an upper bound while the pipeline stays busy:
+        it works at its rate whoever holds its room). Read from any work answered while
+        shared, as `next_end_s` (a crowd's first answers decide which of it may wait); None
+        while nothing says (no answer yet) or where requests cost too little to matter
+        (MIN_COST_S); inf when nothing got through in time of late."""
+        self._advance()
+        if self._busy_s <= 0 or self._busy_s < MIN_COST_S * self._ended:
+            return None
+        if self._done <= 0:
+            return math.inf if self._ended >= MIN_DONE else None
+        return (sum(self._left()) + queued + work) * self._busy_s / self._done
+
     def next_end_s(self) -> float | None:
         """Seconds until the first request in flight is expected to end, each getting an
         equal share of the pipeline's pace (None: nothing in flight, or no pace known yet):
@@ -130,4 +173,5 @@ class Pace:
 
     def _left(self) -> list[float]:
         """The work each request in flight has left, by the virtual clock."""
-        return [max(0.0, w - (self._clock - came)) for came, w in self._flights.values()]
+        clock = self._clock
+        return [max(0.0, work - (clock - came)) for came, work, *_ in self._flights.values()]

@@ -13,8 +13,8 @@ import grpc
 import numpy as np
 
 from protos.codec import content_bytes
-from proxy.engine.admission import Ledger
 from proxy.engine.cache.entries import Stored
+from proxy.engine.ledger import Ledger
 from proxy.engine.plan import Plan
 from proxy.errors import StepError
 

@@ -28,11 +28,12 @@ from protos import media
 from protos.codec import content_bytes
 from protos.logs import REQUEST_ID
 from proxy.engine.accepted import check_format, check_tensors
-from proxy.engine.admission import Admission, Ledger
+from proxy.engine.admission import Admission
 from proxy.engine.cache.answers import Answers
 from proxy.engine.cache.caches import Caches
 from proxy.engine.cache.keys import pipeline_key, pipeline_key_now
 from proxy.engine.executor import Executor
+from proxy.engine.ledger import Ledger
 from proxy.engine.pixels import counted
 from proxy.engine.plan import Plan
 from proxy.engine.recent import Recent
@@ -161,8 +162,8 @@ class Ticket:
 
     async def run(self, body: bytes, request_id: str) -> Run:
         """The uploaded body through the pipeline, once its format is accepted and the
-        pipeline has room for its image (503 at once when it has not); `body` is already
-        on the ledger."""
+        pipeline has room for its image (engine/room.py: it may wait for it); `body` is
+        already on the ledger."""
         started = self.start(body, request_id)
         return started if isinstance(started, Run) else await started
 

@@ -1,8 +1,8 @@
 """A refusal tells gRPC callers when to come back, as REST's `Retry-After` does: the
 `grpc-retry-pushback-ms` trailer, which a client's gRPC retry policy waits instead of its own
 backoff (gRFC A6). On both of the door's paths: nginx's front and grpc.aio's server. The
-pipeline takes one request at a time and a relay holds each for 0.7 s, so a second caller is
-refused while the first runs."""
+pipeline takes one request at a time, none waiting for room, and a relay holds each for
+0.7 s, so a second caller is refused while the first runs."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def test_a_refusal_tells_a_retry_policy_when_to_come_back(
         pytest.fail("nginx is missing (./mesh test installs it)")
     relay = _relay(mesh, "digits-logreg", tmp_path, delay_ms=HOLD_MS)
     env = {
-        **_chain_env(mesh, tmp_path, relay, max_in_flight=1),
+        **_chain_env(mesh, tmp_path, relay, max_in_flight=1, max_queued=0),
         "PROXY_GRPC_PORT": str(FRONT),
         "PROXY_GRPC_DOOR_PORT": str(DOOR),
         "PROXY_GRPC_FRONT": "nginx",

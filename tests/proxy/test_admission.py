@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 import yaml
 
-from proxy.engine.admission import Admission, PipelineLimits
+from proxy import metrics
+from proxy.engine.admission import Admission
+from proxy.engine.room import PipelineLimits
 from proxy.errors import Problem
 from tests.proxy.scripted import ScriptedModel
 from v2server.model import TensorSpec
@@ -143,6 +145,7 @@ def _photos_pipeline() -> dict:
             "input": "image",
             "accept": ["png", "jpeg"],
             "max_inflight_mpx": 1,
+            "max_queued": 0,  # refused at once, not waiting for room: what is counted shows
             "steps": [
                 {
                     "call": {
@@ -214,6 +217,51 @@ async def test_a_model_that_does_not_say_how_it_decodes_has_photos_counted_whole
         assert answer.status_code == 503 and "3.0 of 1 megapixels" in answer.text
         gate.set()
         assert (await first).status_code == 200
+
+
+async def test_a_photo_past_the_pipelines_megapixels_waits_for_room(make_client, servers) -> None:
+    """Past `max_inflight_mpx` a client's photo waits for room once the pipeline's pace is
+    known, and is answered once the first is (four clients sending 7 Mpx scans to `ocr` had
+    21 of 24 refused 503); one the pace says would not be answered within its budget is told
+    so at once (503), and does not wait."""
+    model, gate = _looking(None)
+    address = await servers(model)
+    pipelines = _photos_pipeline()
+    del pipelines["photos"]["max_queued"]
+    post = "/v1/pipelines/photos/infer"
+    waiting = metrics.WAITING.labels("photos")
+    async with make_client(pipelines, {"LOOK_URL": address}) as client:
+        # Two photos of 0.48 Mpx share the pipeline for at least 0.1 s: a pace of at most
+        # ~10 Mpx a second, the seconds a photo waiting for room would take.
+        shared = [
+            asyncio.ensure_future(client.post(post, content=_photo(1000, 480 + i, ext=".png")))
+            for i in range(2)
+        ]
+        await asyncio.wait_for(_held(model, 2), 10)
+        await asyncio.sleep(0.1)
+        gate.set()
+        assert [(await t).status_code for t in shared] == [200, 200]
+        gate.clear()
+        first = asyncio.ensure_future(client.post(post, content=_photo(2000, 1500, ext=".png")))
+        await asyncio.wait_for(_held(model, 3), 10)
+        second = asyncio.ensure_future(
+            client.post(
+                post,
+                content=_photo(2000, 1502, ext=".png"),
+                headers={"X-Request-Timeout-Ms": "30000"},
+            )
+        )
+        while waiting._value.get() < 1:  # noqa: ASYNC110 (a gauge, no event)
+            await asyncio.sleep(0.01)
+        hurried = await client.post(
+            post, content=_photo(1000, 1000, ext=".png"), headers={"X-Request-Timeout-Ms": "300"}
+        )
+        assert hurried.status_code == 503, hurried.text
+        assert "'photos' would not answer within the request's budget" in hurried.text
+        assert waiting._value.get() == 1 and model.calls == 3  # the second still waits
+        gate.set()
+        assert [(await t).status_code for t in (first, second)] == [200, 200]
+        assert model.calls == 4 and waiting._value.get() == 0
 
 
 @pytest.mark.parametrize(

@@ -34,11 +34,12 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
 def _shared(
     pace: Pace, clock: Clock, work: int, seconds: float, n: int, answered: bool = True
 ) -> None:
-    """`n` requests two at a time, one ending every `seconds`: the pipeline shared
-    throughout, `work` answered every `seconds`; the last one ends alone."""
-    first = pace.started(work)
-    for _ in range(n):
-        following = pace.started(work)
+    """`n` + 1 requests two at a time, one ending every `seconds`, as processor sharing
+    serves them at `work` a `seconds`: each has half of the pipeline for twice `seconds`.
+    The first and the last share it half as long, so they bring half the work."""
+    first = pace.started(work // 2 or 1)
+    for i in range(n):
+        following = pace.started(work // 2 or 1 if i == n - 1 else work)
         clock.now += seconds
         pace.ended(first, answered)
         first = following
@@ -49,7 +50,7 @@ def test_the_expected_time_is_the_work_left_ahead_and_its_own_over_the_pace(
     clock: Clock,
 ) -> None:
     pace = Pace()
-    _shared(pace, clock, 1_000_000, 0.5, int(MIN_DONE) - 1)
+    _shared(pace, clock, 1_000_000, 0.5, int(MIN_DONE) - 2)
     assert pace.expected_s(1_000_000) is None  # too few answers to say
     _shared(pace, clock, 1_000_000, 0.5, 4)
     # 2 Mpx a second while shared; nothing in flight: its own megapixel, ~0.5 s.
@@ -60,8 +61,26 @@ def test_the_expected_time_is_the_work_left_ahead_and_its_own_over_the_pace(
     assert pace.expected_s(1_000_000) == pytest.approx(1.5, rel=0.01)
     assert pace.expected_s(4_000_000) == pytest.approx(4.5, rel=0.01)
     clock.now += 0.5  # half a second of the two sharing 2 Mpx a second: 0.5 Mpx each done
-    # (the pace itself read a little slower: busy, and nothing answered yet)
-    assert pace.expected_s(4_000_000) == pytest.approx((2.5e6 + 1.5e6 + 4e6) / pace._rate())
+    assert pace.expected_s(4_000_000) == pytest.approx((2.5e6 + 1.5e6 + 4e6) / 2e6, rel=0.01)
+
+
+def test_a_crowds_first_answer_reads_the_pace_right(clock: Clock) -> None:
+    """Requests that came together each have a share of the pipeline: the first to end
+    brings its work over its share, not over the seconds all of them were served. Read as
+    the work answered over the seconds shared, three pages taken together at 3 Mpx a second
+    said 1 Mpx a second as the first ended, and the crowd waiting behind them was told it
+    would wait three times what it did (the 4th of four scanning clients: 25 s for 8 s)."""
+    pace = Pace()
+    tokens = [pace.started(work) for work in (6_000_000, 7_000_000, 8_000_000)]
+    for seconds, token in zip((6.0, 2 / 3, 1 / 3), tokens, strict=True):
+        clock.now += seconds  # 3 Mpx a second in equal shares: 6 Mpx each in 6 s, ...
+        pace.ended(token, True)
+        if token == tokens[0]:
+            assert pace._done / pace._busy_s == pytest.approx(3e6, rel=0.01)
+    # The last was shared for all but the last third of a second of its 7 s: its work is
+    # counted by that part of its seconds, a little over the 7 Mpx it had while shared
+    # (alone, a request gets through more a second).
+    assert pace._done / pace._busy_s == pytest.approx(3e6, rel=0.1)
 
 
 def test_only_shared_time_reads_the_pace_and_failures_prove_no_work(clock: Clock) -> None:
@@ -84,7 +103,9 @@ def test_a_pipeline_where_every_request_runs_out_is_read_as_never_in_time(clock:
     assert pace.expected_s(1) == math.inf
     _shared(pace, clock, 1, 0.25, 1)  # one got through: a pace again
     expected = pace.expected_s(1)
-    assert expected is not None and 1.0 < expected < 1.6  # six quarter-seconds for one
+    # The two answered had an eighth of a second each: alone they say 0.125 s a request.
+    # The six late ones' 1.25 s of the pipeline (a little faded) still count: ~0.7 s.
+    assert expected is not None and 0.5 < expected < 0.9
 
 
 def test_what_was_measured_fades(clock: Clock) -> None:
@@ -106,10 +127,12 @@ def test_requests_that_cost_little_are_never_refused(clock: Clock) -> None:
 
 async def _primed(clock: Clock, **kwargs: object) -> Admission:
     admission = Admission(100, 1 << 30, 1 << 28, **kwargs)  # type: ignore[arg-type]
-    async with admission.admit("ocr", 1_000_000, left_s=100):  # beside them: shared
-        for _ in range(8):  # a megapixel answered a second
+    # A megapixel a second, as processor sharing serves it: four 1 Mpx requests in turn,
+    # each in 2 s beside a 4 Mpx one that ends with the last.
+    async with admission.admit("ocr", 4_000_000, left_s=100):
+        for _ in range(4):
             async with admission.admit("ocr", 1_000_000, left_s=10):
-                clock.now += 1.0
+                clock.now += 2.0
     return admission
 
 
@@ -133,18 +156,22 @@ async def test_a_request_its_budget_cannot_cover_is_refused_at_once(clock: Clock
                 pass
         assert info.value.retry_after == "3"  # ~3 s ahead, 0.4 s left: in 2.6 s
         assert _shed("ocr") == shed + 2
-        pace = admission._pace["ocr"]
+        pace = admission.room("ocr").pace
         rate = pace._rate()
         with pytest.raises(ValueError):  # a failure in time: the work went through
             async with admission.admit("ocr", 1_000_000, left_s=3.5):
-                clock.now += 1.0
+                clock.now += 3.0  # a third of a megapixel a second, beside two
                 raise ValueError
         assert pace._rate() == pytest.approx(rate, rel=0.02)
+        done, busy = pace._done, pace._busy_s
         with pytest.raises(TimeoutError):  # ran out of time: busy, and nothing got through
             async with admission.admit("ocr", 1_000_000, left_s=3.5):
                 clock.now += 3.5
                 raise TimeoutError
-        assert pace._rate() < rate * 0.6
+        # Its third of 3.5 s of the pipeline counted, with none of its work.
+        keep = 0.5 ** (3.5 / pace_module.HALF_LIFE_S)
+        assert pace._rate() == pytest.approx(done * keep / (busy * keep + 3.5 / 3), rel=0.01)
+        assert pace._rate() < rate * 0.9
         # A job waits its turn instead; a request without a budget is not judged by one.
         async with admission.admit("ocr", 1_000_000, background=True, left_s=0.1):
             pass
@@ -179,17 +206,17 @@ def test_the_first_end_is_the_least_work_left_at_an_equal_share(clock: Clock) ->
         pace.started(work)
     # Three share 2 Mpx a second: the 1 Mpx one has its megapixel in 1.5 s.
     assert pace.next_end_s() == pytest.approx(1.5, rel=0.01)
-    clock.now += 0.6  # 0.4 Mpx each since, were the pace kept; none answered, so it is
-    # read lower (work a busy second): sooner than before, later than 0.9 s.
-    assert 0.9 < pace.next_end_s() < 1.5  # type: ignore[operator]
+    clock.now += 0.6  # 0.4 Mpx each since, at the pace kept: 0.6 Mpx left at a third
+    assert pace.next_end_s() == pytest.approx(0.9, rel=0.01)
 
 
 async def test_a_pipeline_at_its_limits_says_when_it_may_have_room(clock: Clock) -> None:
     """Its 503's Retry-After is when its first request in flight is expected to end: OCR
     pages told to come back in 1 s came back while three 7 Mpx pages needed ~7 s more."""
-    from proxy.engine.admission import PipelineLimits
+    from proxy.engine.room import PipelineLimits
 
-    limits = {"ocr": PipelineLimits(max_pixels=6_000_000, max_in_flight=3)}
+    # None may wait for room (max_queued=0): each is told when to come back.
+    limits = {"ocr": PipelineLimits(max_pixels=6_000_000, max_in_flight=3, max_queued=0)}
     admission = await _primed(clock, pipelines=limits, shed_late=True)
     async with AsyncExitStack() as running:
         for _ in range(3):  # three 2 Mpx pages share a megapixel a second
@@ -202,7 +229,7 @@ async def test_a_pipeline_at_its_limits_says_when_it_may_have_room(clock: Clock)
             # 2 Mpx each at a third of ~1 Mpx/s (the pace as measured: a little under).
             assert info.value.retry_after in ("6", "7")
         # A pace read from little may say hours (one request stalled): told 30 s at most.
-        admission._pace["ocr"].next_end_s = lambda: 5000.0  # type: ignore[method-assign]
+        admission.room("ocr").pace.next_end_s = lambda: 5000.0  # type: ignore[method-assign]
         with pytest.raises(Problem) as info:
             async with admission.admit("ocr", 1, left_s=60):
                 pass

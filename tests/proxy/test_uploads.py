@@ -15,7 +15,8 @@ from starlette.requests import Request
 
 from proxy.doors.middleware import RequestContext
 from proxy.doors.uploads import UploadLimits, read_body
-from proxy.engine.admission import Admission, Ledger
+from proxy.engine.admission import Admission
+from proxy.engine.ledger import Ledger
 from proxy.errors import Problem
 
 SCOPE = {"type": "http", "method": "POST", "path": "/upload", "headers": []}
