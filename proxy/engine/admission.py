@@ -163,18 +163,18 @@ class Admission:
             self._count_in(background)
         pace = room.pace
         token = 0 if pace is None else pace.started(max(pixels, 1))
-        started, late = (0.0 if pace is None else time.monotonic()), False
+        started, answered = (0.0 if pace is None else time.monotonic()), True
         try:
             yield
         except BaseException:
             # Out of time (504, or cancelled at its deadline): the pipeline did not get its
             # work through. Other failures and hang-ups say nothing of its pace.
-            if pace is not None and left_s is not None:
-                late = time.monotonic() - started >= left_s * LATE_SHARE
+            late = left_s is not None and time.monotonic() - started >= left_s * LATE_SHARE
+            answered = False if late else None
             raise
         finally:
             if pace is not None:
-                pace.ended(token, answered=not late)
+                pace.ended(token, answered)
             self._give_back(room, pixels, background)
 
     def _count_in(self, background: bool) -> None:

@@ -18,13 +18,16 @@ under the cores' pace, and a burst judged at that pace was refused work it could
 (bench/README). Each request that ends brings its work over its share of the pipeline (the
 seconds it was served, each over the requests then in flight), so the first of a crowd to
 end reads the pace right; it forgets with a half-life, so a change of load or of the
-services' speed is followed within seconds.
+services' speed is followed within seconds. A pipeline never shared (`max_in_flight: 1`)
+is read from its requests one at a time instead: the pace it runs at, for those waiting
+for room.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 HALF_LIFE_S = 5.0
 """How fast what was measured fades: a pipeline that sped up or slowed down is read anew
@@ -43,6 +46,31 @@ proxy's time from the requests it took: `digits` (~1 ms a request at c=32) with 
 budgets answered 220-395 req/s in time with refusals, 823-1,166 without (bench/README)."""
 
 
+@dataclass
+class _Reading:
+    """What ended requests tell of a pipeline's pace (all decayed): how many ended, each by
+    the part of its life read here; the seconds of the pipeline they had; the work they got
+    through in time."""
+
+    ended: float = 0.0
+    seconds: float = 0.0
+    done: float = 0.0
+
+    def fade(self, keep: float) -> None:
+        self.ended *= keep
+        self.seconds *= keep
+        self.done *= keep
+
+    def add(self, part: float, seconds: float, done: float) -> None:
+        self.ended += part
+        self.seconds += seconds
+        self.done += done
+
+    def cheap(self) -> bool:
+        """Whether its requests cost too little for a refusal to save anything."""
+        return self.seconds < MIN_COST_S * self.ended
+
+
 class Pace:
     """One pipeline's requests in flight, the work each has left, and the rate it gets
     through work while shared."""
@@ -59,13 +87,11 @@ class Pace:
         seconds shared, each over the requests then in flight."""
         self._shared = 0.0
         """Seconds shared."""
-        self._done = 0.0
-        """Work answered while shared (decayed)."""
-        self._ended = 0.0
-        """Requests out of flight, each by the part of its life it was shared, answered or
-        not (decayed)."""
-        self._busy_s = 0.0
-        """The pipeline's seconds those requests had, each its share (decayed)."""
+        self._read = _Reading()
+        """Requests while shared: each its share of the pipeline's seconds."""
+        self._alone = _Reading()
+        """Requests never shared, each the seconds it took: read only where none was
+        shared (a pipeline that runs one request at a time)."""
         self._at = time.monotonic()
 
     @property
@@ -75,15 +101,20 @@ class Pace:
 
     @property
     def known(self) -> bool:
-        """Whether any request has ended while it shared the pipeline: until then nothing
-        says how long a request waiting for room would take."""
-        return self._busy_s > 0
+        """Whether any request has ended: until then nothing says how long a request
+        waiting for room would take."""
+        return self._reading().seconds > 0
+
+    def _reading(self) -> _Reading:
+        """The shared reading, or the one-at-a-time reading where none was shared."""
+        return self._read if self._read.seconds > 0 else self._alone
 
     def _rate(self) -> float | None:
         """Work a second while shared; None while too few requests ended to say."""
-        if self._ended < MIN_DONE or self._busy_s <= 0:
+        read = self._read
+        if read.ended < MIN_DONE or read.seconds <= 0:
             return None
-        return self._done / self._busy_s
+        return read.done / read.seconds
 
     def _advance(self) -> None:
         now = time.monotonic()
@@ -92,15 +123,21 @@ class Pace:
             return
         self._at = now
         running = self.running
-        if running and (rate := self._rate()):
+        if running and (rate := self._rate() or self._alone_rate()):
             self._clock += rate * elapsed / running
         if running >= SHARED:
             self._share += elapsed / running
             self._shared += elapsed
         keep = 0.5 ** (elapsed / HALF_LIFE_S)
-        self._done *= keep
-        self._ended *= keep
-        self._busy_s *= keep
+        self._read.fade(keep)
+        self._alone.fade(keep)
+
+    def _alone_rate(self) -> float | None:
+        """Work a second one at a time, where nothing was read while shared."""
+        alone = self._alone
+        if self._read.seconds > 0 or alone.seconds <= 0:
+            return None
+        return alone.done / alone.seconds
 
     def started(self, work: int) -> int:
         """A request in flight; its token for `ended`."""
@@ -109,10 +146,11 @@ class Pace:
         self._flights[self._tokens] = (self._clock, work, self._share, self._shared, self._at)
         return self._tokens
 
-    def ended(self, token: int, answered: bool) -> None:
-        """One request out of flight; `answered`: it did not run out of time. One that did
-        took the pipeline's time without getting its work through: a pipeline where most
-        run out is read as slow, and sheds until they are answered again.
+    def ended(self, token: int, answered: bool | None) -> None:
+        """One request out of flight; `answered`: it did not run out of time (None: it
+        says nothing of the pace, a failure or a client that left). One that ran out took
+        the pipeline's time without getting its work through: a pipeline where most run
+        out is read as slow, and sheds until they are answered again.
 
         Its work over its share of the pipeline is the pace as processor sharing serves
         it, whatever else was in flight: three 7 Mpx pages sent together, read as the work
@@ -121,14 +159,15 @@ class Pace:
         wait 25 s for what took 8."""
         self._advance()
         _, work, share, shared, came = self._flights.pop(token)
+        if answered is None:
+            return
+        done = work if answered else 0
         share = self._share - share
-        if share <= 0:  # never shared
+        if share <= 0:  # never shared: the pace one at a time
+            self._alone.add(1.0, self._at - came, done)
             return
         part = (self._shared - shared) / (self._at - came)
-        self._ended += part
-        self._busy_s += share
-        if answered:
-            self._done += work * part
+        self._read.add(part, share, done * part)
 
     def expected_s(self, work: int) -> float | None:
         """Seconds a request of `work` arriving now is expected to take (inf: of late,
@@ -136,7 +175,7 @@ class Pace:
         requests to say, or where they cost too little for a refusal to save anything
         (MIN_COST_S)."""
         self._advance()
-        if self._ended < MIN_DONE or self._busy_s < MIN_COST_S * self._ended:
+        if self._read.ended < MIN_DONE or self._read.cheap():
             return None
         rate = self._rate()
         if not rate:
@@ -149,27 +188,29 @@ class Pace:
         that wait before it is expected to take: all the work in flight and queued ahead,
         then its own, at the pipeline's pace (an upper bound while the pipeline stays busy:
         it works at its rate whoever holds its room). Read from any work answered while
-        shared, as `next_end_s` (a crowd's first answers decide which of it may wait); None
-        while nothing says (no answer yet) or where requests cost too little to matter
-        (MIN_COST_S); inf when nothing got through in time of late."""
+        shared, as `next_end_s` (a crowd's first answers decide which of it may wait), or
+        one at a time where none was shared; None while nothing says (no answer yet) or
+        where requests cost too little to matter (MIN_COST_S); inf when nothing got through
+        in time of late."""
         self._advance()
-        if self._busy_s <= 0 or self._busy_s < MIN_COST_S * self._ended:
+        read = self._reading()
+        if read.seconds <= 0 or read.cheap():
             return None
-        if self._done <= 0:
-            return math.inf if self._ended >= MIN_DONE else None
-        return (sum(self._left()) + queued + work) * self._busy_s / self._done
+        if read.done <= 0:
+            return math.inf if read.ended >= MIN_DONE else None
+        return (sum(self._left()) + queued + work) * read.seconds / read.done
 
     def next_end_s(self) -> float | None:
         """Seconds until the first request in flight is expected to end, each getting an
         equal share of the pipeline's pace (None: nothing in flight, or no pace known yet):
         when a pipeline at its limits may have room again (its 503's Retry-After). A hint,
-        not a refusal: read from any work answered while shared (MIN_DONE not needed; three
-        OCR pages at a time end two while shared a round, forgotten by the next)."""
+        not a refusal: read from any work answered (MIN_DONE not needed; three OCR pages at
+        a time end two while shared a round, forgotten by the next)."""
         self._advance()
-        if not self._flights or self._done <= 0 or self._busy_s <= 0:
+        read = self._reading()
+        if not self._flights or read.done <= 0 or read.seconds <= 0:
             return None
-        rate = self._done / self._busy_s
-        return min(self._left()) * self.running / rate
+        return min(self._left()) * self.running * read.seconds / read.done
 
     def _left(self) -> list[float]:
         """The work each request in flight has left, by the virtual clock."""
