@@ -189,12 +189,14 @@ class Pace:
         then its own, at the pipeline's pace (an upper bound while the pipeline stays busy:
         it works at its rate whoever holds its room). Read from any work answered while
         shared, as `next_end_s` (a crowd's first answers decide which of it may wait), or
-        one at a time where none was shared; None while nothing says (no answer yet) or
-        where requests cost too little to matter (MIN_COST_S); inf when nothing got through
-        in time of late."""
+        one at a time where none was shared; None while nothing says (no answer yet); inf
+        when nothing got through in time of late. Requests that cost little are judged too
+        (unlike arrivals, `expected_s`): a waiter the pace does not judge is let in however
+        little of its budget is left, and 6000x6000 photos sent to `digits` after its ~1 ms
+        requests waited out their budgets, let in to time out in the preprocessing."""
         self._advance()
         read = self._reading()
-        if read.seconds <= 0 or read.cheap():
+        if read.seconds <= 0:
             return None
         if read.done <= 0:
             return math.inf if read.ended >= MIN_DONE else None

@@ -119,12 +119,19 @@ def test_what_was_measured_fades(clock: Clock) -> None:
     assert pace.expected_s(1) == pytest.approx(0.05, rel=0.1)
 
 
-def test_requests_that_cost_little_are_never_refused(clock: Clock) -> None:
+def test_requests_that_cost_little_are_never_refused_but_one_waiting_for_room_is_judged(
+    clock: Clock,
+) -> None:
+    """A refusal on arrival saves nothing where requests cost ~1 ms. One waiting for room
+    is judged all the same: not judged, 6000x6000 photos sent to `digits` after its small
+    ones waited out their 3 s and were let in to time out in the preprocessing."""
     pace = Pace()
-    _shared(pace, clock, 1, 0.001, 100)  # ~1 ms a request, as digits
+    _shared(pace, clock, 1_000, 0.001, 100)  # ~1 ms a request of 1,000 pixels, as digits
     for _ in range(50):
-        pace.started(1)
-    assert pace.expected_s(1) is None
+        pace.started(1_000)
+    assert pace.expected_s(1_000) is None
+    # 36 Mpx (a 6000x6000 photo) at a megapixel a second, behind 50 small ones.
+    assert pace.queued_s(36_000_000, 0) == pytest.approx(36.05, rel=0.02)
 
 
 async def _primed(clock: Clock, **kwargs: object) -> Admission:
