@@ -83,6 +83,23 @@ SHED = Counter(
     "Requests refused at once (503) because the work ahead of them would outlast their budget",
     ["pipeline"],
 )
+HEDGED = Counter(
+    "proxy_hedged_calls_total",
+    "Calls sent to a second replica of an endpoint because the first had stalled "
+    "(proxy/transport/hedging.py)",
+    ["endpoint"],
+)
+HEDGES_WON = Counter(
+    "proxy_hedges_won_total",
+    "Hedged calls the second replica answered first (proxy/transport/hedging.py)",
+    ["endpoint"],
+)
+REPLICAS_PASSED_OVER = Counter(
+    "proxy_replicas_passed_over_total",
+    "Times a replica of an endpoint began to be passed over: it failed (UNAVAILABLE, "
+    "CANCELLED) or stalled where it had been answering (proxy/transport/balancing.py)",
+    ["endpoint"],
+)
 CALLS_REFUSED = Counter(
     "proxy_calls_refused_total",
     "Calls not sent because their endpoint was not answering",

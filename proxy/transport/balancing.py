@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from proxy import metrics
 from proxy.transport.stalls import InFlight, Pace
 
 log = logging.getLogger(__name__)
@@ -156,12 +157,17 @@ class Replicas:
         it over for a while, longer each time in a row, and until its connection is READY;
         look the name up again soon (a replaced pod has a new address)."""
         replica.failures += 1
+        if replica.failures == 1:  # where it had been answering: one log line a spell
+            metrics.REPLICAS_PASSED_OVER.labels(self.target).inc()
+            log.warning("%s: replica %s passed over", self.target, replica.address)
         now = asyncio.get_running_loop().time()
         replica.down_until = now + min(0.1 * 2 ** (replica.failures - 1), 5.0)
         if self._next_resolve != float("inf"):
             self._next_resolve = min(self._next_resolve, now + 0.5)
 
     def succeeded(self, replica: Replica) -> None:
+        if replica.failures:
+            log.info("%s: replica %s answers again", self.target, replica.address)
         replica.failures = 0
         replica.down_until = 0.0
 

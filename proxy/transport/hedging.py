@@ -21,6 +21,7 @@ from typing import Any
 
 import grpc
 
+from proxy import metrics
 from proxy.transport.balancing import Replica, Replicas
 from proxy.transport.failures import RETRYABLE, CallFailed
 
@@ -99,7 +100,11 @@ async def hedged(replicas: Replicas, first: Replica, send: Attempt, timeout: flo
             return await attempts[0]
         replicas.failed(first)  # late: the next calls go elsewhere while it recovers
         attempts.append(_start(replicas, other, send, left))
-        return await _first_success(attempts)
+        metrics.HEDGED.labels(replicas.target).inc()
+        answer, by = await _first_success(attempts)
+        if by is not attempts[0]:
+            metrics.HEDGES_WON.labels(replicas.target).inc()
+        return answer
     finally:
         for attempt in attempts:
             if not attempt.done():
@@ -107,15 +112,15 @@ async def hedged(replicas: Replicas, first: Replica, send: Attempt, timeout: flo
                 attempt.add_done_callback(_seen)
 
 
-async def _first_success(attempts: list[asyncio.Future[dict]]) -> dict:
-    """The first attempt to succeed; when all fail, the last failure."""
+async def _first_success(attempts: list[asyncio.Future[dict]]) -> tuple[dict, asyncio.Future]:
+    """The first attempt to succeed, with its answer; when all fail, the last failure."""
     pending = set(attempts)
     failure: BaseException | None = None
     while pending:
         done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
         for attempt in done:
             if attempt.exception() is None:
-                return attempt.result()
+                return attempt.result(), attempt
             failure = attempt.exception()
     assert failure is not None
     raise failure

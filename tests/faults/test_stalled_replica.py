@@ -22,7 +22,7 @@ from samples.images import encode, render_digit
 from tests.conftest import Mesh
 from tests.faults import netns
 from tests.faults.load import Tally, load_with_events
-from tests.procs import ROOT, Service, start_service
+from tests.procs import ROOT, Service, metric_of, start_service
 from tests.report import report
 
 pytestmark = pytest.mark.alone  # how the mesh holds under load: no other test beside it
@@ -149,13 +149,16 @@ def test_one_replica_stops_answering(
             after=lambda: heal(ns, isolated),
         )
         rows["after"] = _rows(isolated_address)
+        passed_over = metric_of(url, "proxy_replicas_passed_over_total", endpoint=target)
+        hedged = metric_of(url, "proxy_hedged_calls_total", endpoint=target)
     before, after, windows, during, failed = _windows(tally, fault_s)
     name = f"{fault}{' (unary)' if env else ''}"
     report(
         f"one of two replicas {name} for {fault_s:.0f} s under 8 clients: healthy "
         f"{before / WINDOW_S:.0f} req/s (after it healed {after / WINDOW_S:.0f}), during the "
         f"fault per {WINDOW_S:.0f} s {[round(w / WINDOW_S) for w in windows]} req/s, "
-        f"{failed} of {during} failed"
+        f"{failed} of {during} failed; replica passed over {passed_over:.0f} times, "
+        f"{hedged:.0f} calls hedged"
     )
     assert tally.lost == 0 and tally.hung == 0
     assert rows["before"] > 0, "the isolated replica had its share before the fault"
@@ -167,3 +170,7 @@ def test_one_replica_stops_answering(
     assert min(windows) >= 0.5 * healthy, (before, after, windows)
     assert failed <= 0.01 * during, tally.by_status
     assert rows["after"] > rows["healed"], "the replica was not used again after it healed"
+    # What an operator sees of it: the replica passed over, and where it stalled rather
+    # than refused, the calls it held sent to the other replica as well.
+    assert passed_over >= 1
+    assert hedged >= 1 or fault == "refused"
