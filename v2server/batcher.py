@@ -174,12 +174,16 @@ class Batcher:
         batch = [first]
         rows = queue.take_compatible(batch, first.rows, self._max_rows, loop)
         close_at = loop.time() + policy.max_delay_s
+        waited = False
         while rows < self._target_rows and policy.batching_pays():
             remaining = close_at - loop.time()
-            if remaining <= 0 or not await queue.wait_arrival(remaining):
+            if remaining <= 0:
+                break
+            waited = True
+            if not await queue.wait_arrival(remaining):
                 break
             rows = queue.take_compatible(batch, rows, self._max_rows, loop)
-        policy.closed_batch(len(batch))
+        policy.closed_batch(len(batch), waited)
         # Callers may have left while the batch was filling.
         return [p for p in batch if queue.alive(p, loop)]
 
