@@ -5,11 +5,14 @@ the configured delay (moving averages of both), unless the batches that waited o
 found no company: a caller that sends its next request only once answered (one client,
 one request at a time) arrives closer together than the delay and yet never joins a batch
 held open for it (a predictor called so, 1 ms delay: 1.06 ms a round trip against 0.62 ms
-unbatched). Such waits are tried again once every PROBE_S. Otherwise (low load) a batch
-closes at once, and a request that finds nothing queued or running is run by its own caller, with
-no hand-off to the worker. At c=1 this saves the delay plus a timer wake-up and a task hop
-(~1.5-2 ms per call for a 1 ms delay on a small VM). Executions cheaper than a thread
-hand-off (~0.2-0.5 ms on small VMs) run on the event loop.
+unbatched). Such waits are tried again once every PROBE_S: until then a burst of requests
+cheap enough to run on the loop, right after one client's requests one at a time, runs one
+by one (each at once); requests that come while one runs queue and merge as before.
+Otherwise (low load) a batch closes at once, and a request that finds nothing queued or
+running is run by its own caller, with no hand-off to the worker. At c=1 this saves the
+delay plus a timer wake-up and a task hop (~1.5-2 ms per call for a 1 ms delay on a small
+VM). Executions cheaper than a thread hand-off (~0.2-0.5 ms on small VMs) run on the event
+loop.
 """
 
 from __future__ import annotations

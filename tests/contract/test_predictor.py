@@ -18,6 +18,7 @@ from protos import codec, messages, pb, pb_grpc
 from protos.channels import channel_options
 from tests.modelgen import SLOW_WIDTH, TYPES, linear_weights
 from tests.procs import Service, metric, run_module, start_service
+from v2server.policy import PROBE_S
 from v2server.servicer import STREAM_WINDOW
 
 TIMEOUT = 10.0
@@ -125,6 +126,9 @@ def test_coalesced_batch_equals_single_requests(
     rng = np.random.default_rng(11)
     xs = [rng.normal(size=(int(rng.integers(1, 4)), 4)).astype(np.float32) for _ in range(48)]
     singles = [infer(predictor_stub, "linear", {"x": x}) for x in xs]
+    # One client's requests one at a time taught the batcher that waiting finds no company;
+    # it tries again after PROBE_S (v2server/policy.py), and the burst then merges.
+    time.sleep(PROBE_S)
     executions_before = metric(predictor.metrics_port, "v2_batch_rows_count", model="linear")
     stats_before = statistics(predictor_stub, "linear", "3")
     futures = [
