@@ -91,8 +91,11 @@ async def test_calls_stalled_on_one_replica_are_answered_by_the_other(streams: i
     # one call at a time while it is failing.
     assert probes <= 8, probes
     assert len(stuck) - probes <= 1, len(stuck) - probes
+
     # What an operator sees: the replica passed over once (a spell, not each probe), and
     # every call that reached it hedged and answered by the other replica.
-    count = lambda metric: REGISTRY.get_sample_value(metric, {"endpoint": name}) or 0  # noqa: E731
+    def count(metric: str) -> float:
+        return REGISTRY.get_sample_value(metric, {"endpoint": name}) or 0
+
     assert count("proxy_replicas_passed_over_total") == 1
     assert count("proxy_hedged_calls_total") == count("proxy_hedges_won_total") == len(stuck)
