@@ -6,15 +6,29 @@ import contextlib
 import hashlib
 from pathlib import Path
 
+import onnxruntime
+
 from predictors.config import CONFIG_FILES, ConfigError, ModelConfig, load_config
 from predictors.onnx_model import OnnxModel
 from protos.errors import few
+from protos.version import code_digest
 from v2server.model import Served
 from v2server.registry import Registry
 from v2server.served import ServedModel
 from v2server.triton import DIGEST_PARAMETER
 
 MODEL_FILE = "model.onnx"
+
+RUNTIME = "\n".join(
+    (
+        f"onnxruntime {onnxruntime.__version__}",
+        code_digest(tuple(sorted(Path(__file__).parent.glob("*.py")))),
+    )
+)
+"""What computes a model's answers besides its files: an upgrade of onnxruntime (its kernels
+round differently from release to release) or of this package's code changes the digest, so
+a Redis cache shared through a rollout never answers the new predictor's requests with the
+old one's entries."""
 
 
 def _version_dirs(model_dir: Path) -> dict[int, Path]:
@@ -54,9 +68,10 @@ def _load(
 
 
 def _digest(files: list[Path], labels: dict[str, list[str]]) -> str:
-    """SHA-256 of what decides the model's answers: its graph, its config file, its labels.
-    The same files give the same digest on every replica."""
-    digest = hashlib.sha256()
+    """SHA-256 of what decides the model's answers: its graph, its config file, its labels,
+    and the runtime that runs them. The same files and runtime give the same digest on every
+    replica."""
+    digest = hashlib.sha256(RUNTIME.encode())
     for path in files:
         with path.open("rb") as f:
             digest.update(hashlib.file_digest(f, "sha256").digest())

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
+import cv2
 import numpy as np
 
 from preprocess import config as cfg
@@ -150,6 +151,10 @@ CODE = code_digest(CODE_SOURCES)
 and with it every recipe's digest."""
 
 
+LIBRARIES = f"opencv {cv2.__version__}, numpy {np.__version__}"
+"""What runs the operations: a new OpenCV decodes and resizes a little differently."""
+
+
 def _digest(config: cfg.RecipeConfig, limits: imgs.ImageLimits) -> str:
     """The same on every replica: a `_file` parameter counts by its content, not its path."""
     steps = []
@@ -158,7 +163,7 @@ def _digest(config: cfg.RecipeConfig, limits: imgs.ImageLimits) -> str:
         counted = {k: _content(v) if k.endswith("_file") else v for k, v in params.items()}
         steps.append({op: counted})
     definition = config.model_copy(update={"steps": steps}).model_dump_json()
-    text = "\n".join((VERSION, CODE, definition, repr(limits)))
+    text = "\n".join((VERSION, CODE, LIBRARIES, definition, repr(limits)))
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -633,6 +633,18 @@ def test_a_recipe_edited_is_told_apart_by_its_digest(tmp_path: Path) -> None:
     assert config.parameters[triton.DIGEST_PARAMETER].string_value == after["digits_input"].digest
 
 
+def test_a_new_opencv_changes_every_recipes_digest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OpenCV decodes and resizes a little differently from release to release: a recipe
+    run by another one is another model to the proxy's caches (a Redis cache outlives a
+    rollout), though its file and the mesh's code are the same."""
+    assert cv2.__version__ in recipe_file.LIBRARIES
+    before = recipe_file.load(DEFAULT_RECIPES)
+    monkeypatch.setattr(recipe_file, "LIBRARIES", recipe_file.LIBRARIES + "+next")
+    after = recipe_file.load(DEFAULT_RECIPES)
+    assert before.keys() == after.keys()
+    assert all(after[name].digest != before[name].digest for name in before)
+
+
 def test_a_recipe_that_decodes_says_how_small_in_its_config() -> None:
     """The proxy counts a pipeline's images in flight as the preprocessing decodes them,
     from the `min_pixels` a recipe's ModelConfig reports for its input of encoded images."""
