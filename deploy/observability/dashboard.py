@@ -138,6 +138,26 @@ PANELS = [
         ("model",),
     ),
     Panel(
+        "Replicas passed over and calls hedged, by endpoint",
+        "short",
+        {
+            "{{endpoint}} replicas passed over (per 5 min)": (
+                "sum by (endpoint) (increase(proxy_replicas_passed_over_total[5m]))"
+            ),
+            "{{endpoint}} calls hedged (per s)": (
+                f"sum by (endpoint) (rate(proxy_hedged_calls_total[{RATE}]))"
+            ),
+            "{{endpoint}} hedges won (per s)": (
+                f"sum by (endpoint) (rate(proxy_hedges_won_total[{RATE}]))"
+            ),
+        },
+        ("endpoint",),
+        "Endpoints that name several replicas (dns:///, ipv4:a,b): a replica passed over "
+        "failed or stalled and its calls went to the others; a hedged call was sent to a "
+        "second replica as the first was late. Hedges that rarely win cost a second call "
+        "for little (docs/services.md, Replicas).",
+    ),
+    Panel(
         "Cache lookups per second, by pipeline and result",
         "reqps",
         {

@@ -90,6 +90,10 @@ class Replicas:
         """What the name's calls usually take (any replica), to tell a stalled call."""
         self.removed: list[str] = []
         """Addresses the last resolution dropped, for the caller to close."""
+        for counter in (metrics.REPLICAS_PASSED_OVER, metrics.HEDGED, metrics.HEDGES_WON):
+            # Born at 0: Prometheus's increase() cannot see a series' first count, so an
+            # endpoint's first pass-over would never reach the dashboard or the alert.
+            counter.labels(target)
         if target.startswith("dns:///"):
             self.host, _, port = target.removeprefix("dns:///").rpartition(":")
             self._port = int(port)

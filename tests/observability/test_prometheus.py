@@ -4,16 +4,20 @@ each series with the labels its legend names; every rule evaluates without error
 
 The traffic gives every panel something to show: digits and bad uploads on the mesh's proxy;
 on a second proxy with its cache on and room for two requests, repeats (cache hits), a crowd
-(admission refusals, 503) and jobs with callbacks (the first refused, then tried again)."""
+(admission refusals, 503) and jobs with callbacks (the first refused, then tried again); on a
+fourth whose `mlp` names two replicas, one of them killed mid-run (passed over)."""
 
 from __future__ import annotations
 
 import asyncio
 import math
 import os
+import signal
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -26,6 +30,7 @@ from samples.images import encode, render_digit
 from tests.callbacks import callbacks_received
 from tests.conftest import Mesh
 from tests.faults.load import run
+from tests.procs import ROOT, Service, start_service
 from tests.report import report
 
 RULES = DASHBOARD.parent / "prometheus-rules.yaml"
@@ -48,43 +53,75 @@ def _metrics_targets(mesh: Mesh) -> list[str]:
     return targets
 
 
+@dataclass(frozen=True)
+class Proxies:
+    second: str
+    """Its cache on, room for two requests, callbacks to `hook`."""
+    hook: str
+    third: str
+    """Its `mlp` branch mis-wired."""
+    fourth: str
+    """Its `mlp` branch two replicas: the mesh's and `replica`."""
+    replica: Service
+
+
 @pytest.fixture(scope="module")
 def prometheus(
-    mesh: Mesh,
-) -> Iterator[tuple[prometheus_server.PrometheusServer, str, str, str]]:
-    """The server, the second proxy's URL, the callbacks' receiver's, and the third proxy's
-    (its `mlp` branch mis-wired)."""
+    mesh: Mesh, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[prometheus_server.PrometheusServer, Proxies]]:
     if not prometheus_server.available():
         message = "prometheus is missing (./mesh test installs it when run as root)"
         if os.environ.get("CI"):
             pytest.fail(f"CI must run the Prometheus test: {message}")
         pytest.skip(message)
-    with (
-        callbacks_received(failures=1) as hook,  # one callback tried again: two outcomes
-        mesh.extra_proxy(
-            27780,
-            PROXY_CACHE="true",
-            PROXY_MAX_IN_FLIGHT="2",
-            PROXY_JOBS_CALLBACK_HOSTS=hook.host,
-        ) as second,
-        mesh.extra_proxy(27781, PREDICTOR_DIGITS_MLP_URL=_miswired(mesh)) as third,
-    ):
-        proxies = [mesh.url, second, third]
-        jobs = {
-            "mesh-proxy": [url.removeprefix("http://") for url in proxies],
-            "mesh-services": _metrics_targets(mesh),
-        }
-        server = prometheus_server.start(jobs, [RULES])
-        try:
-            yield server, second, hook.url, third
-        finally:
-            server.stop()
+    replica = _mlp_replica(tmp_path_factory.mktemp("replica"))
+    mlp = mesh.local.services["digits-mlp"].env["PREDICTOR_PORT"]
+    try:
+        with (
+            callbacks_received(failures=1) as hook,  # one callback tried again: two outcomes
+            mesh.extra_proxy(
+                27780,
+                PROXY_CACHE="true",
+                PROXY_MAX_IN_FLIGHT="2",
+                PROXY_JOBS_CALLBACK_HOSTS=hook.host,
+            ) as second,
+            mesh.extra_proxy(27781, PREDICTOR_DIGITS_MLP_URL=_miswired(mesh)) as third,
+            mesh.extra_proxy(
+                27782, PREDICTOR_DIGITS_MLP_URL=f"ipv4:127.0.0.1:{mlp},{replica.address}"
+            ) as fourth,
+        ):
+            urls = [mesh.url, second, third, fourth]
+            jobs = {
+                "mesh-proxy": [url.removeprefix("http://") for url in urls],
+                "mesh-services": _metrics_targets(mesh),
+            }
+            server = prometheus_server.start(jobs, [RULES])
+            try:
+                yield server, Proxies(second, hook.url, third, fourth, replica)
+            finally:
+                server.stop()
+    finally:
+        replica.stop()
 
 
-def _traffic(mesh: Mesh, second: str, hook: str, third: str) -> None:
+def _mlp_replica(workdir: Path) -> Service:
+    args = ["--repository", str(ROOT / "models" / "repository"), "--models", "digits_mlp"]
+    return start_service("predictors", [*args, "--host", "127.0.0.1"], workdir)
+
+
+def _traffic(mesh: Mesh, proxies: Proxies) -> None:
+    second, hook, third = proxies.second, proxies.hook, proxies.third
     infer = "/v1/pipelines/digits/infer"
     partial = third + "/v1/pipelines/digits-partial/infer"
     asyncio.run(run(mesh.url, infer, BODY, requests=400, concurrency=8, timeout_ms=3000))
+    # Both replicas answer, then one dies: its calls fail over to the other, and it is passed
+    # over (a counter already scraped at 0, so its increase shows).
+    asyncio.run(run(proxies.fourth, infer, BODY, requests=100, concurrency=4, timeout_ms=3000))
+    proxies.replica.stop(signal.SIGKILL)
+    tally = asyncio.run(
+        run(proxies.fourth, infer, BODY, requests=200, concurrency=4, timeout_ms=3000)
+    )
+    assert tally.by_status == {200: tally.sent}, (tally.by_status, tally.bodies)
     with httpx.Client(timeout=10) as client:
         for _ in range(5):  # 415: what a client sends wrong shows as an error too
             client.post(
@@ -146,23 +183,32 @@ def _failing(server: prometheus_server.PrometheusServer) -> dict[tuple[str, ...]
     }
 
 
+def _passed_over(server: prometheus_server.PrometheusServer) -> dict[str, float]:
+    """endpoint -> its replicas' pass-overs in 30 minutes, as recorded."""
+    return {
+        s["metric"]["endpoint"]: float(s["value"][1])
+        for s in server.query("mesh:replicas_passed_over:increase30m")
+    }
+
+
 def _numbers(series: list[dict]) -> bool:
     """A number in some series (a quantile of a label idle for the window is NaN)."""
     return any(math.isfinite(float(s["value"][1])) for s in series)
 
 
 def test_every_panel_and_rule_has_labelled_series(
-    mesh: Mesh, prometheus: tuple[prometheus_server.PrometheusServer, str, str]
+    mesh: Mesh, prometheus: tuple[prometheus_server.PrometheusServer, Proxies]
 ) -> None:
-    server, second, hook, third = prometheus
+    server, proxies = prometheus
     assert dashboard_main(["--check"]) == 0, "mesh-dashboard.json is not what dashboard.py writes"
-    expected = 2 + len(_metrics_targets(mesh))
+    expected = 4 + len(_metrics_targets(mesh))
     deadline = time.monotonic() + 30  # Prometheus applies its targets ~5 s after it starts
     while len(targets := server.targets()) < expected or any(t["health"] != "up" for t in targets):
         assert time.monotonic() < deadline, [(t["scrapeUrl"], t["lastError"]) for t in targets]
         time.sleep(0.5)
     time.sleep(1.5)  # every counter scraped once before the traffic: its rate is then seen
-    _traffic(mesh, second, hook, third)
+    _traffic(mesh, proxies)
+    replicated = f"ipv4:127.0.0.1:{mesh.local.services['digits-mlp'].env['PREDICTOR_PORT']},"
 
     queries = [(p, legend, expr) for p in PANELS for legend, expr in p.queries.items()]
     deadline = time.monotonic() + 40
@@ -175,6 +221,8 @@ def test_every_panel_and_rule_has_labelled_series(
             empty.append("mesh:pipeline_server_errors:ratio_rate5m{pipeline='ocr'}")
         if _failing(server).get(("digits-partial", "ensemble", "mlp"), 0) <= 0.05:
             empty.append("mesh:step_failures:ratio_rate5m{pipeline='digits-partial'}")
+        if not any(e.startswith(replicated) and n > 0 for e, n in _passed_over(server).items()):
+            empty.append(f"mesh:replicas_passed_over:increase30m{{endpoint='{replicated}...'}}")
         if not empty:
             break
         time.sleep(1)
@@ -185,7 +233,7 @@ def test_every_panel_and_rule_has_labelled_series(
             missing = [name for name in panel.labels if not labels.get(name)]
             assert not missing, (panel.title, legend, labels)
     rules = server.rules()
-    assert len(rules) == 21
+    assert len(rules) == 23
     unhealthy = [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]
     assert not unhealthy, unhealthy
     # The recorded series each alert compares carry what its summary names.
@@ -197,6 +245,7 @@ def test_every_panel_and_rule_has_labelled_series(
         ("mesh:step_failures:ratio_rate5m", "step"),
         ("mesh:model_queue_depth:max", "model"),
         ("mesh:endpoint_not_answering:max", "endpoint"),
+        ("mesh:replicas_passed_over:increase30m", "endpoint"),
         ("mesh:model_load_failing:max", "model"),
         ("mesh:pipeline_misconfigured:max", "pipeline"),
     ):
