@@ -92,8 +92,11 @@ class Plan:
                     f"pipeline '{self.name}', result: per_branch reads {left} of step '{step}''s "
                     f"branches, which it asks for {', '.join(asked)} only (its `outputs`)"
                 )
-        for ref in answer:
+        for ref in references(pipeline.result):
             check_made(ref, self._asked, self._made, f"pipeline '{self.name}', result")
+        for output_name, output in (pipeline.outputs or {}).items():
+            where = f"pipeline '{self.name}', output '{output_name}'"
+            check_made(output.tensor, self._asked, self._made, where)
         read_later = producers(pipeline.result) | {
             producers(o.tensor).pop() for o in (pipeline.outputs or {}).values()
         }

@@ -58,3 +58,8 @@ def test_a_problem_is_named_as_a_start_would_name_it(
     # The pipeline named, not its last v2 output's name ("pipeline 'probabilities'" before).
     assert "pipeline 'digits', result: reads 'ensemble.labl'" in err, err
     assert "Traceback" not in err
+    # A typo in the v2 `outputs:` names the output it is in, not the result.
+    typo.write_text(shipped.replace("{tensor: ensemble.label,", "{tensor: ensemble.labl,"))
+    assert main(["--check", "true", "--pipelines", str(typo)]) == 2
+    err = capsys.readouterr().err
+    assert "pipeline 'digits', output 'label': reads 'ensemble.labl'" in err, err
