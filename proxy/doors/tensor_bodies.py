@@ -22,7 +22,7 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 
 from protos.codec import dtype_of
-from proxy.engine.definitions import InputTensor
+from proxy.engine.tensors import InputTensor
 from proxy.errors import Problem
 
 _KINDS = {"b": "booleans", "i": "integers", "u": "integers", "f": "numbers"}

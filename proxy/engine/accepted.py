@@ -8,6 +8,7 @@ import numpy as np
 from protos import media
 from protos.errors import InvalidInput
 from proxy.engine.plan import Plan
+from proxy.engine.tensors import InputTensor
 from proxy.errors import Problem
 from v2server.model import TensorSpec
 from v2server.validation import check_inputs
@@ -32,3 +33,21 @@ def check_tensors(plan: Plan, inputs: dict[str, np.ndarray]) -> None:
         check_inputs(plan.name, specs, inputs)
     except InvalidInput as exc:
         raise Problem(400, str(exc)) from None
+    for name, spec in declared.items():
+        if spec.min is not None or spec.max is not None:
+            _check_bounds(name, spec, inputs[name])
+
+
+def _check_bounds(name: str, spec: InputTensor, array: np.ndarray) -> None:
+    """400 naming the first element outside the input's declared bounds (or NaN)."""
+    low = -np.inf if spec.min is None else spec.min
+    high = np.inf if spec.max is None else spec.max
+    inside = (array >= low) & (array <= high)  # NaN is neither
+    if inside.all():
+        return
+    at = np.unravel_index(int(np.argmin(inside)), array.shape)
+    raise Problem(
+        400,
+        f"input '{name}': elements must lie within [{low:g}, {high:g}]; "
+        f"element {[int(i) for i in at]} is {array[at]:g}",
+    )

@@ -16,6 +16,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from protos.strict import Strict
+from proxy.engine.tensors import InputTensor, OutputTensor
 from proxy.errors import DefinitionError
 
 _NAME = r"^[A-Za-z0-9_\-]+$"
@@ -160,31 +161,6 @@ Entry = CallEntry | ParallelEntry | SwitchEntry
 """One item of a `steps:` list in YAML: `call:`, `parallel:` or `switch:`."""
 Case.model_rebuild()
 SwitchStep.model_rebuild()
-
-
-DataType = Literal[
-    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
-    "FP16", "FP32", "FP64", "BYTES",
-]  # fmt: skip
-
-
-class InputTensor(Strict):
-    """One tensor a pipeline takes (`inputs`), as v2 declares a model's input."""
-
-    datatype: DataType
-    shape: list[int] = Field(min_length=1)
-    """Full shape, -1 for a dimension that varies."""
-
-
-class OutputTensor(Strict):
-    """One output of the pipeline as a v2 model (the proxy's gRPC and /v2 REST door)."""
-
-    tensor: str
-    """Reference to the tensor: `<step>.<tensor>`."""
-    datatype: DataType
-    shape: list[int] = Field(min_length=1)
-    """Full shape, -1 for a dimension that varies; a tensor a switch skipped is answered
-    empty (its -1 dimensions 0)."""
 
 
 class CacheConfig(Strict):

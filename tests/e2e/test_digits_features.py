@@ -56,6 +56,9 @@ def test_bad_feature_bodies_are_named(mesh: Mesh) -> None:
         # Not infinity, which the models would turn into NaN, refused as the mesh's fault.
         "an element is out of FP32's range": {"features": [[1e39] + [0] * 63]},
         "expected shape [-1, 64], got [1, 63]": {"features": [[0] * 63]},
+        # 0..255 pixels for scikit-learn's 0..16 features: ten confident wrong answers before.
+        "within [0, 16]; element [1, 3] is 255": {"features": [[0] * 64, [16] * 3 + [255] * 61]},
+        "within [0, 16]; element [0, 0] is -1": {"features": [[-1] + [0] * 63]},
     }
     with mesh.client() as client:
         for complaint, body in cases.items():
@@ -68,3 +71,29 @@ def test_bad_feature_bodies_are_named(mesh: Mesh) -> None:
     error = flood.json()["error"]
     assert flood.status_code == 400 and error.startswith("no input named n000000, n000001")
     assert len(error) < 1100 and error.endswith("more characters)")
+
+
+def test_features_outside_their_bounds_are_the_clients_error_at_every_door(mesh: Mesh) -> None:
+    """NaN or 0..255 values sent as FP32 at the v2 doors: a 400 (INVALID_ARGUMENT) naming the
+    element, not a 502 blaming the mesh for the NaN the models made of them, nor an answer."""
+    nan = np.zeros((2, 64), np.float32)
+    nan[1, 5] = np.nan
+    pixels = np.full((1, 64), 255.0, np.float32)
+    rest = triton_http.InferenceServerClient(mesh.url.removeprefix("http://"))
+    with grpc.insecure_channel(mesh.grpc_address) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        for x, element in ((nan, "element [1, 5] is nan"), (pixels, "element [0, 0] is 255")):
+            request = messages.build_request("digits-features", {"features": x})
+            try:
+                stub.ModelInfer(request, timeout=30)
+                raise AssertionError("answered")
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT, exc.details()
+                assert element in exc.details(), exc.details()
+            tensor = triton_http.InferInput("features", list(x.shape), "FP32")
+            tensor.set_data_from_numpy(x)
+            try:
+                rest.infer("digits-features", [tensor])
+                raise AssertionError("answered")
+            except triton_http.InferenceServerException as exc:
+                assert exc.status() == "400" and element in exc.message(), exc

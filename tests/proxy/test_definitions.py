@@ -170,6 +170,14 @@ def test_bad_endpoint_values(value: str) -> None:
         ({"inputs": {}}, "`inputs` names no tensor"),
         ({"inputs": {"a b": {"datatype": "FP32", "shape": [1]}}}, "input names must match"),
         ({"inputs": {"x": {"datatype": "FP33", "shape": [1]}}}, "inputs.x.datatype"),
+        (
+            {"inputs": {"x": {"datatype": "BYTES", "shape": [1], "max": 3}}},
+            "min and max bound numbers, not BYTES elements",
+        ),
+        (
+            {"inputs": {"x": {"datatype": "FP32", "shape": [-1, 2], "min": 2, "max": 1}}},
+            "min 2 is above max 1",
+        ),
     ],
 )
 def test_declared_inputs_are_checked(tmp_path: Path, change: dict, complaint: str) -> None:
