@@ -2,7 +2,8 @@
 
 Starts every service of compose/compose.yaml on 127.0.0.1 in dependency
 order, waits for each one's healthcheck, streams prefixed logs, and stops
-everything (SIGTERM, then SIGKILL after a grace period) on Ctrl-C or SIGTERM.
+everything on Ctrl-C or SIGTERM (SIGTERM, then SIGKILL after a grace period), in
+reverse dependency order as `docker compose down` does.
 A service whose program is not installed (Debian's redis-server) is left out, and
 the settings naming it keep their defaults (the jobs' queue then in SQLite).
 """
@@ -116,17 +117,24 @@ class LocalMesh:
         return True
 
     def down(self, grace: float = 15.0) -> None:
-        for name in reversed(list(self.procs)):
-            proc = self.procs[name]
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        end = time.monotonic() + grace
-        for proc in self.procs.values():
-            try:
-                proc.wait(max(0.1, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        """Stop in waves, as `docker compose down` does: a service once nothing still running
+        depends on it. The proxy drains its requests in flight (and writes its jobs' outcomes)
+        while the services and the queue it needs still answer; signalled all at once, its
+        last requests met services already draining, and its job workers a Redis gone."""
+        left = [name for name in self.procs if self.procs[name].poll() is None]
+        while left:
+            needed = {d for name in left for d in self.services[name].depends_on}
+            wave = [name for name in left if name not in needed] or left
+            for name in wave:
+                self.procs[name].send_signal(signal.SIGTERM)
+            end = time.monotonic() + grace
+            for name in wave:
+                try:
+                    self.procs[name].wait(max(0.1, end - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    self.procs[name].kill()
+                    self.procs[name].wait()
+            left = [name for name in left if name not in wave]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
