@@ -23,22 +23,37 @@ def _series(endpoint: str, proxy: str, values: str) -> dict[str, str]:
     return {"series": f"{PASSED_OVER}{{{labels}}}", "values": values}
 
 
-def _firing(minutes: int, *endpoints: str) -> dict:
+def _firing(alert: str, minutes: int, *labelled: str, severity: str = "ticket") -> dict:
+    """The test that at `minutes` exactly the alerts of `labelled` (each `name="value"`)
+    fire."""
     samples = [
         {
             "labels": (
-                'ALERTS{alertname="MeshReplicaFlapping", alertstate="firing", '
-                f'endpoint="{endpoint}", severity="ticket"}}'
+                f'ALERTS{{alertname="{alert}", alertstate="firing", {labels}, '
+                f'severity="{severity}"}}'
             ),
             "value": 1,
         }
-        for endpoint in endpoints
+        for labels in labelled
     ]
     return {
-        "expr": 'ALERTS{alertname="MeshReplicaFlapping", alertstate="firing"}',
+        "expr": f'ALERTS{{alertname="{alert}", alertstate="firing"}}',
         "eval_time": f"{minutes}m",
         "exp_samples": samples,
     }
+
+
+def _promtool(tmp_path: Path, tests: list[dict]) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must test the alert rules: promtool (Debian's prometheus) is missing")
+        pytest.skip("promtool is missing (./mesh test installs prometheus when run as root)")
+    spec = tmp_path / "rules_test.yaml"
+    cases = {"rule_files": [str(RULES)], "evaluation_interval": "1m", "tests": tests}
+    spec.write_text(yaml.safe_dump(cases))
+    run = subprocess.run([promtool, "test", "rules", str(spec)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
 
 
 def test_a_flapping_replica_files_a_ticket_and_a_rollout_does_not(tmp_path: Path) -> None:
@@ -46,31 +61,42 @@ def test_a_flapping_replica_files_a_ticket_and_a_rollout_does_not(tmp_path: Path
     ticket once it has gone on for half an hour. A rollout of `det`'s four replicas, each
     passed over once by each of three proxies within three minutes (12 spells): none. The
     first rule summed every proxy's spells over 30 minutes and fired on such a rollout."""
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI must test the alert rules: promtool (Debian's prometheus) is missing")
-        pytest.skip("promtool is missing (./mesh test installs prometheus when run as root)")
     mlp, det = "dns:///digits-mlp:8102", "dns:///ocr-det:8111"
-    cases = {
-        "rule_files": [str(RULES)],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": [
-                    _series(mlp, "p1", "0+0.25x90"),
-                    *(_series(det, p, "0x10 1 2 3 4x80") for p in ("p1", "p2", "p3")),
-                ],
-                "promql_expr_test": [
-                    _firing(20),  # the rollout's burst is in every window by now
-                    _firing(35),  # mlp: spells for 35 minutes, pending its half hour
-                    _firing(60, mlp),
-                ],
-            }
+    flapping = "MeshReplicaFlapping"
+    test = {
+        "interval": "1m",
+        "input_series": [
+            _series(mlp, "p1", "0+0.25x90"),
+            *(_series(det, p, "0x10 1 2 3 4x80") for p in ("p1", "p2", "p3")),
+        ],
+        "promql_expr_test": [
+            _firing(flapping, 20),  # the rollout's burst is in every window by now
+            _firing(flapping, 35),  # mlp: spells for 35 minutes, pending its half hour
+            _firing(flapping, 60, f'endpoint="{mlp}"'),
         ],
     }
-    spec = tmp_path / "rules_test.yaml"
-    spec.write_text(yaml.safe_dump(cases))
-    run = subprocess.run([promtool, "test", "rules", str(spec)], capture_output=True, text=True)
-    assert run.returncode == 0, run.stdout + run.stderr
+    _promtool(tmp_path, [test])
+
+
+def test_a_pipeline_answering_5xx_pages_after_five_minutes(tmp_path: Path) -> None:
+    """`ocr` answers 10% 503 from the 10th minute on, `digits` 3% all along: `ocr` pages once
+    the share has held for five minutes, `digits` never (under the 5% threshold)."""
+
+    def answers(pipeline: str, status: str, values: str) -> dict[str, str]:
+        labels = f'pipeline="{pipeline}", status="{status}", instance="p1:8080", job="mesh-proxy"'
+        return {"series": f"proxy_requests_total{{{labels}}}", "values": values}
+
+    test = {
+        "interval": "1m",
+        "input_series": [
+            answers("ocr", "200", "0+600x40"),
+            answers("ocr", "503", "0x10 0+60x30"),
+            answers("digits", "200", "0+6000x40"),
+            answers("digits", "504", "0+180x40"),
+        ],
+        "promql_expr_test": [
+            _firing("MeshPipelineErrors", 14, severity="page"),  # pending its five minutes
+            _firing("MeshPipelineErrors", 25, 'pipeline="ocr"', severity="page"),
+        ],
+    }
+    _promtool(tmp_path, [test])
