@@ -69,6 +69,7 @@ class Proxies:
 def prometheus(
     mesh: Mesh, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[prometheus_server.PrometheusServer, Proxies]]:
+    """The Prometheus server scraping the mesh and three more proxies over its services."""
     if not prometheus_server.available():
         message = "prometheus is missing (./mesh test installs it when run as root)"
         if os.environ.get("CI"):
