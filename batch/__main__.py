@@ -59,6 +59,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--attempts", type=int, default=5, help="tries per input on 429/502/503/504 (5)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per request (120)")
     p.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="send again the inputs earlier runs gave up on after --attempts tries (429, "
+        "5xx, no answer); an input's own failures (4xx, too large) stay",
+    )
+    p.add_argument(
         "--max-failed",
         type=float,
         metavar="FRACTION",
@@ -173,6 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         timeout_s=args.timeout,
         progress_every_s=args.progress_every,
         max_file_bytes=int(args.max_file_mb * 2**20),
+        retry_failed=args.retry_failed,
         door=args.door,
         grpc_address=args.grpc,
         # From the environment, not a flag: a key on the command line shows in `ps`.

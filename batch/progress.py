@@ -70,6 +70,8 @@ class Progress:
             f"{self.counts['failed']} failed, {self.counts['skipped']} answered before; "
             f"{self.rate():.1f}/s over {elapsed:.1f} s"
         )
+        if self.counts["retried"]:
+            summary += f"; {self.counts['retried']} given up on before, sent again"
         if self.narrowed is not None:
             fewest, most = self.narrowed
             summary += f"; the mesh was full at times: as few as {fewest} of {most} at once"

@@ -1,7 +1,8 @@
 """A batch run: the source streamed through a bounded set of callers (`concurrency` requests
 in flight, at most `rate` started per second), each answer appended to the sink as it
 arrives. Inputs the sink already holds are skipped, so a rerun after a kill or Ctrl-C sends
-only what was not answered (at most the requests that were in flight)."""
+only what was not answered (at most the requests that were in flight); with `retry_failed`,
+also those an earlier run gave up on."""
 
 from __future__ import annotations
 
@@ -43,6 +44,8 @@ class Options:
     timeout_s: float = 120.0
     progress_every_s: float = 10.0
     max_file_bytes: int = MAX_FILE_BYTES
+    retry_failed: bool = False
+    """Send again the inputs earlier runs gave up on (batch/sinks.py: gave_up)."""
 
 
 class _Pace:
@@ -84,8 +87,10 @@ async def run(source: Source, sink: Sink, options: Options) -> Progress:
 
 
 async def _run(source: Source, sink: Sink, options: Options) -> Progress:
+    retried = await asyncio.to_thread(sink.forget_given_up) if options.retry_failed else 0
     done = sink.answered()
     progress = Progress(await asyncio.to_thread(source.count), every_s=options.progress_every_s)
+    progress.counts["retried"] = retried
     queue: asyncio.Queue[Input | None] = asyncio.Queue(maxsize=2 * options.concurrency)
     pace = _Pace(options.rate)
     window = Window(options.concurrency)

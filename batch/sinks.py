@@ -3,7 +3,9 @@ JSONL or CSV file. Rows are flushed one by one (a killed batch loses only the re
 flight) and fsynced on close.
 
 A rerun appends to the same file and skips every key it already holds (`answered()`); a row
-torn by a kill mid-write is cut off first, so every key appears exactly once."""
+torn by a kill mid-write is cut off first, so every key appears exactly once. With
+`--retry-failed` the rows an earlier run gave up on (`gave_up`) are taken out first, and their
+inputs sent again."""
 
 from __future__ import annotations
 
@@ -45,6 +47,13 @@ class Row:
         return out
 
 
+def gave_up(status: str, error: Any) -> bool:
+    """A row failed for the mesh's reasons after all its tries (a 429, 5xx or no answer each
+    time; its error counts the attempts): another run may answer it. An input's own fault
+    (a 4xx, a file too large) has no count: it would fail again."""
+    return status == "failed" and isinstance(error, dict) and "attempts" in error
+
+
 class SinkError(RuntimeError):
     """The output cannot be written (a full disk, a file gone read-only): the run stops
     (exit status 1), every row written before is kept, and a rerun resumes."""
@@ -56,6 +65,10 @@ class Sink:
         raise NotImplementedError
 
     def write(self, row: Row) -> None:
+        raise NotImplementedError
+
+    def forget_given_up(self) -> int:
+        """Take out the rows an earlier run gave up on (`gave_up`); how many."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -100,6 +113,24 @@ class _FileSink(Sink):
         except OSError as exc:
             raise self._cannot(exc) from None
 
+    def _open(self) -> None:
+        raise NotImplementedError
+
+    def _rewrite(self, kept: bytes) -> None:
+        """The file as `kept`, replaced in one rename (a kill leaves the old or the new)."""
+        self._file.close()
+        spare = self.path.with_name(self.path.name + ".retrying")
+        try:
+            with spare.open("wb") as f:
+                f.write(kept)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(spare, self.path)
+        except OSError as exc:
+            raise self._cannot(exc) from None
+        finally:
+            self._open()
+
     def _cannot(self, exc: OSError) -> SinkError:
         self._failed = True
         return SinkError(
@@ -125,7 +156,10 @@ class JsonlSink(_FileSink):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch()
         _cut_torn_tail(path)
-        self._file = path.open("ab")
+        self._open()
+
+    def _open(self) -> None:
+        self._file = self.path.open("ab")
 
     def answered(self) -> set[str]:
         keys: set[str] = set()
@@ -134,6 +168,20 @@ class JsonlSink(_FileSink):
                 if line.strip():
                     keys.add(orjson.loads(line)["key"])
         return keys
+
+    def forget_given_up(self) -> int:
+        kept: list[bytes] = []
+        dropped = 0
+        with self.path.open("rb") as f:
+            for line in f:
+                row = orjson.loads(line) if line.strip() else None
+                if row is not None and gave_up(row["status"], row["error"]):
+                    dropped += 1
+                else:
+                    kept.append(line)
+        if dropped:
+            self._rewrite(b"".join(kept))
+        return dropped
 
     def write(self, row: Row) -> None:
         self._append(orjson.dumps(row.fields(), option=orjson.OPT_APPEND_NEWLINE))
@@ -152,15 +200,31 @@ class CsvSink(_FileSink):
         path.touch()
         _cut_torn_tail(path)
         fresh = path.stat().st_size == 0
-        self._file = path.open("a", encoding="utf-8", newline="")
-        self._writer = csv.DictWriter(self._file, self.columns, extrasaction="ignore")
+        self._open()
         if fresh:
-            self._writer.writeheader()
+            csv.DictWriter(self._file, self.columns).writeheader()
             self._file.flush()
+
+    def _open(self) -> None:
+        self._file = self.path.open("a", encoding="utf-8", newline="")
 
     def answered(self) -> set[str]:
         with self.path.open(encoding="utf-8", newline="") as f:
             return {row["key"] for row in csv.DictReader(f)}
+
+    def forget_given_up(self) -> int:
+        with self.path.open(encoding="utf-8", newline="") as f:
+            reader = csv.DictReader(f)
+            rows = list(reader)
+            header = reader.fieldnames or self.columns
+        kept = [r for r in rows if not gave_up(r["status"], _json(r["error"]))]
+        if len(kept) < len(rows):
+            buffer = io.StringIO()
+            writer = csv.DictWriter(buffer, header)
+            writer.writeheader()
+            writer.writerows(kept)
+            self._rewrite(buffer.getvalue().encode())
+        return len(rows) - len(kept)
 
     def write(self, row: Row) -> None:
         fields = row.fields()
@@ -170,6 +234,10 @@ class CsvSink(_FileSink):
         buffer = io.StringIO()
         csv.DictWriter(buffer, self.columns, extrasaction="ignore").writerow(fields)
         self._append(buffer.getvalue())  # one write per row: a kill tears one row at most
+
+
+def _json(text: str) -> Any:
+    return orjson.loads(text) if text else None
 
 
 def open_sink(spec: str, extra_columns: tuple[str, ...] = ()) -> Sink:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from batch.sinks import Row, Sink
+from batch.sinks import Row, Sink, gave_up
 from batch.sources import Input, Source, SourceError
 
 YIELD_PER = 200
@@ -150,6 +150,19 @@ class TableSink(Sink):
     def answered(self) -> set[str]:
         with self.engine.connect().execution_options(stream_results=True, yield_per=5000) as conn:
             return {key for (key,) in conn.execute(sa.select(self.table.c.key))}
+
+    def forget_given_up(self) -> int:
+        """The rows an earlier run gave up on, deleted in one transaction."""
+        table = self.table
+        failed = sa.select(table.c.key, table.c.error).where(table.c.status == "failed")
+        try:
+            with self.engine.begin() as conn:
+                keys = [k for k, error in conn.execute(failed) if gave_up("failed", error)]
+                for start in range(0, len(keys), 500):
+                    conn.execute(table.delete().where(table.c.key.in_(keys[start : start + 500])))
+        except sa.exc.OperationalError as exc:
+            raise _named(exc, self.engine) from None
+        return len(keys)
 
     def write(self, row: Row) -> None:
         self._raise_failure()
