@@ -127,6 +127,7 @@ class _FileSink(Sink):
                 os.fsync(f.fileno())
             os.replace(spare, self.path)
         except OSError as exc:
+            spare.unlink(missing_ok=True)  # a full disk: the old file stays as it was
             raise self._cannot(exc) from None
         finally:
             self._open()

@@ -5,6 +5,7 @@ an input's own faults stay, and every key is still in the output once."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import io
 import json
@@ -16,6 +17,7 @@ from aiohttp import web
 from batch import calls
 from batch.sinks import Row
 from batch.sources import Files
+from tests.disks import fill, small_disk
 from tests.unit.test_batch_files import digits_mesh
 
 
@@ -48,6 +50,30 @@ def test_rows_given_up_on_are_taken_out_and_the_rest_kept_in_order(
         rows = list(csv.DictReader(io.StringIO(text)))
     assert [r["key"] for r in rows] == ["a.png", "b.png", "d.png", "c.png"]
     assert not list(tmp_path.glob("*.retrying"))
+
+
+def test_a_rewrite_the_disk_has_no_room_for_leaves_the_output_as_it_was(tmp_path: Path) -> None:
+    """The output's disk full when the rows are taken out: SinkError naming the file, the
+    output untouched (its rows and its keys), no half-written copy beside it."""
+    from batch.sinks import SinkError, open_sink
+
+    with small_disk(tmp_path / "disk", "64k") as disk:
+        path = disk / "out.jsonl"
+        sink = open_sink(str(path))
+        for i in range(40):
+            error = {"status": 503, "error": "busy " + "x" * 500, "attempts": 5}
+            sink.write(Row(f"{i}.png", "failed" if i % 2 else "ok", None, error=error))
+        sink.close()
+        before = path.read_bytes()
+        fill(disk / "filler")
+        sink = open_sink(str(path))
+        with pytest.raises(SinkError, match="No space left on device") as refused:
+            sink.forget_given_up()
+        assert str(path) in str(refused.value)
+        with contextlib.suppress(SinkError):
+            sink.close()
+        assert path.read_bytes() == before
+        assert not list(disk.glob("*.retrying"))
 
 
 def test_a_tables_rows_given_up_on_are_deleted(tmp_path: Path) -> None:
