@@ -75,8 +75,10 @@ class Plan:
             if output.tensor.partition(".")[0] == "request":
                 raise DefinitionError(f"{where}: outputs name a step's tensor, not the request")
             check_ref(output.tensor, self._known, set(), where)
+            check_made(output.tensor, self._asked, self._made, where)
         check_result(pipeline.result, self._known, self._inputs, f"pipeline '{self.name}', result")
-        answer = references(pipeline.result) | {o.tensor for o in (pipeline.outputs or {}).values()}
+        result_refs = references(pipeline.result)
+        answer = result_refs | {o.tensor for o in (pipeline.outputs or {}).values()}
         self.result_reads = frozenset(r for r in answer if r.partition(".")[0] in self._asked)
         """The references of the answer (the result, the v2 outputs) to a call step's
         tensors: each is checked once the steps have run (Executor: one a step that ran does
@@ -92,11 +94,8 @@ class Plan:
                     f"pipeline '{self.name}', result: per_branch reads {left} of step '{step}''s "
                     f"branches, which it asks for {', '.join(asked)} only (its `outputs`)"
                 )
-        for ref in references(pipeline.result):
+        for ref in result_refs:
             check_made(ref, self._asked, self._made, f"pipeline '{self.name}', result")
-        for output_name, output in (pipeline.outputs or {}).items():
-            where = f"pipeline '{self.name}', output '{output_name}'"
-            check_made(output.tensor, self._asked, self._made, where)
         read_later = producers(pipeline.result) | {
             producers(o.tensor).pop() for o in (pipeline.outputs or {}).values()
         }
