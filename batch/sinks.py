@@ -13,6 +13,7 @@ import contextlib
 import csv
 import io
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,14 +117,14 @@ class _FileSink(Sink):
     def _open(self) -> None:
         raise NotImplementedError
 
-    def _rewrite(self, kept: bytes) -> None:
-        """The file as `kept`, replaced in one rename (a kill leaves the old or the new)."""
+    def _rewrite(self, write_kept: Callable[[Path], None]) -> None:
+        """The file replaced by what `write_kept` writes to a spare (row by row: an output of
+        OCR pages can be gigabytes), in one rename (a kill leaves the old or the new)."""
         self._file.close()
         spare = self.path.with_name(self.path.name + ".retrying")
         try:
-            with spare.open("wb") as f:
-                f.write(kept)
-                f.flush()
+            write_kept(spare)
+            with spare.open("rb") as f:
                 os.fsync(f.fileno())
             os.replace(spare, self.path)
         except OSError as exc:
@@ -171,18 +172,15 @@ class JsonlSink(_FileSink):
         return keys
 
     def forget_given_up(self) -> int:
-        kept: list[bytes] = []
-        dropped = 0
         with self.path.open("rb") as f:
-            for line in f:
-                row = orjson.loads(line) if line.strip() else None
-                if row is not None and gave_up(row["status"], row["error"]):
-                    dropped += 1
-                else:
-                    kept.append(line)
+            dropped = sum(1 for line in f if _line_gave_up(line))
         if dropped:
-            self._rewrite(b"".join(kept))
+            self._rewrite(self._write_kept)
         return dropped
+
+    def _write_kept(self, spare: Path) -> None:
+        with self.path.open("rb") as f, spare.open("wb") as out:
+            out.writelines(line for line in f if not _line_gave_up(line))
 
     def write(self, row: Row) -> None:
         self._append(orjson.dumps(row.fields(), option=orjson.OPT_APPEND_NEWLINE))
@@ -215,17 +213,20 @@ class CsvSink(_FileSink):
 
     def forget_given_up(self) -> int:
         with self.path.open(encoding="utf-8", newline="") as f:
+            dropped = sum(1 for row in csv.DictReader(f) if _row_gave_up(row))
+        if dropped:
+            self._rewrite(self._write_kept)
+        return dropped
+
+    def _write_kept(self, spare: Path) -> None:
+        with (
+            self.path.open(encoding="utf-8", newline="") as f,
+            spare.open("w", encoding="utf-8", newline="") as out,
+        ):
             reader = csv.DictReader(f)
-            rows = list(reader)
-            header = reader.fieldnames or self.columns
-        kept = [r for r in rows if not gave_up(r["status"], _json(r["error"]))]
-        if len(kept) < len(rows):
-            buffer = io.StringIO()
-            writer = csv.DictWriter(buffer, header)
+            writer = csv.DictWriter(out, reader.fieldnames or self.columns)
             writer.writeheader()
-            writer.writerows(kept)
-            self._rewrite(buffer.getvalue().encode())
-        return len(rows) - len(kept)
+            writer.writerows(row for row in reader if not _row_gave_up(row))
 
     def write(self, row: Row) -> None:
         fields = row.fields()
@@ -237,8 +238,17 @@ class CsvSink(_FileSink):
         self._append(buffer.getvalue())  # one write per row: a kill tears one row at most
 
 
-def _json(text: str) -> Any:
-    return orjson.loads(text) if text else None
+def _line_gave_up(line: bytes) -> bool:
+    """A JSONL row the run gave up on (`gave_up`)."""
+    if not line.strip():
+        return False
+    row = orjson.loads(line)
+    return gave_up(row["status"], row["error"])
+
+
+def _row_gave_up(row: dict[str, str]) -> bool:
+    """A CSV row the run gave up on: its `error` is JSON text ("" for none)."""
+    return gave_up(row["status"], orjson.loads(row["error"]) if row["error"] else None)
 
 
 def open_sink(spec: str, extra_columns: tuple[str, ...] = ()) -> Sink:
