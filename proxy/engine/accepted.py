@@ -34,7 +34,7 @@ def check_tensors(plan: Plan, inputs: dict[str, np.ndarray]) -> None:
     except InvalidInput as exc:
         raise Problem(400, str(exc)) from None
     for name, spec in declared.items():
-        if spec.min is not None or spec.max is not None:
+        if spec.bounded:
             _check_bounds(name, spec, inputs[name])
 
 

@@ -26,9 +26,13 @@ class InputTensor(Strict):
     too) is the client's 400, not a confident answer from a model fed what it never saw
     (0..255 pixels sent for 0..16 features), nor a 502 once its outputs come back NaN."""
 
+    @property
+    def bounded(self) -> bool:
+        return self.min is not None or self.max is not None
+
     @model_validator(mode="after")
     def _bounds_fit(self) -> InputTensor:
-        if {self.min, self.max} != {None} and self.datatype in ("BYTES", "BOOL"):
+        if self.bounded and self.datatype in ("BYTES", "BOOL"):
             raise ValueError(f"min and max bound numbers, not {self.datatype} elements")
         if self.min is not None and self.max is not None and self.min > self.max:
             raise ValueError(f"min {self.min:g} is above max {self.max:g}")
