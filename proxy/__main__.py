@@ -55,6 +55,10 @@ def _check(settings: ProxySettings) -> int:
         for label, target in each.targets.items():  # in the order the steps call
             version = f" version {target.version}" if target.version else ""
             print(f"  {label}: {target.model}{version} at {target.address} ({target.endpoint})")
+            if (shadow := each.shadows.get(label)) is not None:
+                to = shadow.target
+                copied = f"{shadow.percent:g}% copied to {to.model} at {to.address}"
+                print(f"    shadow: {copied} ({to.endpoint})")
     print(f"{settings.pipelines}: {len(plans)} pipelines, every reference and endpoint resolved")
     return 0
 

@@ -168,6 +168,35 @@ PANELS = [
         ("pipeline", "result"),
     ),
     Panel(
+        "Shadows: answers like the live model's, by step and output",
+        "percentunit",
+        {
+            "{{pipeline}} {{step}} {{output}}": (
+                "sum by (pipeline, step, output) "
+                f'(rate(proxy_shadow_outputs_total{{outcome="same"}}[{RATE}])) '
+                "/ (sum by (pipeline, step, output) "
+                f"(rate(proxy_shadow_outputs_total[{RATE}])) > 0)"
+            )
+        },
+        ("pipeline", "step", "output"),
+        "A step whose endpoint has a shadow (<VARIABLE>_SHADOW) sends a copy of its calls "
+        "to a candidate: the share of the candidate's outputs equal to the live model's "
+        "(floats within rtol 1e-3, atol 1e-5). For a classifier read its label "
+        "(docs/services.md, Trying a candidate).",
+    ),
+    Panel(
+        "Shadow copies per second, by step and outcome",
+        "reqps",
+        {
+            "{{pipeline}} {{step}} {{outcome}}": (
+                f"sum by (pipeline, step, outcome) (rate(proxy_shadow_calls_total[{RATE}]))"
+            )
+        },
+        ("pipeline", "step", "outcome"),
+        "answered; failed (the candidate's error or its budget); skipped (too many copies in "
+        "flight: a slow candidate never holds the live requests)",
+    ),
+    Panel(
         "Jobs, by status",
         "short",
         {"{{status}}": "sum by (status) (proxy_jobs)"},

@@ -81,6 +81,10 @@ class PipelineEndpoints:
                     "description": plan.pipeline.description,
                     "timeout_ms": plan.pipeline.timeout_ms,
                     "targets": {k: asdict(t) for k, t in plan.targets.items()},
+                    "shadows": {
+                        k: {**asdict(s.target), "percent": s.percent}
+                        for k, s in plan.shadows.items()
+                    },
                     "definition": plan.pipeline.model_dump(mode="json", exclude_defaults=True),
                 }
                 for name, plan in self.engine.plans.items()

@@ -83,3 +83,25 @@ def with_prefix(prefix: str, environ: Mapping[str, str]) -> dict[str, Endpoint]:
             if branch:
                 found[branch] = parse(variable, environ[variable])
     return found
+
+
+SHADOW = "_SHADOW"
+"""`<VARIABLE>_SHADOW`: where a copy of the endpoint's calls goes (proxy/engine/shadows.py);
+`<VARIABLE>_SHADOW_PERCENT` (default 100): how many of them. The suffix does not end in `_URL`,
+so a parallel step's `branches_from` never takes a shadow for a branch."""
+
+
+def shadow(variable: str, environ: Mapping[str, str]) -> tuple[Endpoint, float] | None:
+    """The shadow of endpoint `variable` and the percent of calls copied to it, if one is set."""
+    value = environ.get(variable + SHADOW)
+    if not value:
+        return None
+    named = variable + SHADOW + "_PERCENT"
+    text = environ.get(named, "100")
+    try:
+        percent = float(text)
+    except ValueError:
+        percent = float("nan")
+    if not 0 < percent <= 100:  # NaN fails this too
+        raise DefinitionError(f"{named}={text!r}: expected a percent of calls, above 0 up to 100")
+    return parse(variable + SHADOW, value), percent

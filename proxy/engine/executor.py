@@ -29,6 +29,7 @@ from proxy.engine.definitions import (
     SwitchStep,
 )
 from proxy.engine.run import Run, StepStatus, ms
+from proxy.engine.shadows import Shadows
 from proxy.engine.step_spans import step_span
 from proxy.engine.wiring import Wiring
 from proxy.errors import StepError
@@ -42,6 +43,7 @@ class Executor:
         self.caches = caches  # the data cache of steps marked `cache: true` (None: off)
         self.wiring = wiring  # tells a call refused for the pipeline's wiring from a bad request
         self._specs: dict[tuple[int, str, Target], tuple[CallingStep, Call]] = {}
+        self.shadows = Shadows(calls)  # copies of calls sent to candidates, in the background
 
     async def run(self, run: Run, inputs: dict[str, np.ndarray]) -> Run:
         """The request's tensors through its plan; the inputs are already on its ledger. The
@@ -95,15 +97,13 @@ class Executor:
             status, error, how = "ok", None, None
             try:
                 if not (isinstance(step, CallStep) and step.cache and self.caches is not None):
-                    return await self.calls.call(spec, feeds, run.deadline, run.request_id)
-                call = functools.partial(self.calls.call, spec, feeds, run.deadline, run.request_id)
-                caches = self.caches
-                key = await step_key(target, step.outputs, caches.prints, feeds)
-                if key is None:
-                    return await call()
-                outputs, how = await caches.step(run.plan.name, step.name).answer(
-                    key, call, run.deadline
-                )
+                    outputs = await self.calls.call(spec, feeds, run.deadline, run.request_id)
+                else:
+                    outputs, how = await self._cached(run, step, target, spec, feeds)
+                if (shadow := run.plan.shadows.get(label)) is not None:
+                    budget_s = run.plan.pipeline.timeout_ms / 1000
+                    args = (spec, feeds, outputs, budget_s, run.request_id)
+                    self.shadows.copy(run.plan.name, label, shadow, *args)
                 return outputs
             except StepError as exc:
                 failed = await self.wiring.explained(exc, run.plan, step, run.deadline)
@@ -124,6 +124,19 @@ class Executor:
                         span.set_attribute("mesh.cache", how)
                 if label == step.name:  # a branch's once its answer is judged (_parallel)
                     _observe(run, step.name, run.steps[-1])
+
+    async def _cached(
+        self, run: Run, step: CallStep, target: Target, spec: Call, feeds: dict[str, np.ndarray]
+    ) -> tuple[dict[str, np.ndarray], str | None]:
+        """A step's outputs through its data cache, and how they came (`hit`, `miss`; None:
+        the inputs are not keyed, so not cached)."""
+        call = functools.partial(self.calls.call, spec, feeds, run.deadline, run.request_id)
+        caches = self.caches
+        assert caches is not None
+        key = await step_key(target, step.outputs, caches.prints, feeds)
+        if key is None:
+            return await call(), None
+        return await caches.step(run.plan.name, step.name).answer(key, call, run.deadline)
 
     def _spec(self, step: CallingStep, label: str, target: Target) -> Call:
         """The call a step makes to `target`, made once (kept with the step: its id stays its)."""

@@ -28,6 +28,7 @@ from proxy.engine.references import (
     references,
 )
 from proxy.engine.results import Renderer, compiled
+from proxy.engine.shadows import Shadow
 from proxy.errors import DefinitionError
 from proxy.transport.target import Target
 
@@ -49,6 +50,20 @@ def _target(
     )
 
 
+def _shadow(live: Target, env: Mapping[str, str], where: str) -> Shadow | None:
+    """The shadow of a call's endpoint, if `<VARIABLE>_SHADOW` is set: its own model and
+    version where it names them, else the live call's model."""
+    try:
+        found = endpoints.shadow(live.endpoint, env)
+    except DefinitionError as exc:
+        raise DefinitionError(f"{where}: {exc}") from None
+    if found is None:
+        return None
+    ep, percent = found
+    target = Target(ep.variable, ep.address, ep.model or live.model, ep.version)
+    return Shadow(target, percent)
+
+
 class Plan:
     """A pipeline with every endpoint resolved and every reference checked."""
 
@@ -57,6 +72,8 @@ class Plan:
         self.pipeline = pipeline
         self.targets: dict[str, Target] = {}
         """Call step name, or `<parallel step>/<branch>`, -> target."""
+        self.shadows: dict[str, Shadow] = {}
+        """Call step name, or `<parallel step>/<branch>`, -> where a copy of its calls goes."""
         self._known: set[str] = set()
         self._asked: dict[str, list[str]] = {}
         """Call step -> the outputs it asks for (empty: all its model has)."""
@@ -170,7 +187,8 @@ class Plan:
         return where
 
     def _call(self, step: CallStep, where: str) -> None:
-        self.targets[step.name] = _target(step.endpoint, step.model, step.version, self._env, where)
+        target = _target(step.endpoint, step.model, step.version, self._env, where)
+        self._add(step.name, target, where)
         self._known.add(step.name)
         self._asked[step.name] = step.outputs
 
@@ -192,10 +210,15 @@ class Plan:
         if step.combine.op != "collect" and not step.combine.tensor:
             raise DefinitionError(f"{where}: combine '{step.combine.op}' needs `tensor`")
         for branch, target in branches.items():
-            self.targets[f"{step.name}/{branch}"] = target
+            self._add(f"{step.name}/{branch}", target, where)
         self._known.add(step.name)
         self._made[step.name] = combined(step.combine)
         self._fanned[step.name] = step.outputs
+
+    def _add(self, label: str, target: Target, where: str) -> None:
+        self.targets[label] = target
+        if (shadow := _shadow(target, self._env, where)) is not None:
+            self.shadows[label] = shadow
 
     def _switch(self, step: SwitchStep, where: str) -> None:
         self._known.add(step.name)

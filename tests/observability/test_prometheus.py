@@ -69,7 +69,8 @@ class Proxies:
 def prometheus(
     mesh: Mesh, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[prometheus_server.PrometheusServer, Proxies]]:
-    """The Prometheus server scraping the mesh and three more proxies over its services."""
+    """The Prometheus server scraping the mesh and three more proxies over its services (the
+    fourth: two MLP replicas, one killed mid-run, and a shadow of the logistic regression)."""
     if not prometheus_server.available():
         message = "prometheus is missing (./mesh test installs it when run as root)"
         if os.environ.get("CI"):
@@ -88,7 +89,10 @@ def prometheus(
             ) as second,
             mesh.extra_proxy(27781, PREDICTOR_DIGITS_MLP_URL=_miswired(mesh)) as third,
             mesh.extra_proxy(
-                27782, PREDICTOR_DIGITS_MLP_URL=f"ipv4:127.0.0.1:{mlp},{replica.address}"
+                27782,
+                PREDICTOR_DIGITS_MLP_URL=f"ipv4:127.0.0.1:{mlp},{replica.address}",
+                # The shadows' panels: the logistic regression's calls copied to the MLP.
+                PREDICTOR_DIGITS_LOGREG_URL_SHADOW=f"127.0.0.1:{mlp}/digits_mlp",
             ) as fourth,
         ):
             urls = [mesh.url, second, third, fourth]
