@@ -55,10 +55,14 @@ def _check(settings: ProxySettings) -> int:
         for label, target in each.targets.items():  # in the order the steps call
             version = f" version {target.version}" if target.version else ""
             print(f"  {label}: {target.model}{version} at {target.address} ({target.endpoint})")
-            if (shadow := each.shadows.get(label)) is not None:
-                to = shadow.target
-                copied = f"{shadow.percent:g}% copied to {to.model} at {to.address}"
-                print(f"    shadow: {copied} ({to.endpoint})")
+            for kind, other, how in (
+                ("canary", each.canaries.get(label), "sent instead to"),
+                ("shadow", each.shadows.get(label), "copied to"),
+            ):
+                if other is not None:
+                    to = other.target
+                    went = f"{other.percent:g}% {how} {to.model} at {to.address}"
+                    print(f"    {kind}: {went} ({to.endpoint})")
     print(f"{settings.pipelines}: {len(plans)} pipelines, every reference and endpoint resolved")
     return 0
 

@@ -34,7 +34,7 @@ class HealthEndpoints:
         state = self.state
         pairs: dict[tuple[str, str], str] = {}
         for plan in state.engine.plans.values():
-            for target in plan.targets.values():
+            for target in plan.every_target.values():  # canaries answer clients too
                 pairs[(target.address, target.model)] = target.endpoint
         timeout = state.settings.ready_timeout_ms / 1000
         queue = state.jobs.check(timeout)

@@ -85,6 +85,10 @@ class PipelineEndpoints:
                         k: {**asdict(s.target), "percent": s.percent}
                         for k, s in plan.shadows.items()
                     },
+                    "canaries": {
+                        k: {**asdict(c.target), "percent": c.percent}
+                        for k, c in plan.canaries.items()
+                    },
                     "definition": plan.pipeline.model_dump(mode="json", exclude_defaults=True),
                 }
                 for name, plan in self.engine.plans.items()

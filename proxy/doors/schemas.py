@@ -26,6 +26,11 @@ class StepReport(BaseModel):
     start_ms: float = Field(
         default=0.0, description="when it began, from the moment the proxy took the request"
     )
+    variant: str | None = Field(
+        default=None,
+        description="a step with a canary (<VARIABLE>_CANARY): live or canary, the model that "
+        "answered (else null)",
+    )
 
 
 class PipelineAnswer(BaseModel):

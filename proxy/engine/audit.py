@@ -116,15 +116,16 @@ class Audit:
         complete = True
         for calls in self._calls[plan.name]:
             for label in calls.labels:
-                target = plan.targets[label]
-                meta = await self.wiring.metadata(target)
-                if meta is None:
-                    complete = False
-                    continue
-                why = await self.wiring.why_not(plan, calls.step, target)
-                if why is not None:
-                    found.append(f"step '{label}': {why}")
-                for tensor in calls.read:
-                    if (missing := no_output(label, target, meta, tensor)) is not None:
-                        found.append(f"step '{label}': {missing}")
+                canary = plan.canaries.get(label)
+                for target in (plan.targets[label], *([canary.target] if canary else [])):
+                    meta = await self.wiring.metadata(target)
+                    if meta is None:
+                        complete = False
+                        continue
+                    why = await self.wiring.why_not(plan, calls.step, target)
+                    if why is not None:
+                        found.append(f"step '{label}': {why}")
+                    for tensor in calls.read:
+                        if (missing := no_output(label, target, meta, tensor)) is not None:
+                            found.append(f"step '{label}': {missing}")
         return found, complete

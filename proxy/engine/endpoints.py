@@ -87,21 +87,43 @@ def with_prefix(prefix: str, environ: Mapping[str, str]) -> dict[str, Endpoint]:
 
 SHADOW = "_SHADOW"
 """`<VARIABLE>_SHADOW`: where a copy of the endpoint's calls goes (proxy/engine/shadows.py);
-`<VARIABLE>_SHADOW_PERCENT` (default 100): how many of them. The suffix does not end in `_URL`,
-so a parallel step's `branches_from` never takes a shadow for a branch."""
+`<VARIABLE>_SHADOW_PERCENT` (default 100): how many of them."""
+CANARY = "_CANARY"
+"""`<VARIABLE>_CANARY`: where a share of the endpoint's calls goes instead
+(proxy/engine/canaries.py); `<VARIABLE>_CANARY_PERCENT` (required): how many of them.
+Neither suffix ends in `_URL`, so a parallel step's `branches_from` never takes one for a
+branch."""
 
 
-def shadow(variable: str, environ: Mapping[str, str]) -> tuple[Endpoint, float] | None:
-    """The shadow of endpoint `variable` and the percent of calls copied to it, if one is set."""
-    value = environ.get(variable + SHADOW)
+def alternate(
+    variable: str, suffix: str, environ: Mapping[str, str], default_percent: float | None
+) -> tuple[Endpoint, float] | None:
+    """The endpoint `<variable><suffix>` and the percent of calls it takes
+    (`<variable><suffix>_PERCENT`, or `default_percent`), if one is set."""
+    value = environ.get(variable + suffix)
     if not value:
         return None
-    named = variable + SHADOW + "_PERCENT"
-    text = environ.get(named, "100")
+    named = variable + suffix + "_PERCENT"
+    text = environ.get(named)
+    if text is not None:
+        percent = _percent(named, text)
+    elif default_percent is not None:
+        percent = default_percent
+    else:
+        raise DefinitionError(
+            f"{variable + suffix} is set but {named} is not: say which percent of the calls "
+            "it takes (above 0 up to 100)"
+        )
+    return parse(variable + suffix, value), percent
+
+
+def _percent(variable: str, text: str) -> float:
     try:
         percent = float(text)
     except ValueError:
         percent = float("nan")
     if not 0 < percent <= 100:  # NaN fails this too
-        raise DefinitionError(f"{named}={text!r}: expected a percent of calls, above 0 up to 100")
-    return parse(variable + SHADOW, value), percent
+        raise DefinitionError(
+            f"{variable}={text!r}: expected a percent of calls, above 0 up to 100"
+        )
+    return percent

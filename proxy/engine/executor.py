@@ -20,6 +20,7 @@ from protos.labelled import child
 from proxy import metrics
 from proxy.engine.cache.caches import Caches
 from proxy.engine.cache.keys import step_key
+from proxy.engine.canaries import STEP_LATENCY as CANARY_LATENCY
 from proxy.engine.combine import combine
 from proxy.engine.definitions import (
     CallingStep,
@@ -91,6 +92,12 @@ class Executor:
         except StepError as exc:  # a tensor not there: the definition's fault, or the path's
             missing = _answered(run, [r for r in step.inputs.values() if r not in run.tensors])
             raise (await self.wiring.undeclared(run, missing, label) or exc) from None
+        variant = None
+        if (canary := run.plan.canaries.get(label)) is not None:
+            variant = "live"
+            if canary.takes(run.request_id, label):
+                variant, target = "canary", canary.target
+                run.served = {**(run.served or {}), label: target}
         spec = self._spec(step, label, target)
         with step_span(label, target) if tracing.ENABLED else tracing.NO_SPAN as span:
             start = time.perf_counter()
@@ -106,7 +113,7 @@ class Executor:
                     self.shadows.copy(run.plan.name, label, shadow, *args)
                 return outputs
             except StepError as exc:
-                failed = await self.wiring.explained(exc, run.plan, step, run.deadline)
+                failed = await self.wiring.explained(exc, run.plan, step, run.deadline, target)
                 status, error = failed.code.name.lower(), failed.message
                 if failed is exc:
                     raise
@@ -117,7 +124,11 @@ class Executor:
             finally:
                 latency = ms(time.perf_counter() - start)
                 since = ms(start - run.origin)
-                run.steps.append(StepStatus(label, status, latency, error, how, since))
+                run.steps.append(StepStatus(label, status, latency, error, how, since, variant))
+                if variant is not None:
+                    CANARY_LATENCY.labels(run.plan.name, label, variant, status).observe(
+                        latency / 1000
+                    )
                 if span is not None:
                     span.set_attribute("mesh.status", status)
                     if how is not None:

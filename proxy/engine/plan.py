@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from proxy.engine import endpoints
+from proxy.engine.canaries import Canary
 from proxy.engine.definitions import (
     CallingStep,
     CallStep,
@@ -50,18 +51,19 @@ def _target(
     )
 
 
-def _shadow(live: Target, env: Mapping[str, str], where: str) -> Shadow | None:
-    """The shadow of a call's endpoint, if `<VARIABLE>_SHADOW` is set: its own model and
-    version where it names them, else the live call's model."""
+def _alternate(
+    live: Target, suffix: str, env: Mapping[str, str], where: str, default_percent: float | None
+) -> tuple[Target, float] | None:
+    """A call's shadow or canary (`<VARIABLE>_SHADOW`, `<VARIABLE>_CANARY`) if one is set: its
+    own model and version where it names them, else the live call's model."""
     try:
-        found = endpoints.shadow(live.endpoint, env)
+        found = endpoints.alternate(live.endpoint, suffix, env, default_percent)
     except DefinitionError as exc:
         raise DefinitionError(f"{where}: {exc}") from None
     if found is None:
         return None
     ep, percent = found
-    target = Target(ep.variable, ep.address, ep.model or live.model, ep.version)
-    return Shadow(target, percent)
+    return Target(ep.variable, ep.address, ep.model or live.model, ep.version), percent
 
 
 class Plan:
@@ -74,6 +76,9 @@ class Plan:
         """Call step name, or `<parallel step>/<branch>`, -> target."""
         self.shadows: dict[str, Shadow] = {}
         """Call step name, or `<parallel step>/<branch>`, -> where a copy of its calls goes."""
+        self.canaries: dict[str, Canary] = {}
+        """Call step name, or `<parallel step>/<branch>`, -> where a share of its calls goes
+        instead."""
         self._known: set[str] = set()
         self._asked: dict[str, list[str]] = {}
         """Call step -> the outputs it asks for (empty: all its model has)."""
@@ -119,9 +124,16 @@ class Plan:
         self._liveness(pipeline.steps, frozenset(read_later))
 
     @functools.cached_property
+    def every_target(self) -> dict[str, Target]:
+        """Every target a call may go to, by label: the steps' own, and their canaries' as
+        `<label> (canary)`; what readiness checks and the inference cache's key covers."""
+        canaries = {f"{label} (canary)": c.target for label, c in self.canaries.items()}
+        return {**self.targets, **canaries}
+
+    @functools.cached_property
     def sorted_targets(self) -> tuple[Target, ...]:
         """Every target, in the order of their labels (a cache key's order)."""
-        return tuple(self.targets[label] for label in sorted(self.targets))
+        return tuple(self.every_target[label] for label in sorted(self.every_target))
 
     @functools.cached_property
     def render(self) -> Renderer:
@@ -217,8 +229,10 @@ class Plan:
 
     def _add(self, label: str, target: Target, where: str) -> None:
         self.targets[label] = target
-        if (shadow := _shadow(target, self._env, where)) is not None:
-            self.shadows[label] = shadow
+        if found := _alternate(target, endpoints.SHADOW, self._env, where, 100.0):
+            self.shadows[label] = Shadow(*found)
+        if found := _alternate(target, endpoints.CANARY, self._env, where, None):
+            self.canaries[label] = Canary(*found)
 
     def _switch(self, step: SwitchStep, where: str) -> None:
         self._known.add(step.name)

@@ -17,6 +17,7 @@ from proxy.engine.cache.entries import Stored
 from proxy.engine.ledger import Ledger
 from proxy.engine.plan import Plan
 from proxy.errors import StepError
+from proxy.transport.target import Target
 
 
 def ms(seconds: float) -> float:
@@ -35,6 +36,8 @@ class StepStatus:
     """A step with the data cache: `hit` or `miss`."""
     start_ms: float = 0.0
     """When it began, from the moment the proxy took the request (a waterfall's offset)."""
+    variant: str | None = None
+    """A step with a canary (<VARIABLE>_CANARY): `live` or `canary`, the model that answered."""
 
 
 @dataclass
@@ -56,6 +59,8 @@ class Run:
     """A hit's inference cache key (its rendered result is kept under it)."""
     origin: float = field(default_factory=time.perf_counter)
     """When the proxy took the request (perf_counter): the steps' `start_ms` count from it."""
+    served: dict[str, Target] | None = None
+    """Calls sent to their step's canary, by label (None: none was)."""
 
     def entry(self) -> Stored | None:
         """What the inference cache keeps of a finished run: a complete answer's tensors."""

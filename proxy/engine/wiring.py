@@ -88,13 +88,18 @@ class Wiring:
         self.catalog = catalog
 
     async def explained(
-        self, exc: StepError, plan: Plan, step: CallingStep, deadline: float
+        self,
+        exc: StepError,
+        plan: Plan,
+        step: CallingStep,
+        deadline: float,
+        target: Target | None = None,
     ) -> StepError:
-        """`exc` of the call `exc.step` as the configuration error it is, when the wiring
-        explains its INVALID_ARGUMENT; else `exc` itself (also when the metadata does not
-        come before the request's `deadline`, loop time). A model its endpoint does not
-        serve is UNAVAILABLE (503), not the client's 404."""
-        target = plan.targets.get(exc.step)
+        """`exc` of the call `exc.step` (made to `target`, else the step's own) as the
+        configuration error it is, when the wiring explains its INVALID_ARGUMENT; else `exc`
+        itself (also when the metadata does not come before the request's `deadline`, loop
+        time). A model its endpoint does not serve is UNAVAILABLE (503), not the client's 404."""
+        target = plan.targets.get(exc.step) if target is None else target
         if exc.code == grpc.StatusCode.NOT_FOUND and target is not None:
             # Unloaded (model control), not loaded yet, or the variable re-pointed: the
             # pipeline exists and cannot run now, as Triton answers an ensemble whose
@@ -135,7 +140,8 @@ class Wiring:
         metadata does not come before the request's deadline. `reader`: the step whose
         input it is (the error's step; else the call's own, for the result)."""
         for label, tensor in missing:
-            target = run.plan.targets.get(label)
+            served = run.served
+            target = served[label] if served and label in served else run.plan.targets.get(label)
             if target is None:
                 continue
             try:

@@ -24,8 +24,9 @@ import numpy as np
 import pytest
 
 from bench import prometheus_server
-from deploy.observability.dashboard import DASHBOARD, PANELS
+from deploy.observability.dashboard import DASHBOARD
 from deploy.observability.dashboard import main as dashboard_main
+from deploy.observability.panels import PANELS
 from samples.images import encode, render_digit
 from tests.callbacks import callbacks_received
 from tests.conftest import Mesh
@@ -70,7 +71,8 @@ def prometheus(
     mesh: Mesh, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[prometheus_server.PrometheusServer, Proxies]]:
     """The Prometheus server scraping the mesh and three more proxies over its services (the
-    fourth: two MLP replicas, one killed mid-run, and a shadow of the logistic regression)."""
+    fourth: two MLP replicas, one killed mid-run, a shadow of the logistic regression and a
+    canary of the forest)."""
     if not prometheus_server.available():
         message = "prometheus is missing (./mesh test installs it when run as root)"
         if os.environ.get("CI"):
@@ -78,6 +80,7 @@ def prometheus(
         pytest.skip(message)
     replica = _mlp_replica(tmp_path_factory.mktemp("replica"))
     mlp = mesh.local.services["digits-mlp"].env["PREDICTOR_PORT"]
+    forest = mesh.local.services["digits-forest"].env["PREDICTOR_PORT"]
     try:
         with (
             callbacks_received(failures=1) as hook,  # one callback tried again: two outcomes
@@ -91,8 +94,11 @@ def prometheus(
             mesh.extra_proxy(
                 27782,
                 PREDICTOR_DIGITS_MLP_URL=f"ipv4:127.0.0.1:{mlp},{replica.address}",
-                # The shadows' panels: the logistic regression's calls copied to the MLP.
+                # The shadows' panels: the logistic regression's calls copied to the MLP;
+                # the canaries': half the forest's calls sent to another of its servers.
                 PREDICTOR_DIGITS_LOGREG_URL_SHADOW=f"127.0.0.1:{mlp}/digits_mlp",
+                PREDICTOR_DIGITS_FOREST_URL_CANARY=f"127.0.0.1:{forest}",
+                PREDICTOR_DIGITS_FOREST_URL_CANARY_PERCENT="50",
             ) as fourth,
         ):
             urls = [mesh.url, second, third, fourth]

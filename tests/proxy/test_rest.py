@@ -30,7 +30,7 @@ async def test_answer_shape_and_request_id(env, make_client) -> None:
     assert r.status_code == 200 and r.headers["X-Request-Id"] == "abc-123"
     assert set(data) == {"id", "pipeline", "result", "partial", "steps", "latency_ms"}
     assert data["id"] == "abc-123" and data["pipeline"] == "p"
-    keys = {"name", "status", "latency_ms", "error", "cache", "start_ms"}
+    keys = {"name", "status", "latency_ms", "error", "cache", "start_ms", "variant"}
     assert all(set(s) == keys for s in data["steps"])
     assert "X-Cache" not in r.headers  # no cache declared
 

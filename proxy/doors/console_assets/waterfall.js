@@ -38,7 +38,8 @@ window.mesh = {
   describe(step) {
     const { ms } = window.mesh;
     const detail = step.error ? `: ${step.error}` : step.cache ? ` (cache ${step.cache})` : "";
-    return `${step.name} ${step.status}${detail}, ${ms(step.latency_ms)} ms from ${ms(step.start_ms)} ms`;
+    const name = step.variant === "canary" ? `${step.name} (canary)` : step.name;
+    return `${name} ${step.status}${detail}, ${ms(step.latency_ms)} ms from ${ms(step.start_ms)} ms`;
   },
 
   // One row per step, a bar from when it began to when it ended, on the request's scale;

@@ -183,7 +183,7 @@ async def pipeline_key(
         digest = hashlib.sha256(SCHEME)
         definition = plan.pipeline.model_dump(mode="json", exclude={"description", "cache"})
         digest.update(orjson.dumps([plan.name, definition], option=orjson.OPT_SORT_KEYS))
-        labelled = zip(sorted(plan.targets), plan.sorted_targets, fingerprints, strict=True)
+        labelled = zip(sorted(plan.every_target), plan.sorted_targets, fingerprints, strict=True)
         for label, target, fingerprint in labelled:
             digest.update(orjson.dumps([label, target.address, target.model, target.version]))
             digest.update(fingerprint)

@@ -1,5 +1,6 @@
-"""Shadow calls (proxy/engine/shadows.py): how a shadow is read from the environment, how
-its answer is compared with the live one, and that copies in flight stay bounded."""
+"""Shadow calls (proxy/engine/shadows.py) and canaries (proxy/engine/canaries.py): how each is
+read from the environment, how a shadow's answer is compared with the live one, that copies in
+flight stay bounded, and which requests a canary takes."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from proxy.engine import plan
+from proxy.engine.canaries import Canary
 from proxy.engine.shadows import CALLS, Shadow, Shadows, compare
 from proxy.errors import DefinitionError, StepError
 from proxy.transport.calls import Call
@@ -136,3 +138,32 @@ def test_copies_beyond_the_bound_are_skipped_and_counted_never_queued() -> None:
         assert 120 <= calls.sent <= 280
 
     asyncio.run(scenario())
+
+
+def test_a_canary_needs_its_percent_and_is_covered_by_readiness_and_the_cache_key() -> None:
+    env = {**ENV, "PREDICTOR_DIGITS_MLP_URL_CANARY": "127.0.0.1:7/digits_mlp_v2"}
+    with pytest.raises(DefinitionError, match="PREDICTOR_DIGITS_MLP_URL_CANARY_PERCENT is not"):
+        plan.load(SHIPPED, env)
+    env["PREDICTOR_DIGITS_MLP_URL_CANARY_PERCENT"] = "25"
+    digits = plan.load(SHIPPED, env)["digits"]
+    canary = digits.canaries["ensemble/mlp"]
+    assert canary.percent == 25 and canary.target.model == "digits_mlp_v2"
+    assert sorted(digits.branches(digits.pipeline.steps[1].step)) == ["logreg", "mlp"]
+    # What /readyz checks and the inference cache's key covers: the live models and the canary.
+    assert digits.every_target["ensemble/mlp (canary)"] == canary.target
+    assert canary.target in digits.sorted_targets
+    assert digits.targets["ensemble/mlp"].model == "digits_mlp"
+
+
+def test_a_canary_takes_its_share_by_request_id_the_same_on_every_try() -> None:
+    canary = Canary(Target("X_URL_CANARY", "127.0.0.1:1", "m"), 25)
+    ids = [f"request-{i}" for i in range(20_000)]
+    taken = [canary.takes(i, "ensemble/mlp") for i in ids]
+    assert 0.23 < sum(taken) / len(ids) < 0.27
+    assert taken == [canary.takes(i, "ensemble/mlp") for i in ids]  # a retry meets the same
+    # Each step chooses on its own: two canaried steps do not take the same requests.
+    other = [canary.takes(i, "preprocess") for i in ids]
+    both = sum(a and b for a, b in zip(taken, other, strict=True)) / len(ids)
+    assert 0.04 < both < 0.085
+    everything = Canary(canary.target, 100)
+    assert all(everything.takes(i, "s") for i in ids[:100])

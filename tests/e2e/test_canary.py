@@ -1,0 +1,103 @@
+"""Canaries against real services: `<VARIABLE>_CANARY` sends a share of a step's calls to
+another model, by request id; the canary's answers, errors and latency are the client's, told
+apart in the answer's steps and in the metrics."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+
+from bench.mesh import free_port
+from tests.e2e.conftest import Mesh
+from tests.e2e.test_digits import held_out, png
+from tests.procs import metric_of
+
+CANARY = "PREDICTOR_DIGITS_MLP_URL_CANARY"
+
+
+def _mlp(answer: httpx.Response) -> dict:
+    [step] = [s for s in answer.json()["steps"] if s["name"] == "ensemble/mlp"]
+    return step
+
+
+def test_a_canary_answers_its_share_of_requests_the_same_on_every_try(mesh: Mesh) -> None:
+    """Half of the MLP branch's calls go to the logistic regression's server: those answers
+    carry its probabilities in the `mlp` member, the others the MLP's, and a request sent
+    again under its id meets the same model."""
+    logreg = mesh.local.services["digits-logreg"].env["PREDICTOR_PORT"]
+    env = {CANARY: f"127.0.0.1:{logreg}/digits_logreg", CANARY + "_PERCENT": "50"}
+    images = held_out()[0][:40]
+    with mesh.extra_proxy(free_port(), **env) as url, httpx.Client(base_url=url) as client:
+
+        def post(i: int) -> httpx.Response:
+            return client.post(
+                "/v1/pipelines/digits/infer",
+                content=png(images[i]),
+                headers={"Content-Type": "image/png", "X-Request-Id": f"canary-test-{i}"},
+            )
+
+        answers = [post(i) for i in range(len(images))]
+        again = [post(i) for i in range(10)]
+        listing = client.get("/v1/pipelines").json()["digits"]["canaries"]
+        counted = {
+            v: metric_of(
+                url, "proxy_canary_step_duration_seconds_count", step="ensemble/mlp", variant=v
+            )
+            for v in ("live", "canary")
+        }
+    assert [a.status_code for a in answers] == [200] * len(images)
+    variants = [_mlp(a)["variant"] for a in answers]
+    assert 5 <= variants.count("canary") <= 35, variants  # 50% of 40, by their ids
+    for answer, variant in zip(answers, variants, strict=True):
+        members = answer.json()["result"]["members"]
+        same = np.allclose(members["mlp"]["probabilities"], members["logreg"]["probabilities"])
+        assert same == (variant == "canary"), (variant, members)
+    assert [_mlp(a)["variant"] for a in again] == variants[:10]
+    assert counted == {
+        "live": variants.count("live") + variants[:10].count("live"),
+        "canary": variants.count("canary") + variants[:10].count("canary"),
+    }
+    assert listing["ensemble/mlp"]["model"] == "digits_logreg"
+    assert listing["ensemble/mlp"]["percent"] == 50
+
+
+def test_a_canary_that_does_not_fit_or_is_gone_fails_only_its_own_share(mesh: Mesh) -> None:
+    """A canary at a model with other inputs: its calls fail as the mesh's fault (502, naming
+    the canary's model, not the live one's), the live ones answer; `digits-partial` answers
+    from the other branches. A canary nobody serves: its share fails UNAVAILABLE and the
+    proxy is not ready (the canary answers clients), the live share answers."""
+    rec = mesh.local.services["ocr-rec"].env["PREDICTOR_PORT"]
+    misfit = {CANARY: f"127.0.0.1:{rec}/ocr_rec", CANARY + "_PERCENT": "50"}
+    gone = {CANARY: f"127.0.0.1:{free_port()}", CANARY + "_PERCENT": "50"}
+    body = png(held_out()[0][3])
+    for env, code, status in ((misfit, 502, "internal"), (gone, 503, "unavailable")):
+        with (
+            mesh.extra_proxy(free_port(), wait_for="/healthz", **env) as url,
+            httpx.Client(base_url=url, timeout=30) as client,
+        ):
+            answers = {
+                pipeline: [
+                    client.post(
+                        f"/v1/pipelines/{pipeline}/infer",
+                        content=body,
+                        headers={"Content-Type": "image/png", "X-Request-Id": f"r-{i}"},
+                    )
+                    for i in range(16)
+                ]
+                for pipeline in ("digits", "digits-partial")
+            }
+            ready = client.get("/readyz")
+        whole, partial = answers["digits"], answers["digits-partial"]
+        failed = [a for a in whole if a.status_code != 200]
+        assert 0 < len(failed) < len(whole), [a.status_code for a in whole]
+        assert {a.status_code for a in failed} == {code}
+        if code == 502:
+            assert "model 'ocr_rec'" in failed[0].json()["error"]
+        # The same ids took the canary in both pipelines: there the partial one lacks `mlp`.
+        for one, other in zip(whole, partial, strict=True):
+            assert other.status_code == 200
+            took_canary = one.status_code != 200
+            assert other.json()["partial"] is took_canary
+            if took_canary:
+                assert _mlp(other) == {**_mlp(other), "variant": "canary", "status": status}
+        assert ready.status_code == (503 if code == 503 else 200), ready.text
