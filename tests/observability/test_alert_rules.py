@@ -100,3 +100,40 @@ def test_a_pipeline_answering_5xx_pages_after_five_minutes(tmp_path: Path) -> No
         ],
     }
     _promtool(tmp_path, [test])
+
+
+def test_a_failing_canary_files_a_ticket_and_a_failing_endpoint_does_not_blame_it(
+    tmp_path: Path,
+) -> None:
+    """`ensemble/mlp`'s canary fails 10% of its calls from the 10th minute on while the live
+    model fails none: a ticket after five minutes. `preprocess`'s canary and live model both
+    fail 10% (the endpoint's fault, not the canary's): none. `ensemble/forest`'s canary fails
+    3%: none."""
+
+    def calls(step: str, variant: str, status: str, values: str) -> dict[str, str]:
+        labels = (
+            f'pipeline="digits", step="{step}", variant="{variant}", status="{status}", '
+            'instance="p1:8080", job="mesh-proxy"'
+        )
+        return {"series": f"proxy_canary_step_duration_seconds_count{{{labels}}}", "values": values}
+
+    test = {
+        "interval": "1m",
+        "input_series": [
+            calls("ensemble/mlp", "live", "ok", "0+540x40"),
+            calls("ensemble/mlp", "canary", "ok", "0+54x40"),
+            calls("ensemble/mlp", "canary", "unavailable", "0x10 0+6x30"),
+            *(calls("preprocess", v, "ok", "0+540x40") for v in ("live", "canary")),
+            *(calls("preprocess", v, "unavailable", "0+60x40") for v in ("live", "canary")),
+            calls("ensemble/forest", "live", "ok", "0+600x40"),
+            calls("ensemble/forest", "canary", "ok", "0+582x40"),
+            calls("ensemble/forest", "canary", "internal", "0+18x40"),
+        ],
+        "promql_expr_test": [
+            _firing("MeshCanaryFailing", 14),  # pending its five minutes
+            _firing(
+                "MeshCanaryFailing", 25, 'pipeline="digits", step="ensemble/mlp", variant="canary"'
+            ),
+        ],
+    }
+    _promtool(tmp_path, [test])
