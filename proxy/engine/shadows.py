@@ -17,10 +17,11 @@ The client's answer, its latency and its errors stay the live model's alone:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -117,10 +118,12 @@ class Shadows:
             CALLS.labels(pipeline, label, "skipped").inc()
             return
         spec = self._spec(label, shadow, live)
+        deadline = asyncio.get_running_loop().time() + budget_s
+        # A callable, not a coroutine: a copy cancelled before it starts (close) leaves no
+        # coroutine never awaited.
+        call = functools.partial(self._calls.call, spec, dict(feeds), deadline, request_id)
         self._bytes += size
-        task = asyncio.create_task(
-            self._one(pipeline, label, spec, dict(feeds), dict(answer), budget_s, request_id)
-        )
+        task = asyncio.create_task(self._compare(pipeline, label, call, dict(answer), request_id))
         self._tasks.add(task)
 
         def done(task: asyncio.Task[None]) -> None:
@@ -141,20 +144,17 @@ class Shadows:
             self._specs[key] = spec
         return spec
 
-    async def _one(
+    async def _compare(
         self,
         pipeline: str,
         label: str,
-        spec: Call,
-        feeds: dict[str, np.ndarray],
+        call: Callable[[], Awaitable[Mapping[str, np.ndarray]]],
         live: dict[str, np.ndarray],
-        budget_s: float,
         request_id: str,
     ) -> None:
         start = time.perf_counter()
-        deadline = asyncio.get_running_loop().time() + budget_s
         try:
-            answer = await self._calls.call(spec, feeds, deadline, request_id)
+            answer = await call()
         except StepError as exc:
             CALLS.labels(pipeline, label, "failed").inc()
             log.debug("shadow of %s (request %s) failed: %s", label, request_id, exc.message)
