@@ -61,7 +61,8 @@ def _check(settings: ProxySettings) -> int:
             ):
                 if other is not None:
                     to = other.target
-                    went = f"{other.percent:g}% {how} {to.model} at {to.address}"
+                    at = f" version {to.version}" if to.version else ""
+                    went = f"{other.percent:g}% {how} {to.model}{at} at {to.address}"
                     print(f"    {kind}: {went} ({to.endpoint})")
     print(f"{settings.pipelines}: {len(plans)} pipelines, every reference and endpoint resolved")
     return 0

@@ -41,6 +41,23 @@ def test_the_shipped_pipelines_list_every_call(endpoints, capsys, tmp_path: Path
     assert list(tmp_path.iterdir()) == []  # no jobs' database, no cache, nothing
 
 
+def test_a_steps_canary_and_shadow_are_listed_under_it(endpoints, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("PREDICTOR_DIGITS_MLP_URL_CANARY", "mlp-v2:8102/digits_mlp/2")
+    monkeypatch.setenv("PREDICTOR_DIGITS_MLP_URL_CANARY_PERCENT", "5")
+    monkeypatch.setenv("PREPROCESS_URL_SHADOW", "preprocess-next:8002")
+    assert main(["--check", "true", "--port", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    digits = out[out.index("digits:") + 1 : out.index("digits-partial:")]
+    assert digits == [
+        "  preprocess: digits_input at preprocess:8002 (PREPROCESS_URL)",
+        "    shadow: 100% copied to digits_input at preprocess-next:8002 (PREPROCESS_URL_SHADOW)",
+        "  ensemble/logreg: digits_logreg at digits-logreg:8101 (PREDICTOR_DIGITS_LOGREG_URL)",
+        "  ensemble/mlp: digits_mlp at dns:///digits-mlp:8102 (PREDICTOR_DIGITS_MLP_URL)",
+        "    canary: 5% sent instead to digits_mlp version 2 at mlp-v2:8102 "
+        "(PREDICTOR_DIGITS_MLP_URL_CANARY)",
+    ]
+
+
 def test_a_problem_is_named_as_a_start_would_name_it(
     endpoints, monkeypatch, capsys, tmp_path: Path
 ) -> None:
