@@ -4,8 +4,11 @@ apart in the answer's steps and in the metrics."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import numpy as np
+import tritonclient.http as triton_http
 
 from bench.mesh import free_port
 from tests.e2e.conftest import Mesh
@@ -20,10 +23,21 @@ def _mlp(answer: httpx.Response) -> dict:
     return step
 
 
+def _v2_variant(url: str, blob: bytes, request_id: str) -> str:
+    """The `ensemble/mlp` step's variant, as tritonclient gets it from the v2 REST door."""
+    client = triton_http.InferenceServerClient(url.removeprefix("http://"), network_timeout=60)
+    tensor = triton_http.InferInput("image", [1], "BYTES")
+    tensor.set_data_from_numpy(np.array([blob], dtype=object))
+    result = client.infer("digits", [tensor], headers={"X-Request-Id": request_id})
+    steps = json.loads(result.get_response()["parameters"]["steps"])
+    [mlp] = [s for s in steps if s["name"] == "ensemble/mlp"]
+    return mlp["variant"]
+
+
 def test_a_canary_answers_its_share_of_requests_the_same_on_every_try(mesh: Mesh) -> None:
     """Half of the MLP branch's calls go to the logistic regression's server: those answers
     carry its probabilities in the `mlp` member, the others the MLP's, and a request sent
-    again under its id meets the same model."""
+    again under its id meets the same model, on `/v1` and on the v2 REST door alike."""
     logreg = mesh.local.services["digits-logreg"].env["PREDICTOR_PORT"]
     env = {CANARY: f"127.0.0.1:{logreg}/digits_logreg", CANARY + "_PERCENT": "50"}
     images = held_out()[0][:40]
@@ -38,6 +52,7 @@ def test_a_canary_answers_its_share_of_requests_the_same_on_every_try(mesh: Mesh
 
         answers = [post(i) for i in range(len(images))]
         again = [post(i) for i in range(10)]
+        over_v2 = [_v2_variant(url, png(images[i]), f"canary-test-{i}") for i in range(6)]
         listing = client.get("/v1/pipelines").json()["digits"]["canaries"]
         counted = {
             v: metric_of(
@@ -53,10 +68,9 @@ def test_a_canary_answers_its_share_of_requests_the_same_on_every_try(mesh: Mesh
         same = np.allclose(members["mlp"]["probabilities"], members["logreg"]["probabilities"])
         assert same == (variant == "canary"), (variant, members)
     assert [_mlp(a)["variant"] for a in again] == variants[:10]
-    assert counted == {
-        "live": variants.count("live") + variants[:10].count("live"),
-        "canary": variants.count("canary") + variants[:10].count("canary"),
-    }
+    assert over_v2 == variants[:6]  # the v2 door chooses by the same id, and says so
+    every_call = variants + variants[:10] + over_v2
+    assert counted == {v: every_call.count(v) for v in ("live", "canary")}
     assert listing["ensemble/mlp"]["model"] == "digits_logreg"
     assert listing["ensemble/mlp"]["percent"] == 50
 

@@ -72,7 +72,14 @@ def test_impatient_and_departing_clients_leave_the_mesh_answering(mesh: Mesh, pa
         for name, tally in (("digits", strict), ("digits-partial", partial)):
             report(tally.summary(f"impatient clients, {path}, {duration:.0f} s, {name}"))
             assert tally.lost == 0 and tally.hung == 0
-            assert set(tally.by_status) <= {200, 504}, tally.by_status
+            assert set(tally.by_status) <= {200, 503, 504}, (tally.by_status, tally.bodies)
+            # A 503 only as a refusal for the budget (shedding, engine/room.py): where the
+            # machine is slow enough that a request costs the pipeline over 10 ms of its time
+            # and none is answered within these budgets, some are refused at once (6 of
+            # 3,450 in one CI run beside the other worker's tests). A stream closed under
+            # its neighbours, or a wedged lane, would be a 503 of another kind.
+            for body in tally.bodies.get(503, []):
+                assert b"would not answer within the request's budget" in body, body
             assert tally.by_status[504] > 0, "the budgets were meant to run out"
         report(f"clients that hung up, {path}: {gone + gone_partial}")
         assert gone > 100
