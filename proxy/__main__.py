@@ -21,6 +21,7 @@ from proxy.doors.server import Server
 from proxy.engine import plan
 from proxy.errors import DefinitionError
 from proxy.settings import ProxySettings
+from proxy.transport.target import Target
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,19 +54,20 @@ def _check(settings: ProxySettings) -> int:
     for name, each in plans.items():
         print(f"{name}:")
         for label, target in each.targets.items():  # in the order the steps call
-            version = f" version {target.version}" if target.version else ""
-            print(f"  {label}: {target.model}{version} at {target.address} ({target.endpoint})")
+            print(f"  {label}: {_where(target)}")
             for kind, other, how in (
                 ("canary", each.canaries.get(label), "sent instead to"),
                 ("shadow", each.shadows.get(label), "copied to"),
             ):
                 if other is not None:
-                    to = other.target
-                    at = f" version {to.version}" if to.version else ""
-                    went = f"{other.percent:g}% {how} {to.model}{at} at {to.address}"
-                    print(f"    {kind}: {went} ({to.endpoint})")
+                    print(f"    {kind}: {other.percent:g}% {how} {_where(other.target)}")
     print(f"{settings.pipelines}: {len(plans)} pipelines, every reference and endpoint resolved")
     return 0
+
+
+def _where(target: Target) -> str:
+    version = f" version {target.version}" if target.version else ""
+    return f"{target.model}{version} at {target.address} ({target.endpoint})"
 
 
 def _serve(settings: ProxySettings) -> int:

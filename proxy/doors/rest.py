@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import asdict
 
 import numpy as np
@@ -14,7 +15,9 @@ from proxy.doors.pipeline_bodies import budget_s, read_tensors
 from proxy.doors.responses import json_response
 from proxy.doors.uploads import read_image
 from proxy.engine.cache.stores import StoreError
+from proxy.engine.canaries import Canary
 from proxy.engine.run import Run
+from proxy.engine.shadows import Shadow
 from proxy.errors import Problem, StepError
 from proxy.state import ProxyState
 
@@ -81,16 +84,17 @@ class PipelineEndpoints:
                     "description": plan.pipeline.description,
                     "timeout_ms": plan.pipeline.timeout_ms,
                     "targets": {k: asdict(t) for k, t in plan.targets.items()},
-                    "shadows": {
-                        k: {**asdict(s.target), "percent": s.percent}
-                        for k, s in plan.shadows.items()
-                    },
-                    "canaries": {
-                        k: {**asdict(c.target), "percent": c.percent}
-                        for k, c in plan.canaries.items()
-                    },
+                    "shadows": _shares(plan.shadows),
+                    "canaries": _shares(plan.canaries),
                     "definition": plan.pipeline.model_dump(mode="json", exclude_defaults=True),
                 }
                 for name, plan in self.engine.plans.items()
             }
         )
+
+
+def _shares(found: Mapping[str, Shadow] | Mapping[str, Canary]) -> dict[str, dict]:
+    """Each step's shadow or canary as GET /v1/pipelines lists it: its target and percent."""
+    return {
+        label: {**asdict(each.target), "percent": each.percent} for label, each in found.items()
+    }

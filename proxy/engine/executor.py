@@ -97,7 +97,6 @@ class Executor:
             variant = "live"
             if canary.takes(run.request_id, label):
                 variant, target = "canary", canary.target
-                run.served = {**(run.served or {}), label: target}
         spec = self._spec(step, label, target)
         with step_span(label, target) if tracing.ENABLED else tracing.NO_SPAN as span:
             start = time.perf_counter()

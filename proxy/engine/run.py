@@ -17,7 +17,6 @@ from proxy.engine.cache.entries import Stored
 from proxy.engine.ledger import Ledger
 from proxy.engine.plan import Plan
 from proxy.errors import StepError
-from proxy.transport.target import Target
 
 
 def ms(seconds: float) -> float:
@@ -59,8 +58,6 @@ class Run:
     """A hit's inference cache key (its rendered result is kept under it)."""
     origin: float = field(default_factory=time.perf_counter)
     """When the proxy took the request (perf_counter): the steps' `start_ms` count from it."""
-    served: dict[str, Target] | None = None
-    """Calls sent to their step's canary, by label (None: none was)."""
 
     def entry(self) -> Stored | None:
         """What the inference cache keeps of a finished run: a complete answer's tensors."""

@@ -17,11 +17,12 @@ The client's answer, its latency and its errors stay the live model's alone:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -92,7 +93,6 @@ class Shadows:
         self._max_bytes = max_bytes
         self._tasks: set[asyncio.Task[None]] = set()
         self._bytes = 0
-        self._specs: dict[tuple[str, Shadow, Sequence[str]], Call] = {}
 
     @property
     def in_flight(self) -> int:
@@ -117,7 +117,8 @@ class Shadows:
         if len(self._tasks) >= self._max_in_flight or self._bytes + size > self._max_bytes:
             CALLS.labels(pipeline, label, "skipped").inc()
             return
-        spec = self._spec(label, shadow, live)
+        # The live call's, to the shadow, never retried (a Call is a small frozen record).
+        spec = dataclasses.replace(live, label=f"{label} (shadow)", target=shadow.target, retries=0)
         deadline = asyncio.get_running_loop().time() + budget_s
         # A callable, not a coroutine: a copy cancelled before it starts (close) leaves no
         # coroutine never awaited.
@@ -131,18 +132,6 @@ class Shadows:
             self._bytes -= size
 
         task.add_done_callback(done)
-
-    def _spec(self, label: str, shadow: Shadow, live: Call) -> Call:
-        from proxy.transport.calls import Call
-
-        key = (label, shadow, tuple(live.outputs))
-        spec = self._specs.get(key)
-        if spec is None:
-            if len(self._specs) >= 4096:  # plans made anew without end: start over
-                self._specs.clear()
-            spec = Call(f"{label} (shadow)", shadow.target, live.outputs, live.per_call_s, 0)
-            self._specs[key] = spec
-        return spec
 
     async def _compare(
         self,

@@ -140,8 +140,7 @@ class Wiring:
         metadata does not come before the request's deadline. `reader`: the step whose
         input it is (the error's step; else the call's own, for the result)."""
         for label, tensor in missing:
-            served = run.served
-            target = served[label] if served and label in served else run.plan.targets.get(label)
+            target = _answered_by(run, label)
             if target is None:
                 continue
             try:
@@ -176,3 +175,12 @@ class Wiring:
             if output.name == tensor:
                 return output.datatype, tuple(output.shape)
         return None
+
+
+def _answered_by(run: Run, label: str) -> Target | None:
+    """The target whose answer call `label` gave: its canary's where the call's status says
+    the canary answered it, else the step's own."""
+    canary = run.plan.canaries.get(label)
+    if canary is not None and any(s.name == label and s.variant == "canary" for s in run.steps):
+        return canary.target
+    return run.plan.targets.get(label)
