@@ -60,8 +60,12 @@ class Run:
     """When the proxy took the request (perf_counter): the steps' `start_ms` count from it."""
 
     def entry(self) -> Stored | None:
-        """What the inference cache keeps of a finished run: a complete answer's tensors."""
-        return None if self.partial else Stored(dict(self.tensors), dict(self.branches))
+        """What the inference cache keeps of a finished run: a complete answer's tensors,
+        none that a canary gave (kept, it would answer every later sighting of the input,
+        far past its share, until it expired)."""
+        if self.partial or (self.plan.canaries and any(s.variant == "canary" for s in self.steps)):
+            return None
+        return Stored(dict(self.tensors), dict(self.branches))
 
     @classmethod
     def restored(cls, plan: Plan, entry: Stored, ledger: Ledger) -> Run:

@@ -14,7 +14,9 @@ import pytest
 from protos.errors import InvalidInput
 from proxy import metrics
 from proxy.doors import rest
+from proxy.engine.canaries import Canary
 from proxy.engine.executor import Executor
+from proxy.transport.target import Target
 from tests.proxy.conftest import GENEROUS_CACHE_MS
 from tests.proxy.scripted import ScriptedModel, affine, serve
 from tests.proxy.test_pipelines import body, call, parse_model, partial_fan_out, pipeline, post
@@ -194,6 +196,33 @@ async def test_a_partial_answer_is_not_counted_as_refused(servers, make_client) 
     assert [r.json()["partial"] for r in answers] == [True] * 3
     assert [r.headers["X-Cache"] for r in answers] == ["miss"] * 3
     assert unadmitted._value.get() == before
+
+
+async def test_a_canarys_answers_are_not_kept_the_live_models_are(servers, make_client) -> None:
+    """Half the calls go to a canary (another model): a request it answered is computed
+    again when its input comes again, so a repeat under an id of the live model's share gets
+    the live model's answer, never the canary's from the cache; the live model's answers are
+    kept as ever."""
+    live, candidate = affine("plus1", 1, 1), affine("plus1", 1, 100)
+    env = {
+        "PARSE_URL": await servers(parse_model()),
+        "MODELS_URL": await servers(live),
+        "MODELS_URL_CANARY": await servers(candidate),
+        "MODELS_URL_CANARY_PERCENT": "50",
+    }
+    chooser = Canary(Target("MODELS_URL_CANARY", "127.0.0.1:1", "plus1"), 50)
+    ids = [f"r-{i}" for i in range(40)]
+    canary_id = next(i for i in ids if chooser.takes(i, "a"))
+    live_id = next(i for i in ids if not chooser.takes(i, "a"))
+    async with make_client(cached(), env) as client:
+        by_canary = [await post(client, "p", body(2), **{"X-Request-Id": canary_id})]
+        by_canary.append(await post(client, "p", body(2), **{"X-Request-Id": canary_id}))
+        by_live = [await post(client, "p", body(2), **{"X-Request-Id": live_id}) for _ in "ab"]
+    assert [r.headers["X-Cache"] for r in by_canary] == ["miss", "miss"]
+    assert [r.json()["result"] for r in by_canary] == [{"y": [102.0]}] * 2
+    assert [r.headers["X-Cache"] for r in by_live] == ["miss", "hit"]
+    assert [r.json()["result"] for r in by_live] == [{"y": [3.0]}] * 2
+    assert (candidate.calls, live.calls) == (2, 1)
 
 
 async def test_a_new_model_version_never_answers_from_old_entries(servers, make_client) -> None:
