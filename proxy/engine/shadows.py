@@ -28,7 +28,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from protos import tracing
 from protos.metric_types import Counter, Histogram
+from proxy.engine.step_spans import shadow_span
 from proxy.errors import StepError
 from proxy.transport.target import Target
 
@@ -124,7 +126,8 @@ class Shadows:
         # coroutine never awaited.
         call = functools.partial(self._calls.call, spec, dict(feeds), deadline, request_id)
         self._bytes += size
-        task = asyncio.create_task(self._compare(pipeline, label, call, dict(answer), request_id))
+        compared = self._compare(pipeline, label, shadow.target, call, dict(answer), request_id)
+        task = asyncio.create_task(compared)
         self._tasks.add(task)
 
         def done(task: asyncio.Task[None]) -> None:
@@ -137,27 +140,38 @@ class Shadows:
         self,
         pipeline: str,
         label: str,
+        target: Target,
         call: Callable[[], Awaitable[Mapping[str, np.ndarray]]],
         live: dict[str, np.ndarray],
         request_id: str,
     ) -> None:
-        start = time.perf_counter()
-        try:
-            answer = await call()
-        except StepError as exc:
-            CALLS.labels(pipeline, label, "failed").inc()
-            log.debug("shadow of %s (request %s) failed: %s", label, request_id, exc.message)
-            return
-        finally:
-            LATENCY.labels(pipeline, label).observe(time.perf_counter() - start)
-        CALLS.labels(pipeline, label, "answered").inc()
-        for name, value in live.items():
-            outcome, difference = compare(value, answer.get(name))
-            OUTPUTS.labels(pipeline, label, name, outcome).inc()
-            if difference is not None:
-                DIFFERENCE.labels(pipeline, label, name).observe(difference)
-            if outcome != "same":
-                log.debug("shadow of %s (request %s): %s %s", label, request_id, name, outcome)
+        # Made in the task, whose context is the step's: the span is the step's child.
+        with shadow_span(label, target) if tracing.ENABLED else tracing.NO_SPAN as span:
+            start = time.perf_counter()
+            try:
+                answer = await call()
+            except StepError as exc:
+                CALLS.labels(pipeline, label, "failed").inc()
+                log.debug("shadow of %s (request %s) failed: %s", label, request_id, exc.message)
+                if span is not None:
+                    span.set_attribute("mesh.shadow.outcome", "failed")
+                    tracing.error(span, exc.message)
+                return
+            finally:
+                LATENCY.labels(pipeline, label).observe(time.perf_counter() - start)
+            CALLS.labels(pipeline, label, "answered").inc()
+            unlike = []
+            for name, value in live.items():
+                outcome, difference = compare(value, answer.get(name))
+                OUTPUTS.labels(pipeline, label, name, outcome).inc()
+                if difference is not None:
+                    DIFFERENCE.labels(pipeline, label, name).observe(difference)
+                if outcome != "same":
+                    unlike.append(f"{name} {outcome}")
+                    log.debug("shadow of %s (request %s): %s %s", label, request_id, name, outcome)
+            if span is not None:
+                span.set_attribute("mesh.shadow.outcome", "answered")
+                span.set_attribute("mesh.shadow.differs", ", ".join(unlike))
 
     async def close(self) -> None:
         """Cancel the copies still in flight (the proxy is stopping: nobody waits for them)."""

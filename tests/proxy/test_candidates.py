@@ -11,12 +11,15 @@ import grpc
 import numpy as np
 import pytest
 
+from bench.mesh import free_port
 from proxy.engine import plan
 from proxy.engine.canaries import Canary
 from proxy.engine.shadows import CALLS, Shadow, Shadows, compare
 from proxy.errors import DefinitionError, StepError
 from proxy.transport.calls import Call
 from proxy.transport.target import Target
+from tests.proxy.scripted import affine
+from tests.proxy.test_pipelines import _traced, body, call, parse_model, pipeline, post
 
 SHIPPED = Path("proxy/pipelines.yaml")
 ENV = {
@@ -167,3 +170,38 @@ def test_a_canary_takes_its_share_by_request_id_the_same_on_every_try() -> None:
     assert 0.04 < both < 0.085
     everything = Canary(canary.target, 100)
     assert all(everything.takes(i, "s") for i in ids[:100])
+
+
+async def test_a_shadows_copy_is_traced_under_its_step(servers, make_client, monkeypatch) -> None:
+    """With traces on, each copy is a span under its step's (which it outlives), parent of its
+    call's attempt, saying how the candidate's answer compared; one that failed says why."""
+    spans = _traced(monkeypatch)
+    env = {
+        "PARSE_URL": await servers(parse_model()),
+        "MODELS_URL": await servers(affine("plus1", 1, 1)),
+        "MODELS_URL_SHADOW": await servers(affine("plus1", 1, 5)),
+    }
+    env_gone = {**env, "MODELS_URL_SHADOW": f"127.0.0.1:{free_port()}"}
+    for environ, outcome in ((env, "answered"), (env_gone, "failed")):
+        spans.clear()
+        pipes = {"p": pipeline([call("a", "plus1", "parse")], {"y": "a.y[0]"})}
+        async with make_client(pipes, environ) as client:
+            answer = await post(client, "p", body(2))
+            for _ in range(200):  # the copy runs once the answer is made
+                if any(s.shape.name == "shadow a" for s in spans):
+                    break
+                await asyncio.sleep(0.01)
+        assert answer.json()["result"] == {"y": [3.0]}
+        [step] = [s for s in spans if s.shape.name == "step a"]
+        [copy] = [s for s in spans if s.shape.name == "shadow a"]
+        assert copy.parent_id == step.span_id and copy.trace_id == step.trace_id
+        attributes = copy.attributes or {}
+        assert attributes["mesh.shadow.outcome"] == outcome
+        if outcome == "answered":
+            assert attributes["mesh.shadow.differs"] == "y differs"
+            assert copy.error is None
+            [attempt] = [s for s in spans if s.parent_id == copy.span_id]
+            assert attempt.shape.name.startswith("inference.GRPCInferenceService/")
+        else:
+            gone = environ["MODELS_URL_SHADOW"]
+            assert copy.error and f"endpoint {gone} unavailable" in copy.error, copy.error
