@@ -12,7 +12,7 @@ import tritonclient.http as triton_http
 
 from bench.mesh import free_port
 from tests.e2e.conftest import Mesh
-from tests.e2e.test_digits import held_out, png
+from tests.e2e.test_digits import photos, upload_type
 from tests.procs import metric_of
 
 CANARY = "PREDICTOR_DIGITS_MLP_URL_CANARY"
@@ -40,19 +40,16 @@ def test_a_canary_answers_its_share_of_requests_the_same_on_every_try(mesh: Mesh
     again under its id meets the same model, on `/v1` and on the v2 REST door alike."""
     logreg = mesh.local.services["digits-logreg"].env["PREDICTOR_PORT"]
     env = {CANARY: f"127.0.0.1:{logreg}/digits_logreg", CANARY + "_PERCENT": "50"}
-    images = held_out()[0][:40]
+    images = photos(42, seed=13)
     with mesh.extra_proxy(free_port(), **env) as url, httpx.Client(base_url=url) as client:
 
         def post(i: int) -> httpx.Response:
-            return client.post(
-                "/v1/pipelines/digits/infer",
-                content=png(images[i]),
-                headers={"Content-Type": "image/png", "X-Request-Id": f"canary-test-{i}"},
-            )
+            headers = {"Content-Type": upload_type(images[i]), "X-Request-Id": f"canary-test-{i}"}
+            return client.post("/v1/pipelines/digits/infer", content=images[i], headers=headers)
 
         answers = [post(i) for i in range(len(images))]
         again = [post(i) for i in range(10)]
-        over_v2 = [_v2_variant(url, png(images[i]), f"canary-test-{i}") for i in range(6)]
+        over_v2 = [_v2_variant(url, images[i], f"canary-test-{i}") for i in range(6)]
         listing = client.get("/v1/pipelines").json()["digits"]["canaries"]
         counted = {
             v: metric_of(
@@ -83,7 +80,7 @@ def test_a_canary_that_does_not_fit_or_is_gone_fails_only_its_own_share(mesh: Me
     rec = mesh.local.services["ocr-rec"].env["PREDICTOR_PORT"]
     misfit = {CANARY: f"127.0.0.1:{rec}/ocr_rec", CANARY + "_PERCENT": "50"}
     gone = {CANARY: f"127.0.0.1:{free_port()}", CANARY + "_PERCENT": "50"}
-    body = png(held_out()[0][3])
+    body = photos(14, seed=14)[13]  # the suite's last look: a digit on a larger canvas
     for env, code, status in ((misfit, 502, "internal"), (gone, 503, "unavailable")):
         with (
             mesh.extra_proxy(free_port(), wait_for="/healthz", **env) as url,
@@ -94,7 +91,7 @@ def test_a_canary_that_does_not_fit_or_is_gone_fails_only_its_own_share(mesh: Me
                     client.post(
                         f"/v1/pipelines/{pipeline}/infer",
                         content=body,
-                        headers={"Content-Type": "image/png", "X-Request-Id": f"r-{i}"},
+                        headers={"Content-Type": upload_type(body), "X-Request-Id": f"r-{i}"},
                     )
                     for i in range(16)
                 ]

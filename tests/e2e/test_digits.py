@@ -28,6 +28,19 @@ def held_out() -> tuple[np.ndarray, np.ndarray]:
     return split.images[split.test_idx], split.target[split.test_idx]
 
 
+def photos(count: int, seed: int) -> list[bytes]:
+    """`count` held-out digits as users send them: every look of the generated suite in turn
+    (margins, colour, noise, JPEG, rotation, phone-photo sizes, ...), PNG or JPEG."""
+    images, targets = held_out()
+    per_category = -(-count // len(CATEGORIES))
+    return [s.image for s in suite(images, targets, per_category, seed=seed)][:count]
+
+
+def upload_type(blob: bytes) -> str:
+    """The Content-Type a client would send with `blob` (a PNG or a JPEG)."""
+    return "image/jpeg" if blob[:2] == b"\xff\xd8" else "image/png"
+
+
 def png(values: np.ndarray, side: int = 32) -> bytes:
     gray = np.round(255 - values * (255 / 16)).astype(np.uint8)
     return encode(cv2.resize(gray, (side, side), interpolation=cv2.INTER_NEAREST))

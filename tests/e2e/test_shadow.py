@@ -15,14 +15,13 @@ import numpy as np
 from bench.mesh import free_port
 from compose.processes import start_service
 from tests.e2e.conftest import Mesh
-from tests.e2e.test_digits import held_out, png
+from tests.e2e.test_digits import photos, upload_type
 from tests.procs import metric_of
-
-HEADERS = {"Content-Type": "image/png"}
 
 
 def _post(client: httpx.Client, blob: bytes) -> httpx.Response:
-    return client.post("/v1/pipelines/digits/infer", content=blob, headers=HEADERS)
+    headers = {"Content-Type": upload_type(blob)}
+    return client.post("/v1/pipelines/digits/infer", content=blob, headers=headers)
 
 
 def _counted(url: str, step: str, total: float, *outcomes: str, wait_s: float = 15.0) -> None:
@@ -61,12 +60,12 @@ def test_a_shadow_gets_a_copy_of_every_call_and_counts_where_it_agrees(mesh: Mes
         "PREDICTOR_DIGITS_MLP_URL_SHADOW": f"127.0.0.1:{logreg}/digits_logreg",
         "PREPROCESS_URL_SHADOW": f"127.0.0.1:{preprocess}",
     }
-    images = held_out()[0][:40]
+    images = photos(42, seed=11)
     with mesh.extra_proxy(free_port(), **env) as url, mesh.client() as plain:
         with httpx.Client(base_url=url, timeout=30) as client:
-            answers = [_post(client, png(image)) for image in images]
+            answers = [_post(client, image) for image in images]
             listing = client.get("/v1/pipelines").json()["digits"]["shadows"]
-        unshadowed = [_post(plain, png(image)) for image in images]
+        unshadowed = [_post(plain, image) for image in images]
         _counted(url, "ensemble/mlp", len(images), "answered")
         _counted(url, "preprocess", len(images), "answered")
         label = {o: _outputs(url, "ensemble/mlp", "label", o) for o in ("same", "differs")}
@@ -103,21 +102,21 @@ def test_a_gone_or_frozen_shadow_changes_no_answer(mesh: Mesh, workdir: Path) ->
         "PREDICTOR_DIGITS_MLP_URL_SHADOW": candidate.address,
         "PREDICTOR_DIGITS_LOGREG_URL_SHADOW": f"127.0.0.1:{free_port()}",
     }
-    images = held_out()[0]
-    first, then = images[:10], images[10:130]
+    images = photos(130, seed=12)
+    first, then = images[:10], images[10:]
     try:
         with mesh.extra_proxy(free_port(), **env) as url, mesh.client() as plain:
             with httpx.Client(base_url=url, timeout=30) as client:
-                answers = [_post(client, png(image)) for image in first]
+                answers = [_post(client, image) for image in first]
                 _counted(url, "ensemble/mlp", len(first), "answered")
                 assert _outputs(url, "ensemble/mlp", "label", "same") == len(first)
                 candidate.proc.send_signal(signal.SIGSTOP)
                 with ThreadPoolExecutor(8) as pool:
-                    answers += list(pool.map(lambda im: _post(client, png(im)), then))
-            unshadowed = [_post(plain, png(image)) for image in images[:130]]
+                    answers += list(pool.map(lambda im: _post(client, im), then))
+            unshadowed = [_post(plain, image) for image in images]
             # The frozen candidate's copies end at the pipeline's 3 s budget, or were never sent.
             _counted(url, "ensemble/mlp", len(then), "failed", "skipped")
-            _counted(url, "ensemble/logreg", len(images[:130]), "failed", "skipped")
+            _counted(url, "ensemble/logreg", len(images), "failed", "skipped")
             answered = metric_of(
                 url, "proxy_shadow_calls_total", step="ensemble/mlp", outcome="answered"
             )
