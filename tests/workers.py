@@ -26,6 +26,7 @@ SERIAL_FILES = {
         "e2e/test_jobs", "e2e/test_batch", "e2e/test_ocr", "e2e/test_digits",
         "e2e/test_client_matrix", "e2e/test_traces", "e2e/test_run_command",
         "e2e/test_swap", "e2e/test_cache", "e2e/test_extending", "e2e/test_workers",
+        "e2e/test_balancing", "e2e/test_openapi", "compose/test_docker_compose",
         "proxy/test_cache", "foreign/test_swap_in", "hostile/test_grpc_door",
         "hostile/test_front_door", "hostile/test_services",
         # alone (run last):
@@ -33,11 +34,13 @@ SERIAL_FILES = {
         "faults/test_stalled_replica", "hostile/test_load",
     )
 }  # fmt: skip
-"""The CPU-heavy files, those with fixed ports in one range (run_command's and traces'
-meshes), and the `alone` ones. Besides the `alone` tests, the two groups take about as long
-(~650 s each in a clean-clone run on 2026-11-26, with the Compose smoke test): the other
-worker must be done by the time the `alone` tests start, or they pause it test by test and
-its remaining tests add to the run (~120 s when it had ~260 s more than this one)."""
+"""The CPU-heavy files (the Compose smoke test's containers among them), those with fixed
+ports in one range (run_command's and traces' meshes), and the `alone` ones. Besides the
+`alone` tests, the two groups take about as long in CI, with the Compose smoke test (on a
+slow machine on 2026-12-02: ~805 s and ~780 s; ~370 s of `alone` tests after them): the
+other worker must be done by the time the `alone` tests start, or they pause it test by test
+and its remaining tests add to the run. Before the smoke test, balancing and OpenAPI files
+moved here, the groups had grown to ~470 s and ~1,120 s, and the suite took 1,570 s."""
 
 
 def worker_index() -> int:
