@@ -14,7 +14,10 @@ in turn. `--what`:
   cannot answer (issue 26);
 - `door`: the same request on `/v1` and as the gRPC door's unary ModelInfer the way its
   nginx front hands it over (HTTP/1.1, proxy/doors/grpc_front.py; nginx's own cost is not
-  counted), this tree and the earlier commit: what the v2 path costs beyond `/v1` (issue 30).
+  counted), this tree and the earlier commit: what the v2 path costs beyond `/v1` (issue 30);
+- `predictions`: the prediction log off, and every request recorded to a file (each record
+  its own write here, as a request lasts far longer than the log's 50 ms wait for company:
+  an upper bound of what a record costs under load, where one write carries many).
 """
 
 from __future__ import annotations
@@ -128,7 +131,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--before", default=BEFORE, help="the earlier commit to compare with")
-    parser.add_argument("--what", choices=["traces", "cache", "door"], default="traces")
+    choices = ["traces", "cache", "door", "predictions"]
+    parser.add_argument("--what", choices=choices, default="traces")
     args = parser.parse_args(argv)
     with contextlib.ExitStack() as stack:
         mesh = stack.enter_context(shipped_mesh("bench-instructions"))
@@ -168,6 +172,12 @@ def main(argv: list[str]) -> int:
                 front_before: (earlier, uncached),
             }
             fronted = {front, front_before}
+        elif args.what == "predictions":
+            logged = {**env, "PROXY_PREDICTION_LOG": str(folder / "predictions.jsonl")}
+            systems = {
+                "prediction log off": (ROOT, env),
+                "prediction log to a file, every request": (ROOT, logged),
+            }
         else:
             systems = {
                 "traces off": (ROOT, env),

@@ -88,9 +88,7 @@ def create_app(
         await audit.stop()
         await state.jobs.stop()
         await (plane.registry.stop() if door is None else door.stop())
-        await engine.executor.shadows.close()
-        if state.engine.caches is not None:
-            await state.engine.caches.close()
+        await engine.close()
         await state.channels.close()
 
     # /docs and /redoc from the assets fastapi-offline ships (no CDN: they work air-gapped).

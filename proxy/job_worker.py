@@ -43,8 +43,7 @@ def create_worker_app(settings: ProxySettings) -> FastAPI:
         heap.settle()
         yield
         await state.jobs.stop()
-        if state.engine.caches is not None:
-            await state.engine.caches.close()
+        await state.engine.close()
         await state.channels.close()
 
     app = FastAPI(

@@ -112,6 +112,23 @@ class ProxySettings(BaseSettings):
     it shows."""
     console_requests: int = Field(default=200, ge=1, le=100_000)
     """How many of the last requests the console keeps (in each proxy worker)."""
+    prediction_log: str = ""
+    """The prediction log (docs/operating.md): each request a pipeline ended (jobs' runs
+    included) as one JSON record, written in the background: its inputs' digests, its
+    answer, its steps and the model that answered each. A file (`/var/log/mesh/predictions.jsonl`
+    or `file:///...`), rotated at `prediction_log_file_mb`, or an HTTP receiver (`http://`,
+    `https://`) taking each record as a CloudEvent, as KServe's logger sends them. Empty: off."""
+    prediction_log_percent: float = Field(default=100.0, gt=0, le=100)
+    """The share of requests the prediction log records, chosen at random."""
+    prediction_log_inputs: bool = False
+    """Records carry each input's bytes too (base64, inputs of up to `prediction_log_inputs_kb`):
+    the upload beside its answer, for a training set. Off: its datatype, shape, size and
+    SHA-256 only."""
+    prediction_log_inputs_kb: int = Field(default=1024, ge=1)
+    """An input larger than this is recorded by its digest alone, its bytes left out."""
+    prediction_log_file_mb: float = Field(default=100.0, gt=0)
+    """A prediction log file is rotated at this size (five older files kept: `<file>.1` the
+    newest)."""
     max_message_mb: int = 64
     """Largest gRPC message to or from the services (and the gRPC door)."""
     transport: Literal["stream", "unary"] = "stream"
@@ -232,6 +249,20 @@ class ProxySettings(BaseSettings):
     @classmethod
     def _unset(cls, value: object) -> object:
         return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("prediction_log")
+    @classmethod
+    def _sink(cls, value: str) -> str:
+        value = value.strip()
+        scheme = value.partition("://")[0] if "://" in value else ""
+        if scheme not in ("", "file", "http", "https"):
+            raise ValueError(
+                f"'{value}' is neither a file (a path, or file:///...) nor an http:// or "
+                "https:// receiver"
+            )
+        if scheme == "file" and not value.startswith("file:///"):
+            raise ValueError(f"'{value}' names no absolute path: write file:///path/to/file")
+        return value
 
     @field_validator("grpc_port", mode="before")
     @classmethod

@@ -13,6 +13,8 @@ from proxy.engine import definitions, plan
 from proxy.engine.admission import Admission
 from proxy.engine.cache.caches import Caches
 from proxy.engine.executor import Executor
+from proxy.engine.predictions import PredictionLog
+from proxy.engine.predictions_sinks import sink_for
 from proxy.engine.recent import Recent
 from proxy.engine.room import PipelineLimits
 from proxy.engine.runner import Engine
@@ -70,6 +72,13 @@ class ProxyState:
         executor = Executor(calls, caches, Wiring(catalog))
         recent = Recent(settings.console_requests) if settings.console else None
         engine = Engine(plans, executor, admission, caches, recent, catalog)
+        if settings.prediction_log:
+            sink = sink_for(settings.prediction_log, settings.prediction_log_file_mb)
+            inputs_bytes = settings.prediction_log_inputs_kb << 10
+            engine.predictions = PredictionLog(
+                sink, engine.result, settings.prediction_log_percent,
+                settings.prediction_log_inputs, inputs_bytes,
+            )  # fmt: skip
         jobs = Jobs(engine, _jobs_config(settings))
         return cls(settings, engine, channels, services, catalog, settings.upload_limits(), jobs)
 

@@ -36,6 +36,7 @@ from proxy.engine.executor import Executor
 from proxy.engine.ledger import Ledger
 from proxy.engine.pixels import counted
 from proxy.engine.plan import Plan
+from proxy.engine.predictions import PredictionLog
 from proxy.engine.recent import Recent
 from proxy.engine.recorded import Outcome, recorded
 from proxy.engine.run import Run, StepStatus, ms
@@ -64,6 +65,17 @@ class Engine:
         """The console's record of the last requests (None: the console is off)."""
         self.catalog = catalog
         """The models' configurations: how many pixels a model decodes of an upload."""
+        self.predictions: PredictionLog | None = None
+        """The prediction log (PROXY_PREDICTION_LOG; None: off)."""
+
+    async def close(self) -> None:
+        """What the engine runs in the background: shadows' copies cancelled, the prediction
+        log's records written, the caches' connections closed."""
+        await self.executor.shadows.close()
+        if self.predictions is not None:
+            await self.predictions.close()
+        if self.caches is not None:
+            await self.caches.close()
 
     def plan(self, name: str) -> Plan:
         plan = self.plans.get(name)
@@ -135,6 +147,15 @@ class Engine:
                     self.recent.add(plan.name, REQUEST_ID.get(), outcome.status, opened, [])
                 else:
                     ticket.report(self.recent, outcome.status)
+            if self.predictions is not None:
+                if ticket is None:
+                    request_id, steps, run, inputs = REQUEST_ID.get(), [], None, None
+                else:
+                    request_id, steps = ticket.request_id or REQUEST_ID.get(), ticket.steps
+                    run, inputs = ticket.answered, ticket.inputs
+                self.predictions.add(
+                    plan.name, request_id, outcome.status, opened, steps, run, inputs
+                )
 
 
 @dataclass
@@ -153,6 +174,8 @@ class Ticket:
     steps: list[StepStatus] = field(default_factory=list)
     """The steps run so far (kept here so that a failed run still tells them)."""
     answered: Run | None = None
+    inputs: dict[str, np.ndarray] | None = None
+    """The request's tensors, once read (what the prediction log describes)."""
 
     def report(self, recent: Recent, status: str) -> None:
         """The request, ended with HTTP `status`, into the console's record."""
@@ -177,7 +200,7 @@ class Ticket:
         upload = np.empty(1, dtype=object)
         upload[0] = body
         upload.setflags(False)  # never written: its cache digest is made once (cache/keys.py)
-        inputs = {plan.pipeline.input: upload}
+        inputs = self.inputs = {plan.pipeline.input: upload}
         key = None
         caches = self.engine.caches
         answers = None if caches is None else self._answers(caches)
@@ -195,6 +218,7 @@ class Ticket:
         """A pipeline's declared `inputs` through it: each checked against its declaration
         (400 naming the tensor), then held on the ledger."""
         check_tensors(self.plan, inputs)
+        self.inputs = inputs
         self.ledger.hold(sum(content_bytes(a) for a in inputs.values()))
         return await self._run(inputs, 0, request_id)
 

@@ -4,7 +4,9 @@ apart in the answer's steps and in the metrics."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -34,12 +36,16 @@ def _v2_variant(url: str, blob: bytes, request_id: str) -> str:
     return mlp["variant"]
 
 
-def test_a_canary_answers_its_share_of_requests_the_same_on_every_try(mesh: Mesh) -> None:
+def test_a_canary_answers_its_share_of_requests_the_same_on_every_try(
+    mesh: Mesh, tmp_path: Path
+) -> None:
     """Half of the MLP branch's calls go to the logistic regression's server: those answers
     carry its probabilities in the `mlp` member, the others the MLP's, and a request sent
-    again under its id meets the same model, on `/v1` and on the v2 REST door alike."""
+    again under its id meets the same model, on `/v1` and on the v2 REST door alike. The
+    prediction log records which model answered each, beside the upload's digest."""
     logreg = mesh.local.services["digits-logreg"].env["PREDICTOR_PORT"]
     env = {CANARY: f"127.0.0.1:{logreg}/digits_logreg", CANARY + "_PERCENT": "50"}
+    env["PROXY_PREDICTION_LOG"] = str(tmp_path / "predictions.jsonl")
     images = photos(42, seed=13)
     with mesh.extra_proxy(free_port(), **env) as url, httpx.Client(base_url=url) as client:
 
@@ -70,6 +76,17 @@ def test_a_canary_answers_its_share_of_requests_the_same_on_every_try(mesh: Mesh
     assert counted == {v: every_call.count(v) for v in ("live", "canary")}
     assert listing["ensemble/mlp"]["model"] == "digits_logreg"
     assert listing["ensemble/mlp"]["percent"] == 50
+    # Written once the proxy stopped: a record for each request, by id, in the order sent.
+    records = [
+        json.loads(line) for line in (tmp_path / "predictions.jsonl").read_text().splitlines()
+    ]
+    assert len(records) == len(every_call)
+    for record, answer, image in zip(records, answers, images, strict=False):
+        assert record["id"] == answer.headers["X-Request-Id"]
+        assert record["result"] == answer.json()["result"]
+        assert record["inputs"]["image"]["sha256"] == [hashlib.sha256(image).hexdigest()]
+    logged = [s["variant"] for r in records for s in r["steps"] if s["name"] == "ensemble/mlp"]
+    assert logged == every_call
 
 
 def test_a_canary_that_does_not_fit_or_is_gone_fails_only_its_own_share(mesh: Mesh) -> None:

@@ -1,0 +1,231 @@
+"""The prediction log (PROXY_PREDICTION_LOG): each request a pipeline ended as one JSON record,
+in a rotated file or POSTed to a real HTTP receiver as a CloudEvent; never a request slowed,
+failed or lost for it."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from protos.errors import InvalidInput
+from proxy.engine import predictions
+from proxy.engine.predictions_sinks import FileSink, Line
+from proxy.settings import ProxySettings
+from tests.proxy.scripted import ScriptedModel, affine
+from tests.proxy.test_jobs import ended, submit
+from tests.proxy.test_pipelines import body, call, parse_model, pipeline, post
+
+RESULT = {"y": "a.y[0]"}
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+async def _pipelines(servers) -> tuple[dict, dict[str, str]]:
+    """`p` answers x + 1; `refused` is refused by its model (400)."""
+
+    async def refuse(inputs, deadline):
+        raise InvalidInput("no")
+
+    env = {
+        "PARSE_URL": await servers(parse_model()),
+        "MODELS_URL": await servers(affine("plus1", 1, 1), ScriptedModel("bad", refuse)),
+    }
+    pipes = {
+        "p": pipeline([call("a", "plus1", "parse")], RESULT),
+        "refused": pipeline([call("a", "bad", "parse")], RESULT),
+    }
+    return pipes, env
+
+
+async def test_every_request_is_recorded_with_its_inputs_answer_and_steps(
+    servers, make_client, tmp_path: Path
+) -> None:
+    pipes, env = await _pipelines(servers)
+    path = tmp_path / "logs" / "predictions.jsonl"
+    async with make_client(pipes, env, prediction_log=f"file://{path}") as client:
+        answers = [
+            await post(client, "p", body(1), **{"X-Request-Id": "first"}),
+            await post(client, "p", body(2, 3)),
+            await post(client, "refused", body(4)),
+            await post(client, "nowhere", body(5)),  # no pipeline: nothing to record
+        ]
+    assert [a.status_code for a in answers] == [200, 200, 400, 404]
+    records = _records(path)
+    assert [(r["pipeline"], r["status"]) for r in records] == [
+        ("p", 200),
+        ("p", 200),
+        ("refused", 400),
+    ]
+    assert [r["id"] for r in records] == [a.headers["X-Request-Id"] for a in answers[:3]]
+    assert records[0]["id"] == "first"
+    for record, answer, sent in zip(records[:2], answers[:2], [body(1), body(2, 3)], strict=True):
+        assert record["result"] == answer.json()["result"]
+        assert record["partial"] is False
+        [upload] = record["inputs"].values()
+        assert upload["sha256"] == [hashlib.sha256(sent).hexdigest()]  # the file's, as sent
+        assert (upload["datatype"], upload["shape"], upload["bytes"]) == ("BYTES", [1], [len(sent)])
+        assert "data_base64" not in upload  # digests only, unless asked
+        assert [s["name"] for s in record["steps"]] == ["parse", "a"]
+        assert record["time"].endswith("Z") and record["latency_ms"] > 0
+    refused = records[2]
+    assert refused["result"] is None
+    assert refused["steps"][-1]["status"] == "invalid_argument"
+    assert "no" in refused["steps"][-1]["error"]
+
+
+async def test_inputs_are_recorded_up_to_their_bound(servers, make_client, tmp_path) -> None:
+    pipes, env = await _pipelines(servers)
+    path = tmp_path / "predictions.jsonl"
+    small, large = body(1), body(*range(300))  # 4 bytes, 1,200 bytes
+    settings = {"prediction_log_inputs": True, "prediction_log_inputs_kb": 1}
+    async with make_client(pipes, env, prediction_log=str(path), **settings) as client:
+        assert (await post(client, "p", small)).status_code == 200
+        assert (await post(client, "p", large)).status_code == 200
+    first, second = (next(iter(r["inputs"].values())) for r in _records(path))
+    assert [base64.b64decode(d) for d in first["data_base64"]] == [small]
+    assert "data_base64" not in second and second["bytes"] == [len(large)]
+
+
+@pytest.fixture
+def receiver() -> Iterator[tuple[str, list[tuple[dict, bytes]], list[int]]]:
+    """A real HTTP server on 127.0.0.1 keeping what is POSTed to it; the status it answers
+    is the list's last (202 until a test says otherwise)."""
+    got: list[tuple[dict, bytes]] = []
+    status = [202]
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            length = int(self.headers["Content-Length"])
+            got.append((dict(self.headers), self.rfile.read(length)))
+            self.send_response(status[-1])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/events", got, status
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+async def test_records_are_posted_as_cloudevents(servers, make_client, receiver) -> None:
+    url, got, status = receiver
+    pipes, env = await _pipelines(servers)
+    failed = predictions.RECORDS.labels("failed")
+    before = failed._value.get()
+    async with make_client(pipes, env, prediction_log=url) as client:
+        ok = await post(client, "p", body(7), **{"X-Request-Id": "evented"})
+        for _ in range(100):  # sent in the background: wait for it, then refuse the next
+            if got:
+                break
+            await asyncio.sleep(0.02)
+        status.append(500)
+        refused_by_receiver = await post(client, "p", body(8))
+    assert ok.status_code == 200 and refused_by_receiver.status_code == 200
+    assert len(got) == 2
+    headers, content = got[0]
+    headers = {k.lower(): v for k, v in headers.items()}
+    assert headers["ce-specversion"] == "1.0"
+    assert headers["ce-type"] == "io.inference-mesh.prediction"
+    assert headers["ce-source"] == "/inference-mesh/pipelines/p"
+    assert headers["ce-requestid"] == "evented"
+    assert headers["content-type"] == "application/json"
+    record = json.loads(content)
+    assert headers["ce-time"] == record["time"]
+    assert record["id"] == "evented" and record["result"] == ok.json()["result"]
+    other = {k.lower(): v for k, v in got[1][0].items()}
+    assert headers["ce-id"] != other["ce-id"]  # one event each
+    assert failed._value.get() - before == 1  # the receiver's 500: counted, not retried
+
+
+async def test_a_sink_that_never_answers_holds_no_request(
+    servers, make_client, monkeypatch
+) -> None:
+    """A receiver that accepts and never answers: every request is answered at once, the
+    records beyond the queue's bound are dropped and counted, and the proxy still stops."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
+    monkeypatch.setattr(predictions, "MAX_QUEUED", 5)
+    monkeypatch.setattr(predictions, "CLOSE_S", 0.5)
+    dropped, written = (predictions.RECORDS.labels(o) for o in ("dropped", "written"))
+    before = dropped._value.get(), written._value.get()
+    pipes, env = await _pipelines(servers)
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}/"
+    try:
+        async with make_client(pipes, env, prediction_log=url) as client:
+            answers = await asyncio.gather(*(post(client, "p", body(i)) for i in range(30)))
+    finally:
+        silent.close()
+    assert [a.status_code for a in answers] == [200] * 30
+    # The first batch hangs at the receiver, at most MAX_QUEUED records wait behind it (and
+    # are dropped when the proxy stops): the rest were dropped as they came.
+    assert dropped._value.get() - before[0] >= 30 - 2 * 5
+    assert written._value.get() == before[1]
+
+
+def test_a_sink_that_is_neither_a_file_nor_http_is_named_at_start() -> None:
+    with pytest.raises(ValidationError, match="'redis://x' is neither a file"):
+        ProxySettings(prediction_log="redis://x")
+    with pytest.raises(ValidationError, match="names no absolute path"):
+        ProxySettings(prediction_log="file://relative/p.jsonl")
+
+
+def test_two_processes_rotating_one_file_lose_and_mix_no_line(tmp_path: Path) -> None:
+    """Two sinks on one file (two proxy workers) in threads, rotating at 4 KiB (~45 records):
+    every line is a whole record, none written twice, the newest kept in the file and
+    `.1`-`.5`, nothing older (~36 KiB written)."""
+    path = tmp_path / "p.jsonl"
+    sinks = [FileSink(path, 4096), FileSink(path, 4096)]
+
+    def write(which: int) -> None:
+        for i in range(200):
+            record = json.dumps({"writer": which, "i": i, "pad": "x" * 60}).encode() + b"\n"
+            asyncio.run(sinks[which].write([Line(str(i), "p", "t", record)]))
+
+    threads = [threading.Thread(target=write, args=(w,)) for w in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    files = [path, *(Path(f"{path}.{i}") for i in range(1, 6))]
+    assert all(f.exists() for f in files)
+    assert not Path(f"{path}.6").exists()
+    lines = [json.loads(line) for f in files for line in f.read_text().splitlines()]
+    seen = [(r["writer"], r["i"]) for r in lines]
+    assert len(seen) == len(set(seen))  # none twice, each whole (json.loads read it)
+    assert all(f.stat().st_size < 4096 + 100 for f in files)
+    newest = {(w, 199) for w in (0, 1)}
+    assert newest <= set(seen)
+
+
+async def test_a_jobs_run_is_recorded_under_its_attempts_id(
+    servers, make_client, tmp_path: Path
+) -> None:
+    pipes, env = await _pipelines(servers)
+    path = tmp_path / "predictions.jsonl"
+    jobs = {"jobs_workers": 1, "jobs_url": f"sqlite:///{tmp_path / 'jobs.sqlite3'}"}
+    async with make_client(pipes, env, prediction_log=str(path), **jobs) as client:
+        accepted = await submit(client, "p", body(3))
+        done = await ended(client, accepted.json()["id"])
+    [record] = _records(path)
+    assert record["id"] == f"job-{done['id']}-1" == done["result"]["id"]
+    assert record["result"] == done["result"]["result"] == {"y": [4.0]}
