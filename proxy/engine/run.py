@@ -58,6 +58,8 @@ class Run:
     """A hit's inference cache key (its rendered result is kept under it)."""
     origin: float = field(default_factory=time.perf_counter)
     """When the proxy took the request (perf_counter): the steps' `start_ms` count from it."""
+    rendered: object = None
+    """Its `result`, once rendered (Engine.result): the prediction log reads the door's."""
 
     def entry(self) -> Stored | None:
         """What the inference cache keeps of a finished run: a complete answer's tensors,

@@ -93,8 +93,11 @@ class Engine:
         return hosts
 
     def result(self, run: Run) -> object:
-        """The pipeline's answer as its `result` template shapes it."""
-        return self.executor.result(run)
+        """The pipeline's answer as its `result` template shapes it (rendered once a run)."""
+        rendered = run.rendered
+        if rendered is None:
+            rendered = run.rendered = self.executor.result(run)
+        return rendered
 
     def result_to_serialise(self, run: Run) -> object:
         """The result for a door that answers with orjson: a cache hit's as JSON rendered
