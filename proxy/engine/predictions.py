@@ -89,6 +89,8 @@ class PredictionLog:
         self._queue: asyncio.Queue[Line | None] = asyncio.Queue()  # None: stop
         self._bytes = 0
         self._writer: asyncio.Task[None] | None = None
+        for outcome in ("written", "dropped", "failed"):  # at 0 from the first scrape on
+            RECORDS.labels(outcome)
 
     def add(
         self,

@@ -137,3 +137,50 @@ def test_a_failing_canary_files_a_ticket_and_a_failing_endpoint_does_not_blame_i
         ],
     }
     _promtool(tmp_path, [test])
+
+
+def test_a_prediction_log_losing_records_files_a_ticket_and_a_trickle_does_not(
+    tmp_path: Path,
+) -> None:
+    """Proxy p1's prediction log drops 5% of its records from the 10th minute on (its sink too
+    slow): a ticket once the 15-minute rate and the 15 minutes pending are past. Over both
+    proxies 0.4% dropped, on p2 alone: none."""
+
+    def records(proxy: str, outcome: str, values: str) -> dict[str, str]:
+        labels = f'outcome="{outcome}", instance="{proxy}:8080", job="mesh-proxy"'
+        return {"series": f"proxy_prediction_log_records_total{{{labels}}}", "values": values}
+
+    losing = {
+        "interval": "1m",
+        "input_series": [
+            records("p1", "written", "0+1000x10 10000+950x50"),
+            records("p1", "dropped", "0x10 0+50x50"),
+            records("p1", "failed", "0x60"),
+        ],
+        "promql_expr_test": [
+            _firing("MeshPredictionLogLosing", 20),  # pending its fifteen minutes
+            {
+                "expr": 'ALERTS{alertname="MeshPredictionLogLosing", alertstate="firing"}',
+                "eval_time": "45m",
+                "exp_samples": [
+                    {
+                        "labels": (
+                            'ALERTS{alertname="MeshPredictionLogLosing", '
+                            'alertstate="firing", severity="ticket"}'
+                        ),
+                        "value": 1,
+                    }
+                ],
+            },
+        ],
+    }
+    trickle = {
+        "interval": "1m",
+        "input_series": [
+            records("p1", "written", "0+1000x60"),
+            records("p2", "written", "0+996x60"),
+            records("p2", "dropped", "0+8x60"),
+        ],
+        "promql_expr_test": [_firing("MeshPredictionLogLosing", 50)],
+    }
+    _promtool(tmp_path, [losing, trickle])

@@ -72,7 +72,7 @@ def prometheus(
 ) -> Iterator[tuple[prometheus_server.PrometheusServer, Proxies]]:
     """The Prometheus server scraping the mesh and three more proxies over its services (the
     fourth: two MLP replicas, one killed mid-run, a shadow of the logistic regression and a
-    canary of the forest)."""
+    canary of the forest, and a prediction log)."""
     if not prometheus_server.available():
         message = "prometheus is missing (./mesh test installs it when run as root)"
         if os.environ.get("CI"):
@@ -99,6 +99,8 @@ def prometheus(
                 PREDICTOR_DIGITS_LOGREG_URL_SHADOW=f"127.0.0.1:{mlp}/digits_mlp",
                 PREDICTOR_DIGITS_FOREST_URL_CANARY=f"127.0.0.1:{forest}",
                 PREDICTOR_DIGITS_FOREST_URL_CANARY_PERCENT="50",
+                # The prediction log's panel and rule: its requests recorded.
+                PROXY_PREDICTION_LOG=str(tmp_path_factory.mktemp("log") / "predictions.jsonl"),
             ) as fourth,
         ):
             urls = [mesh.url, second, third, fourth]
@@ -244,7 +246,7 @@ def test_every_panel_and_rule_has_labelled_series(
             missing = [name for name in panel.labels if not labels.get(name)]
             assert not missing, (panel.title, legend, labels)
     rules = server.rules()
-    assert len(rules) == 25
+    assert len(rules) == 27
     unhealthy = [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]
     assert not unhealthy, unhealthy
     # The recorded series each alert compares carry what its summary names.
