@@ -238,11 +238,7 @@ PANELS = [
     Panel(
         "Prediction log records per second, by outcome",
         "reqps",
-        {
-            "{{outcome}}": (
-                f"sum by (outcome) (rate(proxy_prediction_log_records_total[{RATE}]))"
-            )
-        },
+        {"{{outcome}}": f"sum by (outcome) (rate(proxy_prediction_log_records_total[{RATE}]))"},
         ("outcome",),
         description="written; dropped (its queue full: the sink is slower than the requests); "
         "failed (the sink refused, or could not be reached): PROXY_PREDICTION_LOG, "
