@@ -112,8 +112,7 @@ class PredictionLog:
         latency = ms(time.perf_counter() - opened)
         ended = Ended(pipeline, request_id, int(status), time.time(), latency, steps, run, inputs)
         # Made at the loop's next turn, once the door has answered; then only its JSON is
-        # kept: a run held until its batch is written outlived the collector's young passes,
-        # and a proxy logging every request spent ~9% more CPU a request (bench/README).
+        # kept, so no request's tensors outlive it and the bound counts what is written.
         asyncio.get_running_loop().call_soon(self._made, ended)
 
     def _made(self, ended: Ended) -> None:
@@ -142,7 +141,7 @@ class PredictionLog:
             self._bytes -= sum(len(line.json) for line in lines)
             try:
                 written = await self._sink.write(lines)
-            except Exception as exc:  # a sink's own failures are counted inside it
+            except Exception as exc:  # a sink's unforeseen error: its records count as failed
                 written = 0
                 log.warning("prediction log failed", extra={"fields": {"error": repr(exc)}})
             RECORDS.labels("written").inc(written)
