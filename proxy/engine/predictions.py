@@ -23,7 +23,6 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import orjson
@@ -31,7 +30,7 @@ import orjson
 from protos import codec
 from protos.metric_types import Counter
 from proxy.engine.predictions_sinks import Line, Sink
-from proxy.engine.run import Run, StepStatus, ms
+from proxy.engine.run import Ended, Run, StepStatus, ms
 
 log = logging.getLogger("proxy.predictions")
 
@@ -53,21 +52,6 @@ RECORDS = Counter(
     "queue was full) or failed (the sink refused or could not be reached)",
     ["outcome"],
 )
-
-
-@dataclass(slots=True)
-class Ended:
-    """A request as it ended, before it is made a record (in the background)."""
-
-    pipeline: str
-    request_id: str
-    status: int
-    ended: float
-    """time.time() when it ended."""
-    latency_ms: float
-    steps: list[StepStatus]
-    run: Run | None
-    inputs: dict[str, np.ndarray] | None
 
 
 class PredictionLog:
@@ -92,32 +76,21 @@ class PredictionLog:
         for outcome in ("written", "dropped", "failed"):  # at 0 from the first scrape on
             RECORDS.labels(outcome)
 
-    def add(
-        self,
-        pipeline: str,
-        request_id: str,
-        status: str,
-        opened: float,
-        steps: list[StepStatus],
-        run: Run | None,
-        inputs: dict[str, np.ndarray] | None,
-    ) -> None:
-        """A request that ended with HTTP `status` (`opened`: perf_counter when the proxy
-        took it); returns at once."""
+    def add(self, ended: Ended) -> None:
+        """A request that ended; returns at once."""
         if self._percent < 100 and random.random() * 100 >= self._percent:
             return
         if self._queue.qsize() >= MAX_QUEUED or self._bytes >= MAX_QUEUED_BYTES:
             RECORDS.labels("dropped").inc()
             return
-        latency = ms(time.perf_counter() - opened)
-        ended = Ended(pipeline, request_id, int(status), time.time(), latency, steps, run, inputs)
+        latency = ms(time.perf_counter() - ended.opened)
         # Made at the loop's next turn, once the door has answered; then only its JSON is
         # kept, so no request's tensors outlive it and the bound counts what is written.
-        asyncio.get_running_loop().call_soon(self._made, ended)
+        asyncio.get_running_loop().call_soon(self._made, ended, time.time(), latency)
 
-    def _made(self, ended: Ended) -> None:
+    def _made(self, ended: Ended, at: float, latency_ms: float) -> None:
         try:
-            line = self.record(ended)
+            line = self.record(ended, at, latency_ms)
         except Exception as exc:  # a record that cannot be made never stops the log
             RECORDS.labels("failed").inc()
             log.warning("prediction record failed", extra={"fields": {"error": repr(exc)}})
@@ -148,17 +121,16 @@ class PredictionLog:
             if written < len(lines):
                 RECORDS.labels("failed").inc(len(lines) - written)
 
-    def record(self, ended: Ended) -> Line:
-        """One request as a JSON line."""
+    def record(self, ended: Ended, at: float, latency_ms: float) -> Line:
+        """One request as a JSON line (`at`: time.time() when it ended)."""
         run = ended.run
-        answered = ended.status == 200 and run is not None
-        started = ended.ended - ended.latency_ms / 1000
+        answered = ended.status == "200" and run is not None
         record = {
             "id": ended.request_id,
             "pipeline": ended.pipeline,
-            "time": _iso(started),
-            "status": ended.status,
-            "latency_ms": ended.latency_ms,
+            "time": _iso(at - latency_ms / 1000),
+            "status": int(ended.status),
+            "latency_ms": latency_ms,
             "inputs": self._inputs(ended.inputs or {}),
             "result": self._render(run) if answered else None,  # type: ignore[arg-type]
             "partial": run.partial if answered else None,  # type: ignore[union-attr]

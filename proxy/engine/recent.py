@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from proxy.engine.run import StepStatus
+from proxy.engine.run import Ended, StepStatus
 
 WINDOW_S = 60.0
 """The live percentiles' window."""
@@ -70,28 +70,21 @@ class Recent:
         self.requests: deque[Answered] = deque(maxlen=keep)
         self.windows: dict[tuple[str, str], deque[tuple[float, float]]] = {}
 
-    def add(
-        self,
-        pipeline: str,
-        request_id: str,
-        status: str,
-        opened: float,
-        steps: list[StepStatus],
-        cache: str | None = None,
-        partial: bool = False,
-    ) -> None:
-        """A request that ended; `opened`: perf_counter when the proxy took it."""
+    def add(self, ended: Ended) -> None:
+        """A request that ended."""
         now = time.perf_counter()
-        steps_ = tuple(steps)
+        steps_ = tuple(ended.steps)
+        run, pipeline, status = ended.run, ended.pipeline, ended.status
+        cache, partial = (None, False) if run is None else (run.cache, run.partial)
         self.requests.append(
-            Answered(request_id, pipeline, status, opened, now, steps_, cache, partial)
+            Answered(ended.request_id, pipeline, status, ended.opened, now, steps_, cache, partial)
         )
         windows = self.windows
         if status == "200":
             window = windows.get((pipeline, TOTAL))
             if window is None:
                 window = windows[pipeline, TOTAL] = deque(maxlen=SAMPLES)
-            window.append((now, (now - opened) * 1000))
+            window.append((now, (now - ended.opened) * 1000))
         for step in steps_:
             if step.status == "ok" or step.status == "partial":
                 window = windows.get((pipeline, step.name))

@@ -107,3 +107,21 @@ class Run:
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"input '{ref}' was not produced by an earlier step",
             ) from None
+
+
+@dataclass(slots=True)
+class Ended:
+    """A request as it ended, whatever became of it: what the console's record and the
+    prediction log take of it (Engine.ticket)."""
+
+    pipeline: str
+    request_id: str
+    status: str
+    """The HTTP status it ended with (499: the client left)."""
+    opened: float
+    """perf_counter when the proxy took it."""
+    steps: list[StepStatus]
+    run: Run | None = None
+    """Its run, once it had one that answered."""
+    inputs: dict[str, np.ndarray] | None = None
+    """Its tensors, once read."""

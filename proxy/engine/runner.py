@@ -39,7 +39,7 @@ from proxy.engine.plan import Plan
 from proxy.engine.predictions import PredictionLog
 from proxy.engine.recent import Recent
 from proxy.engine.recorded import Outcome, recorded
-from proxy.engine.run import Run, StepStatus, ms
+from proxy.engine.run import Ended, Run, StepStatus, ms
 from proxy.errors import Problem
 from proxy.transport.catalog import Catalog
 
@@ -145,20 +145,15 @@ class Engine:
                 finally:
                     ticket.ledger.close()
         finally:
-            if self.recent is not None:
+            if self.recent is not None or self.predictions is not None:
                 if ticket is None:  # refused before it had one
-                    self.recent.add(plan.name, REQUEST_ID.get(), outcome.status, opened, [])
+                    ended = Ended(plan.name, REQUEST_ID.get(), outcome.status, opened, [])
                 else:
-                    ticket.report(self.recent, outcome.status)
-            if self.predictions is not None:
-                if ticket is None:
-                    request_id, steps, run, inputs = REQUEST_ID.get(), [], None, None
-                else:
-                    request_id, steps = ticket.request_id or REQUEST_ID.get(), ticket.steps
-                    run, inputs = ticket.answered, ticket.inputs
-                self.predictions.add(
-                    plan.name, request_id, outcome.status, opened, steps, run, inputs
-                )
+                    ended = ticket.ended(outcome.status)
+                if self.recent is not None:
+                    self.recent.add(ended)
+                if self.predictions is not None:
+                    self.predictions.add(ended)
 
 
 @dataclass
@@ -180,11 +175,12 @@ class Ticket:
     inputs: dict[str, np.ndarray] | None = None
     """The request's tensors, once read (what the prediction log describes)."""
 
-    def report(self, recent: Recent, status: str) -> None:
-        """The request, ended with HTTP `status`, into the console's record."""
-        run = self.answered
-        cache, partial = (None, False) if run is None else (run.cache, run.partial)
-        recent.add(self.plan.name, self.request_id, status, self.opened, self.steps, cache, partial)
+    def ended(self, status: str) -> Ended:
+        """The request, ended with HTTP `status`."""
+        request_id = self.request_id or REQUEST_ID.get()
+        return Ended(
+            self.plan.name, request_id, status, self.opened, self.steps, self.answered, self.inputs
+        )
 
     async def run(self, body: bytes, request_id: str) -> Run:
         """The uploaded body through the pipeline, once its format is accepted and the
