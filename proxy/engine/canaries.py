@@ -43,3 +43,12 @@ class Canary:
             return True
         spot = zlib.crc32(f"{label}\0{request_id}".encode()) % 10_000
         return spot < self.percent * 100
+
+
+def chosen(canaries: dict[str, Canary], request_id: str) -> bytes:
+    """The steps whose canary this request's id takes, as a suffix for its inference-cache
+    key (b"": none, the key is the live models'). A request sent to a canary then neither
+    finds the live models' answers nor shares a computation with an identical request whose
+    id chose otherwise: each gets the model its id chose."""
+    taken = [label for label, canary in canaries.items() if canary.takes(request_id, label)]
+    return b"" if not taken else b"\0canary\0" + "\0".join(sorted(taken)).encode()

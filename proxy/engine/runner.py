@@ -32,6 +32,7 @@ from proxy.engine.admission import Admission
 from proxy.engine.cache.answers import Answers
 from proxy.engine.cache.caches import Caches
 from proxy.engine.cache.keys import pipeline_key, pipeline_key_now
+from proxy.engine.canaries import chosen
 from proxy.engine.executor import Executor
 from proxy.engine.ledger import Ledger
 from proxy.engine.pixels import counted
@@ -205,6 +206,8 @@ class Ticket:
         answers = None if caches is None else self._answers(caches)
         if answers is not None and self.background is None:
             key = pipeline_key_now(plan, caches.prints, inputs)  # type: ignore[union-attr]
+            if key is not None and plan.canaries:
+                key += chosen(plan.canaries, request_id)
             found = None if key is None else answers.hit_now(key)
             if found is not None:
                 self.request_id = request_id
@@ -266,9 +269,13 @@ class Ticket:
         if answers is None:
             return await compute()
         # A model whose service cannot say its version now: no key, uncached.
-        key = looked_up or await pipeline_key(self.plan, caches.prints, inputs)  # type: ignore[union-attr]
+        key = looked_up
         if key is None:
-            return await compute()
+            key = await pipeline_key(self.plan, caches.prints, inputs)  # type: ignore[union-attr]
+            if key is None:
+                return await compute()
+            if self.plan.canaries:
+                key += chosen(self.plan.canaries, request_id)
         run, how = await answers.answer(key, compute, self.deadline, looked_up is not None)
         if how == "miss":
             run.cache = "miss"

@@ -225,6 +225,34 @@ async def test_a_canarys_answers_are_not_kept_the_live_models_are(servers, make_
     assert (candidate.calls, live.calls) == (2, 1)
 
 
+async def test_identical_requests_in_flight_share_a_run_only_with_ids_that_chose_alike(
+    servers, make_client
+) -> None:
+    """Four identical requests in flight together, two under ids of the canary's share and
+    two of the live model's: each gets the answer of the model its id chose (one run for
+    each share), never the other share's from the shared computation."""
+    live, candidate = affine("plus1", 1, 1, delay_s=0.3), affine("plus1", 1, 100, delay_s=0.3)
+    env = {
+        "PARSE_URL": await servers(parse_model()),
+        "MODELS_URL": await servers(live),
+        "MODELS_URL_CANARY": await servers(candidate),
+        "MODELS_URL_CANARY_PERCENT": "50",
+    }
+    chooser = Canary(Target("MODELS_URL_CANARY", "127.0.0.1:1", "plus1"), 50)
+    ids = [f"r-{i}" for i in range(40)]
+    canary_ids = [i for i in ids if chooser.takes(i, "a")][:2]
+    live_ids = [i for i in ids if not chooser.takes(i, "a")][:2]
+    order = [canary_ids[0], live_ids[0], canary_ids[1], live_ids[1]]
+    async with make_client(cached(), env) as client:
+        answers = await asyncio.gather(
+            *(post(client, "p", body(2), **{"X-Request-Id": i}) for i in order)
+        )
+    results = {i: r.json()["result"]["y"][0] for i, r in zip(order, answers, strict=True)}
+    assert results == {**dict.fromkeys(canary_ids, 102.0), **dict.fromkeys(live_ids, 3.0)}
+    assert (candidate.calls, live.calls) == (1, 1)
+    assert sorted(r.headers["X-Cache"] for r in answers) == ["hit", "hit", "miss", "miss"]
+
+
 async def test_a_new_model_version_never_answers_from_old_entries(servers, make_client) -> None:
     old = affine("plus1", 1, 1)
     server = await serve(old)
