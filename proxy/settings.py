@@ -10,6 +10,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from protos.cli import with_env_names
 from proxy.doors.uploads import UploadLimits
+from proxy.engine.predictions_sinks import redis_stream
 
 DEFAULT_PIPELINES = Path(__file__).resolve().parent / "pipelines.yaml"
 
@@ -116,8 +117,10 @@ class ProxySettings(BaseSettings):
     """The prediction log (docs/operating.md): each request a pipeline ended (jobs' runs
     included) as one JSON record, written in the background: its inputs' digests, its
     answer, its steps and the model that answered each. A file (`/var/log/mesh/predictions.jsonl`
-    or `file:///...`), rotated at `prediction_log_file_mb`, or an HTTP receiver (`http://`,
-    `https://`) taking each record as a CloudEvent, as KServe's logger sends them. Empty: off."""
+    or `file:///...`), rotated at `prediction_log_file_mb`; an HTTP receiver (`http://`,
+    `https://`) taking each record as a CloudEvent, as KServe's logger sends them; or a Redis
+    stream (`redis://host:6379/0?stream=mesh:predictions&maxlen=1000000`, both optional), an
+    entry a record, trimmed to about `maxlen`. Empty: off."""
     prediction_log_percent: float = Field(default=100.0, gt=0, le=100)
     """The share of requests the prediction log records, chosen at random."""
     prediction_log_inputs: bool = False
@@ -255,11 +258,13 @@ class ProxySettings(BaseSettings):
     def _sink(cls, value: str) -> str:
         value = value.strip()
         scheme = value.partition("://")[0] if "://" in value else ""
-        if scheme not in ("", "file", "http", "https"):
+        if scheme not in ("", "file", "http", "https", "redis", "rediss"):
             raise ValueError(
-                f"'{value}' is neither a file (a path, or file:///...) nor an http:// or "
-                "https:// receiver"
+                f"'{value}' is neither a file (a path, or file:///...), an http:// or "
+                "https:// receiver nor a redis:// stream"
             )
+        if scheme in ("redis", "rediss"):
+            redis_stream(value)  # a bad stream or maxlen named now
         if scheme == "file" and not value.startswith("file:///"):
             raise ValueError(f"'{value}' names no absolute path: write file:///path/to/file")
         return value

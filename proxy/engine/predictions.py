@@ -1,9 +1,9 @@
-"""The prediction log (the serving patterns' prediction log; KServe's InferenceService
-`logger`, Seldon Core's request logging): each request a pipeline ended, as one JSON record
-written in the background to a file or POSTed to an HTTP receiver as a CloudEvent. It says
-what was asked (each input's datatype, shape, size and SHA-256, and with `inputs` on its
-bytes), what was answered (the `/v1` result, partial or not, from the cache or not), which
-model answered each step (`variant`, for canaries) and how long it took: what drift
+"""The prediction log (the serving patterns' prediction log; KServe's InferenceService `logger`,
+Seldon Core's request logging): each request a pipeline ended, as one JSON record written in
+the background to a file, POSTed to an HTTP receiver as a CloudEvent, or added to a Redis
+stream. It says what was asked (each input's datatype, shape, size and SHA-256, and with
+`inputs` on its bytes), what was answered (the `/v1` result, partial or not, from the cache or
+not), which model answered each step (`variant`, for canaries) and how long it took: what drift
 monitoring, audits and the next training set read.
 
 A request never waits for its record and never fails for it: a record is made once its

@@ -8,7 +8,12 @@
   mode (the `ce-*` headers, the record as the JSON body), as KServe's logger sends its
   events: a Knative broker, a collector's HTTP source, any web service. A record the receiver
   does not accept (not 2xx, refused, no answer within `TIMEOUT_S`) is counted as failed,
-  never retried.
+  never retried;
+- a Redis stream (`redis://host:6379/0?stream=mesh:predictions&maxlen=1000000`, or
+  `rediss://`): each record one entry (`XADD`, fields `id`, `pipeline`, `time` and `record`,
+  the JSON), a batch in one round trip, the stream trimmed to about `maxlen` entries. Any
+  number of consumers read it (`XREAD`, or `XREADGROUP` for a group sharing the work), each
+  at its own pace: the queue the jobs and the caches already use, without a collector.
 """
 
 from __future__ import annotations
@@ -22,8 +27,12 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import httpx
+from redis.exceptions import RedisError
+
+from proxy.engine import redis_client
 
 log = logging.getLogger("proxy.predictions")
 
@@ -36,6 +45,11 @@ PARALLEL = 8
 WARN_EVERY_S = 60.0
 """A failing sink is logged at most this often (its records are counted each time)."""
 CLOUDEVENT_TYPE = "io.inference-mesh.prediction"
+STREAM = "mesh:predictions"
+"""A Redis sink's stream unless its URL names one (`?stream=`)."""
+MAXLEN = 1_000_000
+"""A Redis sink's stream is trimmed to about this many entries unless its URL says
+(`?maxlen=`): a consumer that stops never fills Redis's memory."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +74,8 @@ def sink_for(url: str, max_file_mb: float = 100.0) -> Sink:
     """The sink a PROXY_PREDICTION_LOG value names (checked by the settings first)."""
     if url.startswith(("http://", "https://")):
         return HttpSink(url)
+    if url.startswith(("redis://", "rediss://")):
+        return RedisSink(*redis_stream(url))
     return FileSink(Path(url.removeprefix("file://")), int(max_file_mb * 2**20))
 
 
@@ -172,3 +188,54 @@ class HttpSink:
 
     async def close(self) -> None:
         await self._client.aclose()
+
+
+def redis_stream(url: str) -> tuple[str, str, int]:
+    """A Redis sink's URL as Redis's own (its `stream` and `maxlen` taken out), the stream's
+    key and its length; ValueError naming what is wrong."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    ours = {k: v for k, v in query if k in ("stream", "maxlen")}
+    stream = ours.get("stream", STREAM)
+    if not stream:
+        raise ValueError(f"'{redis_client.shown(url)}' names an empty stream")
+    try:
+        maxlen = int(ours.get("maxlen", MAXLEN))
+    except ValueError:
+        maxlen = 0
+    if maxlen < 1:
+        raise ValueError(f"'{redis_client.shown(url)}': maxlen must be a whole number above 0")
+    rest = urlencode([(k, v) for k, v in query if k not in ours])
+    return urlunsplit(parts._replace(query=rest)), stream, maxlen
+
+
+class RedisSink:
+    def __init__(self, url: str, stream: str, maxlen: int) -> None:
+        self.url = redis_client.shown(url)
+        self.stream = stream
+        self.maxlen = maxlen
+        # One retry on a connection Redis closed (a restart); a record sent twice then is
+        # told by its `id`.
+        self._redis = redis_client.connect(url, TIMEOUT_S, retries=1, backoff=False)
+        self._warned = _Warned()
+
+    async def write(self, lines: list[Line]) -> int:
+        if not lines:
+            return 0
+        batch = self._redis.pipeline(transaction=False)
+        for line in lines:
+            fields = {"id": line.request_id, "pipeline": line.pipeline, "time": line.time}
+            fields["record"] = line.json  # type: ignore[assignment]
+            batch.xadd(self.stream, fields, maxlen=self.maxlen, approximate=True)
+        try:
+            results = await batch.execute(raise_on_error=False)
+        except (RedisError, OSError) as exc:
+            self._warned.warn("prediction log not sent", redis=self.url, error=repr(exc))
+            return 0
+        failed = [r for r in results if isinstance(r, Exception)]
+        if failed:
+            self._warned.warn("prediction log refused", redis=self.url, error=repr(failed[0]))
+        return len(results) - len(failed)
+
+    async def close(self) -> None:
+        await self._redis.aclose()

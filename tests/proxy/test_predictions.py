@@ -1,6 +1,6 @@
-"""The prediction log (PROXY_PREDICTION_LOG): each request a pipeline ended as one JSON record,
-in a rotated file or POSTed to a real HTTP receiver as a CloudEvent; never a request slowed,
-failed or lost for it."""
+"""The prediction log (PROXY_PREDICTION_LOG): each request a pipeline ended as one JSON record, in
+a rotated file, POSTed to a real HTTP receiver as a CloudEvent or added to a real Redis stream;
+never a request slowed, failed or lost for it."""
 
 from __future__ import annotations
 
@@ -10,17 +10,20 @@ import hashlib
 import json
 import socket
 import threading
+import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import redis
 from pydantic import ValidationError
 
 from protos.errors import InvalidInput
 from proxy.engine import predictions
 from proxy.engine.predictions_sinks import FileSink, Line
 from proxy.settings import ProxySettings
+from tests.conftest import redis_or_skip
 from tests.proxy.scripted import ScriptedModel, affine
 from tests.proxy.test_jobs import ended, submit
 from tests.proxy.test_pipelines import body, call, parse_model, pipeline, post
@@ -182,9 +185,13 @@ async def test_a_sink_that_never_answers_holds_no_request(
     assert written._value.get() == before[1]
 
 
-def test_a_sink_that_is_neither_a_file_nor_http_is_named_at_start() -> None:
-    with pytest.raises(ValidationError, match="'redis://x' is neither a file"):
-        ProxySettings(prediction_log="redis://x")
+def test_a_sink_that_is_neither_a_file_nor_http_nor_redis_is_named_at_start() -> None:
+    with pytest.raises(ValidationError, match="'kafka://x' is neither a file"):
+        ProxySettings(prediction_log="kafka://x")
+    with pytest.raises(ValidationError, match="maxlen must be a whole number above 0"):
+        ProxySettings(prediction_log="redis://127.0.0.1:6379/0?maxlen=ten")
+    with pytest.raises(ValidationError, match="names an empty stream"):
+        ProxySettings(prediction_log="redis://127.0.0.1:6379/0?stream=")
     with pytest.raises(ValidationError, match="names no absolute path"):
         ProxySettings(prediction_log="file://relative/p.jsonl")
 
@@ -229,3 +236,71 @@ async def test_a_jobs_run_is_recorded_under_its_attempts_id(
     [record] = _records(path)
     assert record["id"] == f"job-{done['id']}-1" == done["result"]["id"]
     assert record["result"] == done["result"]["result"] == {"y": [4.0]}
+
+
+async def test_records_are_added_to_a_redis_stream_trimmed_to_its_length(
+    servers, make_client, redis_db
+) -> None:
+    """Each record one entry of the stream the URL names (the rest of the URL is Redis's
+    own), its fields what a consumer filters on and the record's JSON; the stream kept near
+    `maxlen` entries however many come."""
+    pipes, env = await _pipelines(servers)
+    store = redis.Redis.from_url(redis_db.url)
+    stream = f"predictions-{uuid.uuid4().hex}"
+    url = f"{redis_db.url}?stream={stream}&maxlen=20&socket_keepalive=true"
+    async with make_client(pipes, env, prediction_log=url) as client:
+        first = await post(client, "p", body(1), **{"X-Request-Id": "streamed"})
+        refused = await post(client, "refused", body(2))
+        more = await asyncio.gather(*(post(client, "p", body(i)) for i in range(300)))
+    assert [first.status_code, refused.status_code] == [200, 400]
+    assert {a.status_code for a in more} == {200}
+    [(_, fields)] = store.xrange(stream, count=1)  # the oldest kept: trimmed by now
+    assert set(fields) == {b"id", b"pipeline", b"time", b"record"}
+    entries = store.xrange(stream)
+    assert 20 <= len(entries) < 302  # trimmed (about: by whole nodes of entries)
+    records = [json.loads(f[b"record"]) for _, f in entries]
+    assert all(json.loads(f[b"record"])["id"] == f[b"id"].decode() for _, f in entries)
+    assert {r["id"] for r in records} <= {a.headers["X-Request-Id"] for a in more}
+    assert {r["result"]["y"][0] for r in records} <= {i + 1.0 for i in range(300)}
+    store.delete(stream)
+    store.close()
+
+
+async def test_a_redis_stream_gone_fails_records_not_requests(
+    servers, make_client, tmp_path: Path
+) -> None:
+    """Redis stopped under a logging proxy: every request is still answered, the records
+    sent meanwhile are counted failed, and the ones after Redis is back are written."""
+    own = redis_or_skip(tmp_path)
+    pipes, env = await _pipelines(servers)
+    failed, written = (predictions.RECORDS.labels(o) for o in ("failed", "written"))
+    stream = "mesh:predictions"  # the default
+    store = redis.Redis.from_url(own.url)
+    try:
+        async with make_client(pipes, env, prediction_log=own.url) as client:
+            before = await post(client, "p", body(1), **{"X-Request-Id": "before"})
+            await _until(lambda: store.xlen(stream) == 1)
+            own.stop()
+            lost_before = failed._value.get()
+            gone = [await post(client, "p", body(2 + i)) for i in range(5)]
+            await _until(lambda: failed._value.get() - lost_before == 5)
+            own.restart()
+            kept_before = written._value.get()
+            back = await post(client, "p", body(9), **{"X-Request-Id": "after"})
+            await _until(lambda: written._value.get() > kept_before)
+        ids = [f[b"id"] for _, f in store.xrange(stream)]
+    finally:
+        store.close()
+        own.stop()
+    assert [a.status_code for a in (before, *gone, back)] == [200] * 7
+    assert failed._value.get() - lost_before == 5
+    assert b"after" in ids  # a fresh connection once Redis is back
+
+
+async def _until(done, seconds: float = 10.0) -> None:
+    """Until `done()` (records are written in the background, after their answers)."""
+    for _ in range(int(seconds / 0.02)):
+        if done():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"not within {seconds} s")
