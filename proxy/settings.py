@@ -119,7 +119,7 @@ class ProxySettings(BaseSettings):
     answer, its steps and the model that answered each. A file (`/var/log/mesh/predictions.jsonl`
     or `file:///...`), rotated at `prediction_log_file_mb`; an HTTP receiver (`http://`,
     `https://`) taking each record as a CloudEvent, as KServe's logger sends them; or a Redis
-    stream (`redis://host:6379/0?stream=mesh:predictions&maxlen=1000000`, both optional), an
+    stream (`redis://host:6379/0?stream=mesh:predictions&maxlen=100000`, both optional), an
     entry a record, trimmed to about `maxlen`. Empty: off."""
     prediction_log_percent: float = Field(default=100.0, gt=0, le=100)
     """The share of requests the prediction log records, chosen at random."""

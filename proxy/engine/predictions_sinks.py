@@ -9,7 +9,7 @@
   events: a Knative broker, a collector's HTTP source, any web service. A record the receiver
   does not accept (not 2xx, refused, no answer within `TIMEOUT_S`) is counted as failed,
   never retried;
-- a Redis stream (`redis://host:6379/0?stream=mesh:predictions&maxlen=1000000`, or
+- a Redis stream (`redis://host:6379/0?stream=mesh:predictions&maxlen=100000`, or
   `rediss://`): each record one entry (`XADD`, fields `id`, `pipeline`, `time` and `record`,
   the JSON), a batch in one round trip, the stream trimmed to about `maxlen` entries. Any
   number of consumers read it (`XREAD`, or `XREADGROUP` for a group sharing the work), each
@@ -47,7 +47,7 @@ WARN_EVERY_S = 60.0
 CLOUDEVENT_TYPE = "io.inference-mesh.prediction"
 STREAM = "mesh:predictions"
 """A Redis sink's stream unless its URL names one (`?stream=`)."""
-MAXLEN = 1_000_000
+MAXLEN = 100_000
 """A Redis sink's stream is trimmed to about this many entries unless its URL says
 (`?maxlen=`): a consumer that stops never fills Redis's memory."""
 
