@@ -198,12 +198,11 @@ async def test_a_partial_answer_is_not_counted_as_refused(servers, make_client) 
     assert unadmitted._value.get() == before
 
 
-async def test_a_canarys_answers_are_not_kept_the_live_models_are(servers, make_client) -> None:
-    """Half the calls go to a canary (another model): a request it answered is computed
-    again when its input comes again, so a repeat under an id of the live model's share gets
-    the live model's answer, never the canary's from the cache; the live model's answers are
-    kept as ever."""
-    live, candidate = affine("plus1", 1, 1), affine("plus1", 1, 100)
+async def _half_canary(
+    servers, live: ScriptedModel, candidate: ScriptedModel
+) -> tuple[dict[str, str], list[str], list[str]]:
+    """Step `a`'s model with `candidate` as its canary at 50%: the endpoints, then two request
+    ids the canary takes and two it leaves to the live model (by the canary's own rule)."""
     env = {
         "PARSE_URL": await servers(parse_model()),
         "MODELS_URL": await servers(live),
@@ -212,8 +211,18 @@ async def test_a_canarys_answers_are_not_kept_the_live_models_are(servers, make_
     }
     chooser = Canary(Target("MODELS_URL_CANARY", "127.0.0.1:1", "plus1"), 50)
     ids = [f"r-{i}" for i in range(40)]
-    canary_id = next(i for i in ids if chooser.takes(i, "a"))
-    live_id = next(i for i in ids if not chooser.takes(i, "a"))
+    canary_ids = [i for i in ids if chooser.takes(i, "a")][:2]
+    live_ids = [i for i in ids if not chooser.takes(i, "a")][:2]
+    return env, canary_ids, live_ids
+
+
+async def test_a_canarys_answers_are_not_kept_the_live_models_are(servers, make_client) -> None:
+    """Half the calls go to a canary (another model): a request it answered is computed
+    again when its input comes again, so a repeat under an id of the live model's share gets
+    the live model's answer, never the canary's from the cache; the live model's answers are
+    kept as ever."""
+    live, candidate = affine("plus1", 1, 1), affine("plus1", 1, 100)
+    env, (canary_id, _), (live_id, _) = await _half_canary(servers, live, candidate)
     async with make_client(cached(), env) as client:
         by_canary = [await post(client, "p", body(2), **{"X-Request-Id": canary_id})]
         by_canary.append(await post(client, "p", body(2), **{"X-Request-Id": canary_id}))
@@ -232,16 +241,7 @@ async def test_identical_requests_in_flight_share_a_run_only_with_ids_that_chose
     two of the live model's: each gets the answer of the model its id chose (one run for
     each share), never the other share's from the shared computation."""
     live, candidate = affine("plus1", 1, 1, delay_s=0.3), affine("plus1", 1, 100, delay_s=0.3)
-    env = {
-        "PARSE_URL": await servers(parse_model()),
-        "MODELS_URL": await servers(live),
-        "MODELS_URL_CANARY": await servers(candidate),
-        "MODELS_URL_CANARY_PERCENT": "50",
-    }
-    chooser = Canary(Target("MODELS_URL_CANARY", "127.0.0.1:1", "plus1"), 50)
-    ids = [f"r-{i}" for i in range(40)]
-    canary_ids = [i for i in ids if chooser.takes(i, "a")][:2]
-    live_ids = [i for i in ids if not chooser.takes(i, "a")][:2]
+    env, canary_ids, live_ids = await _half_canary(servers, live, candidate)
     order = [canary_ids[0], live_ids[0], canary_ids[1], live_ids[1]]
     async with make_client(cached(), env) as client:
         answers = await asyncio.gather(
