@@ -45,6 +45,12 @@ LINGER_S = 0.05
 lock, one system call) for every record that came meanwhile, not one each."""
 CLOSE_S = 5.0
 """On shutdown, how long the records still queued may take to be written."""
+OFF_LOOP_BYTES = 1 << 20
+"""Inputs of more bytes than this are described (hashed, and encoded when kept) in a worker
+thread: a 20 MiB upload's SHA-256 takes ~15 ms, which on the loop would hold every request."""
+LISTED = 64
+"""A BYTES tensor of up to this many elements is described element by element; a larger one
+as a whole, by its v2 contents (5 million elements hashed one by one took seconds)."""
 
 RECORDS = Counter(
     "proxy_prediction_log_records_total",
@@ -73,6 +79,8 @@ class PredictionLog:
         self._queue: asyncio.Queue[Line | None] = asyncio.Queue()  # None: stop
         self._bytes = 0
         self._writer: asyncio.Task[None] | None = None
+        self._describing: set[asyncio.Task[None]] = set()
+        """Records whose large inputs are being described in a thread."""
         for outcome in ("written", "dropped", "failed"):  # at 0 from the first scrape on
             RECORDS.labels(outcome)
 
@@ -80,7 +88,8 @@ class PredictionLog:
         """A request that ended; returns at once."""
         if self._percent < 100 and random.random() * 100 >= self._percent:
             return
-        if self._queue.qsize() >= MAX_QUEUED or self._bytes >= MAX_QUEUED_BYTES:
+        waiting = self._queue.qsize() + len(self._describing)
+        if waiting >= MAX_QUEUED or self._bytes >= MAX_QUEUED_BYTES:
             RECORDS.labels("dropped").inc()
             return
         latency = ms(time.perf_counter() - ended.opened)
@@ -89,8 +98,38 @@ class PredictionLog:
         asyncio.get_running_loop().call_soon(self._made, ended, time.time(), latency)
 
     def _made(self, ended: Ended, at: float, latency_ms: float) -> None:
+        inputs = ended.inputs or {}
+        held = _held(inputs)
+        if held is None:
+            self._queued(ended, at, latency_ms, None)
+            return
+        task = asyncio.get_running_loop().create_task(self._described(ended, at, latency_ms, held))
+        self._describing.add(task)
+        task.add_done_callback(self._describing.discard)
+
+    async def _described(self, ended: Ended, at: float, latency_ms: float, held: int) -> None:
+        """The record of large inputs, described in a thread; their bytes count against the
+        bound meanwhile."""
+        self._bytes += held
         try:
-            line = self.record(ended, at, latency_ms)
+            described = await asyncio.to_thread(self._inputs, ended.inputs or {})
+        except Exception as exc:
+            described = exc
+        finally:
+            self._bytes -= held
+        self._queued(ended, at, latency_ms, described)
+
+    def _queued(
+        self,
+        ended: Ended,
+        at: float,
+        latency_ms: float,
+        described: dict[str, dict] | Exception | None,
+    ) -> None:
+        try:
+            if isinstance(described, Exception):
+                raise described
+            line = self.record(ended, at, latency_ms, described)
         except Exception as exc:  # a record that cannot be made never stops the log
             RECORDS.labels("failed").inc()
             log.warning("prediction record failed", extra={"fields": {"error": repr(exc)}})
@@ -121,8 +160,15 @@ class PredictionLog:
             if written < len(lines):
                 RECORDS.labels("failed").inc(len(lines) - written)
 
-    def record(self, ended: Ended, at: float, latency_ms: float) -> Line:
-        """One request as a JSON line (`at`: time.time() when it ended)."""
+    def record(
+        self,
+        ended: Ended,
+        at: float,
+        latency_ms: float,
+        described: dict[str, dict] | None = None,
+    ) -> Line:
+        """One request as a JSON line (`at`: time.time() when it ended; `described`: its
+        inputs', when already made)."""
         run = ended.run
         answered = ended.status == "200" and run is not None
         record = {
@@ -131,7 +177,7 @@ class PredictionLog:
             "time": _iso(at - latency_ms / 1000),
             "status": int(ended.status),
             "latency_ms": latency_ms,
-            "inputs": self._inputs(ended.inputs or {}),
+            "inputs": self._inputs(ended.inputs or {}) if described is None else described,
             "result": self._render(run) if answered else None,  # type: ignore[arg-type]
             "partial": run.partial if answered else None,  # type: ignore[union-attr]
             "cache": None if run is None else run.cache,
@@ -142,13 +188,15 @@ class PredictionLog:
 
     def _inputs(self, inputs: dict[str, np.ndarray]) -> dict[str, dict]:
         """Each input's datatype and shape; its size, SHA-256 and (asked for, small enough)
-        bytes: a BYTES tensor's element by element, as lists (an upload is one element: its
-        digest is the file's, as `sha256sum` gives it), any other's over its v2 contents."""
+        bytes: a BYTES tensor's of up to LISTED elements element by element, as lists (an
+        upload is one element: its digest is the file's, as `sha256sum` gives it), any
+        other's over its v2 contents (a BYTES one's: each element's 4-byte length, then its
+        bytes)."""
         out = {}
         for name, array in inputs.items():
             datatype = codec.datatype_of(array)
             described: dict = {"datatype": datatype, "shape": list(array.shape)}
-            if datatype == "BYTES":
+            if datatype == "BYTES" and array.size <= LISTED:
                 elements = [v if isinstance(v, bytes) else str(v).encode() for v in array.flat]
                 described["bytes"] = [len(e) for e in elements]
                 described["sha256"] = [hashlib.sha256(e).hexdigest() for e in elements]
@@ -158,7 +206,7 @@ class PredictionLog:
                 described["bytes"] = size = len(raw)
                 described["sha256"] = hashlib.sha256(raw).hexdigest()
             if self._with_inputs and size <= self._max_input_bytes:
-                if datatype == "BYTES":
+                if isinstance(described["sha256"], list):
                     described["data_base64"] = [base64.b64encode(e).decode() for e in elements]
                 else:
                     described["data_base64"] = base64.b64encode(raw).decode()
@@ -168,6 +216,11 @@ class PredictionLog:
     async def close(self) -> None:
         """Write what is queued (for up to CLOSE_S; what is left then is dropped), then stop."""
         await asyncio.sleep(0)  # the records made at this turn (Engine.ticket's last ones)
+        if self._describing:
+            _, late = await asyncio.wait(set(self._describing), timeout=CLOSE_S)
+            for task in late:
+                task.cancel()
+            RECORDS.labels("dropped").inc(len(late))
         writer = self._writer
         if writer is not None:
             self._queue.put_nowait(None)
@@ -192,3 +245,17 @@ def _step(step: StepStatus) -> dict:
 def _iso(seconds: float) -> str:
     moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _held(inputs: dict[str, np.ndarray]) -> int | None:
+    """The bytes of `inputs` when they are to be described off the loop (over OFF_LOOP_BYTES,
+    or a BYTES tensor of more than LISTED elements); None: on the loop, at once."""
+    size = 0
+    for array in inputs.values():
+        if array.dtype != object:
+            size += array.nbytes
+        elif array.size > LISTED:  # off the loop whatever its bytes: counting them is a loop
+            return size + 4 * array.size  # its length prefixes, at least
+        else:
+            size += sum(len(v) if isinstance(v, bytes | str) else 8 for v in array.flat)
+    return size if size > OFF_LOOP_BYTES else None

@@ -8,20 +8,25 @@ import asyncio
 import base64
 import hashlib
 import json
+import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import numpy as np
 import pytest
 import redis
 from pydantic import ValidationError
 
+from protos import codec
 from protos.errors import InvalidInput
 from proxy.engine import predictions
 from proxy.engine.predictions_sinks import FileSink, Line
+from proxy.engine.run import Ended
 from proxy.settings import ProxySettings
 from tests.conftest import redis_or_skip
 from tests.proxy.scripted import ScriptedModel, affine
@@ -304,3 +309,52 @@ async def _until(done, seconds: float = 10.0) -> None:
             return
         await asyncio.sleep(0.02)
     raise AssertionError(f"not within {seconds} s")
+
+
+def _ended(inputs: dict[str, np.ndarray]) -> Ended:
+    """A request refused with 400 after its inputs were read: a record of its inputs."""
+    return Ended("p", "req-1", "400", time.perf_counter(), [], None, inputs)
+
+
+def _bytes_tensor(elements: list[bytes]) -> np.ndarray:
+    array = np.empty(len(elements), dtype=object)
+    array[:] = elements
+    return array
+
+
+async def test_large_inputs_are_described_off_the_loop_many_elements_as_a_whole(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A 2 MiB upload and a BYTES tensor of 5,000 elements are hashed in a worker thread,
+    the latter over its v2 contents as a whole; a small upload on the loop, element by
+    element. Each record's digests are those of what was sent."""
+    threads: list[str] = []
+    describe = predictions.PredictionLog._inputs
+
+    def watched(self, inputs):
+        threads.append(threading.current_thread().name)
+        return describe(self, inputs)
+
+    monkeypatch.setattr(predictions.PredictionLog, "_inputs", watched)
+    path = tmp_path / "p.jsonl"
+    log = predictions.PredictionLog(FileSink(path, 1 << 30), lambda run: None, with_inputs=True)
+    big, small = os.urandom(2 << 20), b"small"
+    many = [f"word {i}".encode() for i in range(5000)]
+    for inputs in ({"image": _bytes_tensor([big])}, {"words": _bytes_tensor(many)}):
+        log.add(_ended(inputs))
+    log.add(_ended({"image": _bytes_tensor([small])}))
+    await log.close()
+    assert threads[0] == threading.main_thread().name  # the small one, made at once
+    assert all(t != threading.main_thread().name for t in threads[1:]) and len(threads) == 3
+    records = [r["inputs"] for r in _records(path)]
+    assert len(records) == 3
+    uploads = {r["image"]["bytes"][0]: r["image"] for r in records if "image" in r}
+    assert uploads[len(small)]["sha256"] == [hashlib.sha256(small).hexdigest()]
+    assert base64.b64decode(uploads[len(small)]["data_base64"][0]) == small
+    raw = codec.to_raw_view(_bytes_tensor(many))[1]
+    [words] = [r["words"] for r in records if "words" in r]
+    assert (words["sha256"], words["bytes"]) == (hashlib.sha256(raw).hexdigest(), len(raw))
+    assert base64.b64decode(words["data_base64"]) == raw
+    upload = uploads[len(big)]
+    assert upload["sha256"] == [hashlib.sha256(big).hexdigest()]
+    assert "data_base64" not in upload  # over PROXY_PREDICTION_LOG_INPUTS_KB: its digest only
