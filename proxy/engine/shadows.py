@@ -118,6 +118,8 @@ class Shadows:
         size = sum(a.nbytes for a in feeds.values())
         if len(self._tasks) >= self._max_in_flight or self._bytes + size > self._max_bytes:
             CALLS.labels(pipeline, label, "skipped").inc()
+            if tracing.ENABLED and (step := tracing.current()) is not None:
+                step.set_attribute("mesh.shadow.outcome", "skipped")  # no copy, so no span
             return
         # The live call's, to the shadow, never retried (a Call is a small frozen record).
         spec = dataclasses.replace(live, label=f"{label} (shadow)", target=shadow.target, retries=0)

@@ -15,6 +15,7 @@ from bench.mesh import free_port
 from proxy.engine import plan
 from proxy.engine.canaries import Canary
 from proxy.engine.shadows import CALLS, Shadow, Shadows, compare
+from proxy.engine.step_spans import step_span
 from proxy.errors import DefinitionError, StepError
 from proxy.transport.calls import Call
 from proxy.transport.target import Target
@@ -170,6 +171,24 @@ def test_a_canary_takes_its_share_by_request_id_the_same_on_every_try() -> None:
     assert 0.04 < both < 0.085
     everything = Canary(canary.target, 100)
     assert all(everything.takes(i, "s") for i in ids[:100])
+
+
+def test_a_skipped_copy_is_told_on_its_steps_span(monkeypatch) -> None:
+    spans = _traced(monkeypatch)
+
+    async def scenario() -> None:
+        calls = _HeldCalls()
+        shadows = Shadows(calls, max_in_flight=0, max_bytes=1 << 20)  # type: ignore[arg-type]
+        target = Target("X_URL_SHADOW", "127.0.0.1:1", "m")
+        live = Call("a", Target("X_URL", "127.0.0.1:2", "m"), (), None, 1)
+        with step_span("a", live.target):
+            feeds = {"x": np.zeros(8, np.float32)}
+            shadows.copy("p", "a", Shadow(target, 100), live, feeds, {}, 1, "r")
+        assert calls.sent == 0
+
+    asyncio.run(scenario())
+    [step] = spans
+    assert (step.attributes or {})["mesh.shadow.outcome"] == "skipped"
 
 
 async def test_a_shadows_copy_is_traced_under_its_step(servers, make_client, monkeypatch) -> None:
