@@ -47,7 +47,7 @@ def test_a_queue_the_user_names_is_kept() -> None:
     assert services["proxy"].env["PROXY_JOBS_URL"] == "redis://queue.internal:6379/2"
 
 
-def test_the_api_key_and_the_callbacks_settings_reach_the_proxy_when_set() -> None:
+def test_the_api_key_callbacks_cors_and_prediction_log_reach_the_proxy_when_set() -> None:
     """Set before `./mesh up` / `docker compose up`: guarded and signed without editing the
     compose file (each was a setting compose never passed); unset, empty: off."""
     environ = {
@@ -55,11 +55,20 @@ def test_the_api_key_and_the_callbacks_settings_reach_the_proxy_when_set() -> No
         "PROXY_JOBS_CALLBACK_HOSTS": "hooks.internal:8443",
         "PROXY_JOBS_CALLBACK_SECRET": "s3cret",
         "PROXY_CORS_ORIGINS": "https://app.example.com",
+        "PROXY_PREDICTION_LOG": "https://collector.internal/events",
     }
     env = load([DEFAULT_FILE], environ=environ)["proxy"].env
     assert {name: env[name] for name in environ} == environ
     unset = load([DEFAULT_FILE], environ={})["proxy"].env
-    assert [unset[name] for name in environ] == ["", "", "", ""]
+    assert [unset[name] for name in environ] == [""] * len(environ)
+
+
+def test_a_prediction_log_in_the_stacks_redis_reaches_it_under_mesh_up() -> None:
+    """The compose file's example, `redis://redis:6380/0`, is the local Redis under
+    `./mesh up` (service names are 127.0.0.1 there), as the jobs' queue is."""
+    environ = {"PROXY_PREDICTION_LOG": "redis://redis:6380/0?maxlen=1000"}
+    env = load([DEFAULT_FILE], environ=environ)["proxy"].env
+    assert env["PROXY_PREDICTION_LOG"] == "redis://127.0.0.1:6380/0?maxlen=1000"
 
 
 def test_the_banner_names_every_port_and_commands_that_run_as_printed(tmp_path: Path) -> None:
