@@ -77,7 +77,7 @@ class ProxyState:
             inputs_bytes = settings.prediction_log_inputs_kb << 10
             engine.predictions = PredictionLog(
                 sink, engine.result, settings.prediction_log_percent,
-                settings.prediction_log_inputs, inputs_bytes,
+                settings.prediction_log_inputs, inputs_bytes, catalog.digest,
             )  # fmt: skip
         jobs = Jobs(engine, _jobs_config(settings))
         return cls(settings, engine, channels, services, catalog, settings.upload_limits(), jobs)

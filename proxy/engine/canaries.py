@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from protos.metric_types import Histogram
 from proxy.transport.target import Target
+
+if TYPE_CHECKING:
+    from proxy.engine.plan import Plan
 
 STEP_LATENCY = Histogram(
     "proxy_canary_step_duration_seconds",
@@ -45,10 +49,20 @@ class Canary:
         return spot < self.percent * 100
 
 
-def chosen(canaries: dict[str, Canary], request_id: str) -> bytes:
-    """The steps whose canary this request's id takes, as a suffix for its inference-cache
-    key (b"": none, the key is the live models'). A request sent to a canary then neither
-    finds the live models' answers nor shares a computation with an identical request whose
-    id chose otherwise: each gets the model its id chose."""
+def by_choice(key: bytes | None, canaries: dict[str, Canary], request_id: str) -> bytes | None:
+    """A request's inference-cache key with the steps whose canary its id takes (unchanged:
+    none, the key is the live models'). A request sent to a canary then neither finds the
+    live models' answers nor shares a computation with an identical request whose id chose
+    otherwise: each gets the model its id chose."""
+    if key is None or not canaries:
+        return key
     taken = [label for label, canary in canaries.items() if canary.takes(request_id, label)]
-    return b"" if not taken else b"\0canary\0" + "\0".join(sorted(taken)).encode()
+    return key if not taken else key + b"\0canary\0" + "\0".join(sorted(taken)).encode()
+
+
+def answered_by(plan: Plan, label: str, variant: str | None) -> Target | None:
+    """The target whose answer call `label` gave: its canary's where `variant` says the
+    canary answered it, else the step's own (None: not a call)."""
+    if variant == "canary" and (canary := plan.canaries.get(label)) is not None:
+        return canary.target
+    return plan.targets.get(label)

@@ -29,8 +29,11 @@ import orjson
 
 from protos import codec
 from protos.metric_types import Counter
+from proxy.engine.canaries import answered_by
+from proxy.engine.plan import Plan
 from proxy.engine.predictions_sinks import Line, Sink
 from proxy.engine.run import Ended, Run, StepStatus, ms
+from proxy.transport.target import Target
 
 log = logging.getLogger("proxy.predictions")
 
@@ -70,12 +73,15 @@ class PredictionLog:
         percent: float = 100.0,
         with_inputs: bool = False,
         max_input_bytes: int = 1 << 20,
+        digest: Callable[[Target], str | None] = lambda target: None,
     ) -> None:
         self._sink = sink
         self._render = render
         self._percent = percent
         self._with_inputs = with_inputs
         self._max_input_bytes = max_input_bytes
+        self._digest = digest
+        """A model's SHA-256 as its service reports it (None: not reported, or not known)."""
         self._queue: asyncio.Queue[Line | None] = asyncio.Queue()  # None: stop
         self._bytes = 0
         self._writer: asyncio.Task[None] | None = None
@@ -181,7 +187,7 @@ class PredictionLog:
             "result": self._render(run) if answered else None,  # type: ignore[arg-type]
             "partial": run.partial if answered else None,  # type: ignore[union-attr]
             "cache": None if run is None else run.cache,
-            "steps": [_step(s) for s in ended.steps],
+            "steps": [self._step(s, ended.plan) for s in ended.steps],
         }
         line = orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
         return Line(ended.request_id, ended.pipeline, record["time"], line)
@@ -213,6 +219,27 @@ class PredictionLog:
             out[name] = described
         return out
 
+    def _step(self, step: StepStatus, plan: Plan | None) -> dict:
+        """A step's status, and for a call the model that answered it: its name, the version
+        asked for (if any), and the SHA-256 of its files as its service reports it
+        (`mesh.sha256` in its configuration's parameters, as last known), which tells a
+        model replaced in place apart."""
+        out: dict = {"name": step.name, "status": step.status, "latency_ms": step.latency_ms}
+        if step.error is not None:
+            out["error"] = step.error
+        if step.variant is not None:
+            out["variant"] = step.variant
+        if step.cache is not None:
+            out["cache"] = step.cache
+        target = None if plan is None else answered_by(plan, step.name, step.variant)
+        if target is not None:
+            out["model"] = target.model
+            if target.version:
+                out["model_version"] = target.version
+            if (digest := self._digest(target)) is not None:
+                out["model_sha256"] = digest
+        return out
+
     async def close(self) -> None:
         """Write what is queued (for up to CLOSE_S; what is left then is dropped), then stop."""
         await asyncio.sleep(0)  # the records made at this turn (Engine.ticket's last ones)
@@ -229,17 +256,6 @@ class PredictionLog:
             except TimeoutError:
                 RECORDS.labels("dropped").inc(self._queue.qsize())
         await self._sink.close()
-
-
-def _step(step: StepStatus) -> dict:
-    out: dict = {"name": step.name, "status": step.status, "latency_ms": step.latency_ms}
-    if step.error is not None:
-        out["error"] = step.error
-    if step.variant is not None:
-        out["variant"] = step.variant
-    if step.cache is not None:
-        out["cache"] = step.cache
-    return out
 
 
 def _iso(seconds: float) -> str:

@@ -125,3 +125,5 @@ class Ended:
     """Its run, once it had one that answered."""
     inputs: dict[str, np.ndarray] | None = None
     """Its tensors, once read."""
+    plan: Plan | None = None
+    """Its pipeline's plan: which model each step called."""

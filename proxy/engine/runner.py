@@ -32,7 +32,7 @@ from proxy.engine.admission import Admission
 from proxy.engine.cache.answers import Answers
 from proxy.engine.cache.caches import Caches
 from proxy.engine.cache.keys import pipeline_key, pipeline_key_now
-from proxy.engine.canaries import chosen
+from proxy.engine.canaries import by_choice
 from proxy.engine.executor import Executor
 from proxy.engine.ledger import Ledger
 from proxy.engine.pixels import counted
@@ -148,7 +148,9 @@ class Engine:
         finally:
             if self.recent is not None or self.predictions is not None:
                 if ticket is None:  # refused before it had one
-                    ended = Ended(plan.name, REQUEST_ID.get(), outcome.status, opened, [])
+                    ended = Ended(
+                        plan.name, REQUEST_ID.get(), outcome.status, opened, [], plan=plan
+                    )
                 else:
                     ended = ticket.ended(outcome.status)
                 if self.recent is not None:
@@ -180,8 +182,9 @@ class Ticket:
         """The request, ended with HTTP `status`."""
         request_id = self.request_id or REQUEST_ID.get()
         return Ended(
-            self.plan.name, request_id, status, self.opened, self.steps, self.answered, self.inputs
-        )
+            self.plan.name, request_id, status, self.opened, self.steps, self.answered,
+            self.inputs, self.plan,
+        )  # fmt: skip
 
     async def run(self, body: bytes, request_id: str) -> Run:
         """The uploaded body through the pipeline, once its format is accepted and the
@@ -205,9 +208,8 @@ class Ticket:
         caches = self.engine.caches
         answers = None if caches is None else self._answers(caches)
         if answers is not None and self.background is None:
-            key = pipeline_key_now(plan, caches.prints, inputs)  # type: ignore[union-attr]
-            if key is not None and plan.canaries:
-                key += chosen(plan.canaries, request_id)
+            made = pipeline_key_now(plan, caches.prints, inputs)  # type: ignore[union-attr]
+            key = by_choice(made, plan.canaries, request_id)
             found = None if key is None else answers.hit_now(key)
             if found is not None:
                 self.request_id = request_id
@@ -269,13 +271,10 @@ class Ticket:
         if answers is None:
             return await compute()
         # A model whose service cannot say its version now: no key, uncached.
-        key = looked_up
-        if key is None:
-            key = await pipeline_key(self.plan, caches.prints, inputs)  # type: ignore[union-attr]
-            if key is None:
+        if (key := looked_up) is None:
+            made = await pipeline_key(self.plan, caches.prints, inputs)  # type: ignore[union-attr]
+            if (key := by_choice(made, self.plan.canaries, request_id)) is None:
                 return await compute()
-            if self.plan.canaries:
-                key += chosen(self.plan.canaries, request_id)
         run, how = await answers.answer(key, compute, self.deadline, looked_up is not None)
         if how == "miss":
             run.cache = "miss"

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import grpc
 
 from protos import pb
+from proxy.engine.canaries import answered_by
 from proxy.engine.definitions import CallingStep
 from proxy.engine.plan import Plan
 from proxy.engine.run import Run
@@ -178,9 +179,6 @@ class Wiring:
 
 
 def _answered_by(run: Run, label: str) -> Target | None:
-    """The target whose answer call `label` gave: its canary's where the call's status says
-    the canary answered it, else the step's own."""
-    canary = run.plan.canaries.get(label)
-    if canary is not None and any(s.name == label and s.variant == "canary" for s in run.steps):
-        return canary.target
-    return run.plan.targets.get(label)
+    """The target whose answer call `label` gave, by the variant its status names."""
+    canary = any(s.name == label and s.variant == "canary" for s in run.steps)
+    return answered_by(run.plan, label, "canary" if canary else None)

@@ -20,6 +20,8 @@ from grpc import aio
 from protos import pb
 from proxy.transport.fresh import Fresh
 from proxy.transport.services import Services
+from proxy.transport.target import Target
+from v2server.triton import DIGEST_PARAMETER
 
 Key = tuple[str, str, str]
 """(address, model, version)."""
@@ -76,6 +78,16 @@ class Catalog:
         the background when older than check_s (None: never known yet, asked now)."""
         held = self._entry((address, model, version)).last()
         return None if held is None else held[0]
+
+    def digest(self, target: Target) -> str | None:
+        """The SHA-256 of the model's files as its service reports it (`mesh.sha256` in its
+        configuration's parameters: our predictors and recipes do), as last known; None:
+        not reported, or not known yet (asked now, in the background)."""
+        described = self.last(target.address, target.model, target.version)
+        if described is None or described.config is None:
+            return None
+        parameter = described.config.parameters.get(DIGEST_PARAMETER)
+        return None if parameter is None else parameter.string_value or None
 
     def _entry(self, key: Key) -> Fresh[tuple[Described | None]]:
         fresh = self._fresh.get(key)

@@ -85,8 +85,18 @@ def test_a_canary_answers_its_share_of_requests_the_same_on_every_try(
         assert record["id"] == answer.headers["X-Request-Id"]
         assert record["result"] == answer.json()["result"]
         assert record["inputs"]["image"]["sha256"] == [hashlib.sha256(image).hexdigest()]
-    logged = [s["variant"] for r in records for s in r["steps"] if s["name"] == "ensemble/mlp"]
-    assert logged == every_call
+    logged = [s for r in records for s in r["steps"] if s["name"] == "ensemble/mlp"]
+    assert [s["variant"] for s in logged] == every_call
+    models = {"canary": "digits_logreg", "live": "digits_mlp"}
+    assert [s["model"] for s in logged] == [models[v] for v in every_call]
+    # Each model's files by their SHA-256, as its service reports it: one digest a model,
+    # the canary's the logistic regression's own (its branch's too), unlike the MLP's.
+    digests: dict[str, set[str]] = {}
+    for step in (s for r in records for s in r["steps"] if "model_sha256" in s):
+        digests.setdefault(step["model"], set()).add(step["model_sha256"])
+    assert set(digests) == {"digits_input", "digits_logreg", "digits_mlp", "digits_forest"}
+    assert all(len(d) == 1 for d in digests.values()), digests
+    assert digests["digits_logreg"] != digests["digits_mlp"]
 
 
 def test_a_canary_that_does_not_fit_or_is_gone_fails_only_its_own_share(mesh: Mesh) -> None:

@@ -86,6 +86,7 @@ async def test_every_request_is_recorded_with_its_inputs_answer_and_steps(
         assert (upload["datatype"], upload["shape"], upload["bytes"]) == ("BYTES", [1], [len(sent)])
         assert "data_base64" not in upload  # digests only, unless asked
         assert [s["name"] for s in record["steps"]] == ["parse", "a"]
+        assert [s["model"] for s in record["steps"]] == ["parse", "plus1"]  # the models called
         assert record["time"].endswith("Z") and record["latency_ms"] > 0
     refused = records[2]
     assert refused["result"] is None
