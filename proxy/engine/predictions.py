@@ -268,10 +268,7 @@ def _held(inputs: dict[str, np.ndarray]) -> int | None:
     or a BYTES tensor of more than LISTED elements); None: on the loop, at once."""
     size = 0
     for array in inputs.values():
-        if array.dtype != object:
-            size += array.nbytes
-        elif array.size > LISTED:  # off the loop whatever its bytes: counting them is a loop
+        if array.dtype == object and array.size > LISTED:  # counting its bytes is a loop
             return size + 4 * array.size  # its length prefixes, at least
-        else:
-            size += sum(len(v) if isinstance(v, bytes | str) else 8 for v in array.flat)
+        size += codec.content_bytes(array)
     return size if size > OFF_LOOP_BYTES else None
