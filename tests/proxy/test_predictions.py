@@ -30,6 +30,7 @@ from proxy.engine.run import Ended
 from proxy.settings import ProxySettings
 from tests.conftest import redis_or_skip
 from tests.proxy.scripted import ScriptedModel, affine
+from tests.proxy.test_job_workers import wait_for
 from tests.proxy.test_jobs import ended, submit
 from tests.proxy.test_pipelines import body, call, parse_model, pipeline, post
 
@@ -285,15 +286,16 @@ async def test_a_redis_stream_gone_fails_records_not_requests(
     try:
         async with make_client(pipes, env, prediction_log=own.url) as client:
             before = await post(client, "p", body(1), **{"X-Request-Id": "before"})
-            await _until(lambda: store.xlen(stream) == 1)
+            await wait_for(lambda: store.xlen(stream) == 1)  # written after the answer
+            assert store.xlen(stream) == 1
             own.stop()
             lost_before = failed._value.get()
             gone = [await post(client, "p", body(2 + i)) for i in range(5)]
-            await _until(lambda: failed._value.get() - lost_before == 5)
+            await wait_for(lambda: failed._value.get() - lost_before == 5)
             own.restart()
             kept_before = written._value.get()
             back = await post(client, "p", body(9), **{"X-Request-Id": "after"})
-            await _until(lambda: written._value.get() > kept_before)
+            await wait_for(lambda: written._value.get() > kept_before)
         ids = [f[b"id"] for _, f in store.xrange(stream)]
     finally:
         store.close()
@@ -301,15 +303,6 @@ async def test_a_redis_stream_gone_fails_records_not_requests(
     assert [a.status_code for a in (before, *gone, back)] == [200] * 7
     assert failed._value.get() - lost_before == 5
     assert b"after" in ids  # a fresh connection once Redis is back
-
-
-async def _until(done, seconds: float = 10.0) -> None:
-    """Until `done()` (records are written in the background, after their answers)."""
-    for _ in range(int(seconds / 0.02)):
-        if done():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"not within {seconds} s")
 
 
 def _ended(inputs: dict[str, np.ndarray]) -> Ended:
