@@ -14,6 +14,9 @@ S = TypeVar("S", bound=type[BaseSettings])
 B = TypeVar("B", bound=BaseSettings)
 
 _ENV_NOTE = re.compile(r"\s*\[env [A-Z0-9_]+\]$")
+_CREDENTIALS = re.compile(r"(?<=://)[^/?#@\s]+@")
+"""The `user:password@` of an address (`redis://:secret@host`), left out of what is printed:
+a start-up error's lines reach logs that others read."""
 
 
 def with_env_names(cls: S) -> S:
@@ -59,11 +62,15 @@ def settings_from(cls: type[B], argv: list[str], **kwargs: Any) -> B:
         prefix = str(cls.model_config.get("env_prefix", ""))
         for error in exc.errors():
             field = str(error["loc"][0]) if error["loc"] else ""
-            message = error["msg"].removeprefix("Value error, ")
+            message = _hidden(error["msg"].removeprefix("Value error, "))
             if not field:  # a check across settings: its message names them
                 print(f"invalid settings: {message}", file=sys.stderr)
                 continue
             flag, variable = f"--{field.replace('_', '-')}", (prefix + field).upper()
-            given = f" (given {error['input']!r})" if "input" in error else ""
+            given = f" (given {_hidden(repr(error['input']))})" if "input" in error else ""
             print(f"invalid setting {flag} ({variable}): {message}{given}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def _hidden(text: str) -> str:
+    return _CREDENTIALS.sub("***@", text)

@@ -157,6 +157,7 @@ class FileSink:
 class HttpSink:
     def __init__(self, url: str) -> None:
         self.url = url
+        self._shown = redis_client.shown(url)  # logged without a user:password@ it carries
         self._client = httpx.AsyncClient(timeout=TIMEOUT_S)
         self._room = asyncio.Semaphore(PARALLEL)
         self._warned = _Warned()
@@ -179,10 +180,10 @@ class HttpSink:
             try:
                 answer = await self._client.post(self.url, content=line.json, headers=headers)
             except httpx.HTTPError as exc:
-                self._warned.warn("prediction log not sent", url=self.url, error=repr(exc))
+                self._warned.warn("prediction log not sent", url=self._shown, error=repr(exc))
                 return False
         if not answer.is_success:
-            self._warned.warn("prediction log refused", url=self.url, status=answer.status_code)
+            self._warned.warn("prediction log refused", url=self._shown, status=answer.status_code)
             return False
         return True
 

@@ -63,6 +63,23 @@ def test_a_setting_that_does_not_fit_is_named_and_exits_2(
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    "value",
+    ["redis://mesh:s3cret@cache:6379/0?maxlen=lots", "amqp://mesh:s3cret@queue:5672/"],
+)
+def test_a_setting_that_does_not_fit_is_named_without_the_password_in_it(
+    capsys: pytest.CaptureFixture, value: str
+) -> None:
+    """Start-up errors reach logs others read: an address's password is not printed there
+    (pydantic's error carried the value as given)."""
+    with pytest.raises(SystemExit):
+        settings_from(ProxySettings, ["--prediction-log", value])
+    err = capsys.readouterr().err
+    assert "invalid setting --prediction-log (PROXY_PREDICTION_LOG)" in err, err
+    assert "s3cret" not in err and "mesh:" not in err, err
+    assert "***@" in err
+
+
 def test_settings_that_fit_are_read() -> None:
     settings = settings_from(
         PredictorSettings, ["--model-control-mode", "explicit", "--load-model", "*"]
