@@ -118,9 +118,16 @@ class FileSink:
         fcntl.flock(self._lock, fcntl.LOCK_EX)
         try:
             fd = self._current()
+            start = os.fstat(fd).st_size
             view = memoryview(blob)
-            while view:
-                view = view[os.write(fd, view) :]
+            try:
+                while view:
+                    view = view[os.write(fd, view) :]
+            except OSError:
+                # A write cut short (a full disk) left part of a line, which the next batch
+                # would have completed with another record's: one line no reader can parse.
+                os.ftruncate(fd, start)
+                raise
             if os.fstat(fd).st_size >= self._max_bytes:
                 self._rotate()
         finally:

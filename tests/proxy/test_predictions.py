@@ -10,6 +10,8 @@ import hashlib
 import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -229,6 +231,45 @@ def test_two_processes_rotating_one_file_lose_and_mix_no_line(tmp_path: Path) ->
     assert all(f.stat().st_size < 4096 + 100 for f in files)
     newest = {(w, 199) for w in (0, 1)}
     assert newest <= set(seen)
+
+
+_FULL_DISK = """
+import asyncio, json, resource, signal, sys
+from pathlib import Path
+from proxy.engine.predictions_sinks import FileSink, Line
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) instead
+path = Path(sys.argv[1])
+sink = FileSink(path, 1 << 30)
+
+def batch(first: int) -> list[Line]:
+    return [
+        Line(str(i), "p", "t", json.dumps({"i": i, "pad": "x" * 90}).encode() + b"\\n")
+        for i in range(first, first + 10)
+    ]
+
+written = [asyncio.run(sink.write(batch(0)))]
+resource.setrlimit(resource.RLIMIT_FSIZE, (path.stat().st_size + 500, resource.RLIM_INFINITY))
+written.append(asyncio.run(sink.write(batch(10))))  # ~1 KiB: cut off after ~500 bytes
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+written.append(asyncio.run(sink.write(batch(20))))
+print(json.dumps(written))
+"""
+
+
+def test_a_write_cut_short_by_a_full_disk_leaves_no_torn_line(tmp_path: Path) -> None:
+    """The file's size limit reached in the middle of a batch (as a full disk does): that
+    batch is not written, is counted as such, and leaves nothing of itself behind, so the
+    next batch's lines are whole (a torn line joined to the next record was unreadable)."""
+    path = tmp_path / "p.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-c", _FULL_DISK, str(path)],
+        capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2],
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [10, 0, 10]
+    records = [json.loads(line)["i"] for line in path.read_text().splitlines()]
+    assert records == [*range(10), *range(20, 30)]
 
 
 async def test_a_jobs_run_is_recorded_under_its_attempts_id(
