@@ -3,8 +3,11 @@ all-ours ensemble, in one run (rounds interleaved): MLServer and KServe's model 
 (bench/foreign/, from their own venvs made by `./mesh test` or `./mesh bench foreign`) each
 serve the digits MLP, our ONNX file in their runtime, under the name `digits`; a second
 proxy on the shipped mesh's services adds it as `PREDICTOR_DIGITS_FOREIGN_URL`, on the
-default transport. Reported: the share of requests answered 200 and the throughput, each
-against the all-ours ensemble's (three branches, the mesh's own proxy)."""
+default transport; and a third proxy the same, told the rows the foreign model takes
+(`PREDICTOR_DIGITS_FOREIGN_URL_MAX_BATCH_SIZE`, which neither server can report), so that it
+merges concurrent requests' calls to it. Reported: the share of requests answered 200 and
+the throughput, each against the all-ours ensemble's (three branches, the mesh's own
+proxy)."""
 
 from __future__ import annotations
 
@@ -22,13 +25,20 @@ from bench.httpload import post_bytes
 from bench.loadgen import Stats
 from bench.mesh import http_closed_loop, proxy_url, second_proxy, shipped_mesh
 
+DECLARED_BATCH = 64
+"""The rows a call that the `batch declared` rows tell the proxy the foreign model takes."""
+
 
 @contextlib.contextmanager
-def branch_proxy(env: dict[str, str], foreign: servers.Foreign) -> Iterator[str]:
-    """A second proxy on the mesh's services, with the foreign server as a fourth branch."""
-    with second_proxy(
-        {**env, "PREDICTOR_DIGITS_FOREIGN_URL": f"{foreign.address}/{servers.NAME}"}
-    ) as url:
+def branch_proxy(
+    env: dict[str, str], foreign: servers.Foreign, declared_batch: int | None = None
+) -> Iterator[str]:
+    """A second proxy on the mesh's services, with the foreign server as a fourth branch
+    (`declared_batch`: its PREDICTOR_DIGITS_FOREIGN_URL_MAX_BATCH_SIZE, so that the proxy
+    merges calls to it)."""
+    variable = "PREDICTOR_DIGITS_FOREIGN_URL"
+    extra = {} if declared_batch is None else {f"{variable}_MAX_BATCH_SIZE": str(declared_batch)}
+    with second_proxy({**env, variable: f"{foreign.address}/{servers.NAME}", **extra}) as url:
         yield url
 
 
@@ -59,6 +69,9 @@ def table(mesh, concurrency: list[int], rounds: int, duration: float) -> str:
             server = servers.start(kind, workdir / kind, servers.NAME, servers.ONNX)
             stack.callback(server.stop)
             urls[f"+ {kind} branch"] = stack.enter_context(branch_proxy(env, server))
+            urls[f"+ {kind} branch, batch declared"] = stack.enter_context(
+                branch_proxy(env, server, DECLARED_BATCH)
+            )
         path = "/v1/pipelines/digits/infer"
         runs: dict[tuple[str, int], list[Stats]] = {}
         for _ in range(rounds):

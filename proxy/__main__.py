@@ -55,6 +55,8 @@ def _check(settings: ProxySettings) -> int:
         print(f"{name}:")
         for label, target in each.targets.items():  # in the order the steps call
             print(f"  {label}: {_where(target)}")
+            if (rows := each.declared_batches.get(target)) is not None:
+                print(f"    up to {rows} rows a call, unless its server says otherwise")
             for kind, other, how in (
                 ("canary", each.canaries.get(label), "sent instead to"),
                 ("shadow", each.shadows.get(label), "copied to"),

@@ -64,7 +64,7 @@ class ProxyState:
             shed_late=settings.shed_late,
         )
         check_s, ask_s = settings.cache_check_ms / 1000, settings.ready_timeout_ms / 1000
-        services = Services(channels, refresh_s=check_s)
+        services = Services(channels, refresh_s=check_s, declared=_declared(plans))
         # Models' metadata for the caches' keys, the wiring check and the v2 door alike.
         catalog = Catalog(services, check_s, ask_s)
         caches = _caches(plans, catalog, settings)
@@ -81,6 +81,17 @@ class ProxyState:
             )  # fmt: skip
         jobs = Jobs(engine, _jobs_config(settings))
         return cls(settings, engine, channels, services, catalog, settings.upload_limits(), jobs)
+
+
+def _declared(plans: dict[str, plan.Plan]) -> dict[tuple[str, str, str], int]:
+    """Every model's declared batch size (`<VARIABLE>_MAX_BATCH_SIZE`), the smallest where
+    two variables point at one model."""
+    found: dict[tuple[str, str, str], int] = {}
+    for each in plans.values():
+        for target, rows in each.declared_batches.items():
+            key = (target.address, target.model, target.version)
+            found[key] = min(rows, found.get(key, rows))
+    return found
 
 
 def _caches(

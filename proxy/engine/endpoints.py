@@ -95,6 +95,29 @@ Neither suffix ends in `_URL`, so a parallel step's `branches_from` never takes 
 branch."""
 
 
+MAX_BATCH = "_MAX_BATCH_SIZE"
+"""`<VARIABLE>_MAX_BATCH_SIZE`: the rows the endpoint's model takes in one call, for a server
+that cannot say so itself (no ModelConfig: MLServer, KServe's model server), so that the
+proxy merges concurrent requests' calls to it and sends large requests in chunks of that
+many rows, as it does for a model whose server reports its max_batch_size. A server that
+reports one is taken at its word."""
+MAX_DECLARED_BATCH = 1 << 16
+
+
+def declared_batch(variable: str, environ: Mapping[str, str]) -> int | None:
+    """The rows `<variable>_MAX_BATCH_SIZE` declares, if it is set."""
+    named = variable + MAX_BATCH
+    text = environ.get(named, "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or not 0 < int(text) <= MAX_DECLARED_BATCH:
+        raise DefinitionError(
+            f"{named}={text!r}: expected the rows the model takes in one call, a whole number "
+            f"from 1 to {MAX_DECLARED_BATCH}"
+        )
+    return int(text)
+
+
 def alternate(
     variable: str, suffix: str, environ: Mapping[str, str], default_percent: float | None
 ) -> tuple[Endpoint, float] | None:

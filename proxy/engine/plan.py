@@ -76,6 +76,8 @@ class Plan:
         """Call step name, or `<parallel step>/<branch>`, -> target."""
         self.shadows: dict[str, Shadow] = {}
         """Call step name, or `<parallel step>/<branch>`, -> where a copy of its calls goes."""
+        self.declared_batches: dict[Target, int] = {}
+        """Target -> the rows its `<VARIABLE>_MAX_BATCH_SIZE` says its model takes."""
         self.canaries: dict[str, Canary] = {}
         """Call step name, or `<parallel step>/<branch>`, -> where a share of its calls goes
         instead."""
@@ -233,6 +235,13 @@ class Plan:
             self.shadows[label] = Shadow(*found)
         if found := _alternate(target, endpoints.CANARY, self._env, where, None):
             self.canaries[label] = Canary(*found)
+        for each in (target, *((found[0],) if found else ())):
+            try:
+                rows = endpoints.declared_batch(each.endpoint, self._env)
+            except DefinitionError as exc:
+                raise DefinitionError(f"{where}: {exc}") from None
+            if rows is not None:
+                self.declared_batches[each] = rows
 
     def _switch(self, step: SwitchStep, where: str) -> None:
         self._known.add(step.name)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 
 import grpc
 from grpc import aio
@@ -19,9 +20,17 @@ RECHECK_S = 0.1
 
 
 class Services:
-    def __init__(self, channels: Channels, refresh_s: float = float("inf")) -> None:
+    def __init__(
+        self,
+        channels: Channels,
+        refresh_s: float = float("inf"),
+        declared: Mapping[tuple[str, str, str], int] | None = None,
+    ) -> None:
         self.channels = channels
         self.refresh_s = refresh_s
+        self.declared = dict(declared or {})
+        """(address, model, version) -> the batch size its endpoint's variable declares
+        (`<VARIABLE>_MAX_BATCH_SIZE`), taken where the server cannot say one itself."""
         """How long a model's batch size is trusted before it is asked again (in the
         background: the calls go on with the one known meanwhile)."""
         self._batch_sizes: dict[tuple[str, str, str], tuple[int, float]] = {}
@@ -40,8 +49,9 @@ class Services:
     ) -> int:
         """The model's max_batch_size from its ModelConfig (Triton's RPC, which our
         services answer): > 0 means rows are independent and may be sent in chunks. 0
-        when it does not batch or the server cannot say (remembered; an unreachable
-        server is asked again next time, and `breaker` hears it did not answer).
+        when it does not batch, or the server cannot say and its endpoint declares none
+        (remembered; an unreachable server is asked again next time, and `breaker` hears it
+        did not answer).
 
         Asked again every `refresh_s` without anyone waiting, so that a model reloaded with
         another batch size is followed; `recheck`: ask now and wait (a call sent in rows
@@ -76,8 +86,9 @@ class Services:
                     return 0  # asked again next time
                 self._batch_sizes[key] = (known[0], time.monotonic())  # and in refresh_s
                 return known[0]
-            self._batch_sizes[key] = (0, time.monotonic())  # it cannot say (no ModelConfig)
-            return 0
+            size = self.declared.get(key, 0)  # it cannot say (no ModelConfig): as declared
+            self._batch_sizes[key] = (size, time.monotonic())
+            return size
         except BaseException:
             if breaker is not None:
                 breaker.forget(token)

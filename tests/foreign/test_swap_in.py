@@ -1,11 +1,14 @@
 """Any v2 server swaps in by one environment variable, on the default transport and on
 unary calls: MLServer and KServe's model server each serve the digits MLP (our ONNX file,
 their runtime) under the name `digits`, the name of a pipeline too, as a fourth branch of
-the `digits` ensemble. Every request is answered, every branch right."""
+the `digits` ensemble. Every request is answered, every branch right; told the rows the
+server's model takes (`<VARIABLE>_MAX_BATCH_SIZE`: neither can say it), the proxy merges
+concurrent requests' calls to it, and each member still gets its own answer."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 
 import httpx
 import numpy as np
@@ -19,7 +22,13 @@ from tests.conftest import Mesh
 from tests.e2e.test_digits import held_out, png
 from tests.report import report
 
-TRANSPORTS = {"streams": {}, "unary": {"PROXY_TRANSPORT": "unary", "PROXY_MERGE": "false"}}
+TRANSPORTS = {
+    "streams": {},
+    "unary": {"PROXY_TRANSPORT": "unary", "PROXY_MERGE": "false"},
+    # A server that cannot say its batch size (no ModelConfig), told by the variable: the
+    # proxy merges concurrent requests' calls to it.
+    "merged": {"PREDICTOR_DIGITS_FOREIGN_URL_MAX_BATCH_SIZE": "16"},
+}
 
 
 async def _ask(url: str, blobs: list[bytes], concurrency: int) -> list[httpx.Response]:
@@ -47,11 +56,17 @@ def test_a_foreign_server_is_a_branch_of_the_ensemble(
     with mesh.extra_proxy(27680, **env) as url:
         answers = asyncio.run(_ask(url, blobs, concurrency=8))
         again = asyncio.run(_ask(url, blobs[:20], concurrency=1))
+        rows, calls = _merged(url, "ensemble/foreign")
     statuses = [a.status_code for a in answers + again]
     report(
         f"swap-in: {foreign.kind} as a fourth digits branch ({transport}): "
-        f"{statuses.count(200)} of {len(statuses)} answered"
+        f"{statuses.count(200)} of {len(statuses)} answered; {rows:.0f} rows in {calls:.0f} "
+        "merged calls to it"
     )
+    if transport == "merged":
+        assert rows > calls, "no call to the foreign server carried more than one request"
+    else:  # it says no batch size: each request's call goes alone
+        assert calls == 0
     assert statuses == [200] * len(statuses), [a.text for a in answers if a.status_code != 200][:3]
     for answer in answers:
         members = answer.json()["result"]["members"]
@@ -63,6 +78,18 @@ def test_a_foreign_server_is_a_branch_of_the_ensemble(
         )
     predicted = [a.json()["result"]["label"] for a in answers]
     assert sum(p == y for p, y in zip(predicted, labels[:100], strict=True)) >= 90
+
+
+def _merged(url: str, step: str) -> tuple[float, float]:
+    """Requests' calls carried, and merged calls made, to `step` (the proxy's metrics)."""
+    text = httpx.get(f"{url}/metrics").text
+    found = {"sum": 0.0, "count": 0.0}
+    for kind in found:
+        match = re.search(
+            rf'^proxy_merged_call_members_{kind}{{step="{re.escape(step)}"}} (\S+)', text, re.M
+        )
+        found[kind] = float(match[1]) if match else 0.0
+    return found["sum"], found["count"]
 
 
 async def _first_contacts(address: str, rounds: int) -> list[str]:

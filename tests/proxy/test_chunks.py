@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
 import numpy as np
 import pytest
+from grpc import aio
 
 from protos import pb
 from proxy.errors import StepError
@@ -176,3 +178,24 @@ async def test_a_batch_size_is_asked_again_in_the_background() -> None:
     configs.size = 2
     await asyncio.sleep(RECHECK_S)
     assert await services.batch_size("a:1", "m", "", 1.0, recheck=True) == 2
+
+
+class _Unsaid:
+    """A server without Triton's ModelConfig (MLServer, KServe's model server)."""
+
+    async def unary(self, address, method, request, response_type, timeout):
+        raise aio.AioRpcError(
+            grpc.StatusCode.UNIMPLEMENTED, grpc.aio.Metadata(), grpc.aio.Metadata(), "no"
+        )
+
+
+async def test_a_declared_batch_size_stands_in_for_a_server_that_cannot_say() -> None:
+    """`<VARIABLE>_MAX_BATCH_SIZE` is taken where the server cannot say (0 without it: one
+    request's call at a time); a server that says is taken at its word."""
+    declared = {("a:1", "m", ""): 16, ("b:1", "m", ""): 16}
+    services = Services(_Unsaid(), declared=declared)  # type: ignore[arg-type]
+    assert await services.batch_size("a:1", "m", "", 1.0) == 16
+    assert await services.batch_size("a:1", "other", "", 1.0) == 0
+    assert await services.batch_size("a:1", "m", "2", 1.0) == 0  # another version
+    saying = Services(_Configs(), declared=declared)  # type: ignore[arg-type]
+    assert await saying.batch_size("b:1", "m", "", 1.0) == 4

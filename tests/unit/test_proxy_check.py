@@ -80,3 +80,25 @@ def test_a_problem_is_named_as_a_start_would_name_it(
     assert main(["--check", "true", "--pipelines", str(typo)]) == 2
     err = capsys.readouterr().err
     assert "pipeline 'digits', output 'label': reads 'ensemble.labl'" in err, err
+
+
+def test_a_declared_batch_size_is_listed_and_a_bad_one_named(
+    endpoints, monkeypatch, capsys
+) -> None:
+    """`<VARIABLE>_MAX_BATCH_SIZE`, for a server that cannot say its model's batch size (not
+    a branch of `branches_from`, though it starts with the prefix)."""
+    monkeypatch.setenv("PREDICTOR_DIGITS_FOREIGN_URL", "mlserver:8081/digits")
+    monkeypatch.setenv("PREDICTOR_DIGITS_FOREIGN_URL_MAX_BATCH_SIZE", "32")
+    assert main(["--check", "true", "--port", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    digits = out[out.index("digits:") + 1 : out.index("digits-partial:")]
+    assert digits[1:3] == [
+        "  ensemble/foreign: digits at mlserver:8081 (PREDICTOR_DIGITS_FOREIGN_URL)",
+        "    up to 32 rows a call, unless its server says otherwise",
+    ]
+    assert len(digits) == 5  # preprocess, foreign (two lines), logreg, mlp: no branch of its own
+    for bad in ("0", "many", "-4", "70000"):
+        monkeypatch.setenv("PREDICTOR_DIGITS_FOREIGN_URL_MAX_BATCH_SIZE", bad)
+        assert main(["--check", "true"]) == 2
+        err = capsys.readouterr().err
+        assert f"PREDICTOR_DIGITS_FOREIGN_URL_MAX_BATCH_SIZE={bad!r}: expected the rows" in err
