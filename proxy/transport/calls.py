@@ -26,7 +26,7 @@ from proxy.transport import chunks
 from proxy.transport.breaker import Breaker, Breakers
 from proxy.transport.channels import RETRYABLE, Channels, Infer
 from proxy.transport.failures import CallFailed
-from proxy.transport.members import Tensors
+from proxy.transport.members import HALVED, HALVED_DECLARED, Tensors
 from proxy.transport.merging import Merger
 from proxy.transport.services import Services
 from proxy.transport.target import Target
@@ -83,7 +83,9 @@ class Calls:
             target.address, target.model, target.version, max(0.05, min(remaining, 1.0)), breaker
         )
         if one_call and self.merger is not None and max_batch > 0:
-            lane = self.merger.lane(call.label, target, call.outputs, inputs, max_batch)
+            declared = self.services.as_declared(target.address, target.model, target.version)
+            halve = HALVED_DECLARED if declared else HALVED
+            lane = self.merger.lane(call.label, target, call.outputs, inputs, max_batch, halve)
             return await send(inputs, lane.infer)
         if one_call:
             return await send(inputs)

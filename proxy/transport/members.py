@@ -91,11 +91,30 @@ def fail(member: Member, exc: CallFailed) -> None:
         member.answer.set_exception(exc)
 
 
+HALVED = frozenset({grpc.StatusCode.INVALID_ARGUMENT})
+"""A merged call failing so is sent again by halves (deliver): one bad member fails alone."""
+HALVED_DECLARED = HALVED | {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
+"""The same for a model whose batch size its variable declared (merging.Lane.declared): a
+server's own failure of a merged call may be a batch it cannot take after all."""
+
+
+def joined(members: list[Member]) -> Mapping[str, np.ndarray]:
+    """The members' inputs as one call's, along the batch axis (`split`'s inverse)."""
+    if len(members) == 1:
+        return members[0].inputs
+    first = members[0].inputs
+    return {name: np.concatenate([m.inputs[name] for m in members]) for name in first}
+
+
 async def deliver(
-    members: list[Member], call: Callable[[list[Member]], Awaitable[Tensors]], alone: bool
+    members: list[Member],
+    call: Callable[[list[Member]], Awaitable[Tensors]],
+    alone: bool,
+    halve: frozenset[grpc.StatusCode] = HALVED,
 ) -> bool:
     """Answer `members` through `call` (one call for all of them, or one each when `alone`);
-    False when the model's answer has no row per member (they were then sent one each)."""
+    False when the model's answer has no row per member (they were then sent one each).
+    A call of several failing with a code in `halve` is sent again by halves."""
     if alone:
         await _one_each(members, call)
         return True
@@ -104,14 +123,14 @@ async def deliver(
     try:
         answer = await call(members)
     except CallFailed as exc:
-        if exc.code() == grpc.StatusCode.INVALID_ARGUMENT and len(members) > 1:
+        if exc.code() in halve and len(members) > 1:
             # One bad member must not fail the others: each half is sent again, and so
             # on down to the bad one (2 log2(n) calls, not n: blank images mixed into
             # digits once cut normal throughput by a fifth).
             live = [m for m in members if not m.answer.done()]
             half = len(live) // 2
             done = await asyncio.gather(
-                deliver(live[:half], call, alone), deliver(live[half:], call, alone)
+                deliver(live[:half], call, alone, halve), deliver(live[half:], call, alone, halve)
             )
             return all(done)
         for member in members:

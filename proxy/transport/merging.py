@@ -40,11 +40,13 @@ from proxy.transport.channels import Infer
 from proxy.transport.chunks import HEADROOM
 from proxy.transport.failures import CallFailed, Expired, expire
 from proxy.transport.members import (
+    HALVED,
     Member,
     Merged,
     Tensors,
     deliver,
     fail,
+    joined,
     merged_span,
     rows_of,
     signature,
@@ -83,6 +85,8 @@ class Lane:
     """An idle lane's first caller is letting this turn's other calls join."""
     solo: bool = False
     """Set when the model's answers cannot be split by rows: members go alone."""
+    halve: frozenset[grpc.StatusCode] = HALVED
+    """How a merged call may fail for one of its members (members.deliver)."""
     _wake: asyncio.TimerHandle | None = None
     """Flushes the queue when the oldest busy call turns stalled."""
 
@@ -234,7 +238,7 @@ class Lane:
     async def _send_merged(self, merged: Merged) -> None:
         try:
             with merged_span(merged.members):
-                if not await deliver(merged.members, self._call, alone=self.solo):
+                if not await deliver(merged.members, self._call, self.solo, self.halve):
                     self.solo = True  # answers without a row per request: never merge it
         except asyncio.CancelledError:
             for member in merged.members:
@@ -251,13 +255,7 @@ class Lane:
         timeout = max(m.deadline for m in members) - loop.time()
         if timeout <= 0:
             raise CallFailed(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
-        if len(members) == 1:
-            inputs = members[0].inputs
-        else:
-            inputs = {
-                name: np.concatenate([m.inputs[name] for m in members])
-                for name in members[0].inputs
-            }
+        inputs = joined(members)
         extra = f"+{len(members) - 1}" if len(members) > 1 else ""
         child(metrics.MERGED_MEMBERS, self.label).observe(len(members))
         return await self.send(
@@ -285,6 +283,7 @@ class Merger:
         outputs: Sequence[str],
         inputs: Mapping[str, np.ndarray],
         max_batch: int,
+        halve: frozenset[grpc.StatusCode] = HALVED,
     ) -> Lane:
         """The lane of this step's call with these inputs to a model taking `max_batch` rows."""
         lane = self._lanes.get(key := (label, target, tuple(outputs), signature(inputs)))
@@ -296,5 +295,5 @@ class Merger:
             lane = self._lanes[key] = Lane(
                 label, target, tuple(outputs), max_batch, self._max_bytes, self._send, self._slots
             )
-        lane.max_rows = max_batch  # a model reloaded with another batch size is followed
+        lane.max_rows, lane.halve = max_batch, halve  # a model reloaded is followed
         return lane

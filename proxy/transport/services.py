@@ -31,6 +31,7 @@ class Services:
         self.declared = dict(declared or {})
         """(address, model, version) -> the batch size its endpoint's variable declares
         (`<VARIABLE>_MAX_BATCH_SIZE`), taken where the server cannot say one itself."""
+        self._taken_as_declared: set[tuple[str, str, str]] = set()
         """How long a model's batch size is trusted before it is asked again (in the
         background: the calls go on with the one known meanwhile)."""
         self._batch_sizes: dict[tuple[str, str, str], tuple[int, float]] = {}
@@ -87,6 +88,8 @@ class Services:
                 self._batch_sizes[key] = (known[0], time.monotonic())  # and in refresh_s
                 return known[0]
             size = self.declared.get(key, 0)  # it cannot say (no ModelConfig): as declared
+            if size:
+                self._taken_as_declared.add(key)
             self._batch_sizes[key] = (size, time.monotonic())
             return size
         except BaseException:
@@ -131,7 +134,12 @@ class Services:
         # refresh), the batch size is known afresh: it is not asked again in its period.
         size = max(0, reply.config.max_batch_size)
         self._batch_sizes[(address, model, version)] = (size, time.monotonic())
+        self._taken_as_declared.discard((address, model, version))
         return reply
+
+    def as_declared(self, address: str, model: str, version: str) -> bool:
+        """The model's batch size is its variable's word, not its server's."""
+        return (address, model, version) in self._taken_as_declared
 
     async def metadata(
         self, address: str, model: str, version: str, timeout: float

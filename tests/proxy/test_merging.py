@@ -7,11 +7,14 @@ from __future__ import annotations
 import asyncio
 import gc
 
+import grpc
 import numpy as np
 import pytest
 
 from protos.errors import InvalidInput
 from proxy import metrics
+from proxy.transport.failures import CallFailed
+from proxy.transport.members import HALVED, HALVED_DECLARED
 from tests.proxy.scripted import ScriptedModel, serve
 from tests.proxy.test_pipelines import body, call, parse_model, pipeline, post
 from v2server.model import Scheduling
@@ -169,13 +172,13 @@ async def test_idle_lanes_are_dropped_when_there_are_many(monkeypatch) -> None:
     assert len(merger._lanes) <= 8
 
 
-def _lane(send):
+def _lane(send, halve=HALVED):
     from proxy.transport import merging
     from proxy.transport.target import Target
 
     target = Target("M_URL", "127.0.0.1:1", "m")
     x = np.zeros((1, 2), np.float32)
-    lane = merging.Merger(send, 1 << 20).lane("a", target, ["y"], {"x": x}, 64)
+    lane = merging.Merger(send, 1 << 20).lane("a", target, ["y"], {"x": x}, 64, halve)
 
     def infer(value: float, timeout: float = 1.0):
         inputs = {"x": np.full((1, 2), value, np.float32)}
@@ -304,3 +307,37 @@ async def test_a_merged_call_over_leaves_no_cycles_for_the_garbage_collector() -
         gc.enable()
     assert lane.in_flight == 0
     assert not left, f"{len(left)} members and merged calls left as cycles"
+
+
+@pytest.mark.parametrize("declared", [False, True])
+async def test_a_declared_batch_the_server_cannot_take_costs_calls_not_answers(
+    declared: bool,
+) -> None:
+    """A model said to batch by its variable (`<VARIABLE>_MAX_BATCH_SIZE`) whose server fails
+    a call of several rows on its own account (INTERNAL: MLServer's runtime, a fixed batch
+    of one): the merged call is sent again by halves down to single requests, each answered.
+    A server that reported its batch size is taken at its word: the failure is everyone's."""
+    rows: list[int] = []
+    gate = asyncio.Event()
+
+    async def send(target, inputs, *, outputs, timeout, request_id):
+        rows.append(inputs["x"].shape[0])
+        await gate.wait()
+        if inputs["x"].shape[0] > 1:
+            raise CallFailed(grpc.StatusCode.INTERNAL, "Got invalid dimensions for input")
+        return {"y": inputs["x"] + 1}
+
+    _, infer = _lane(send, HALVED_DECLARED if declared else HALVED)
+    first = asyncio.ensure_future(infer(0.0))
+    await asyncio.sleep(0.01)  # in flight, so the next ones queue and leave merged
+    queued = [asyncio.ensure_future(infer(float(i))) for i in range(1, 9)]
+    await asyncio.sleep(0.01)
+    gate.set()
+    answers = await asyncio.gather(first, *queued, return_exceptions=True)
+    assert rows[:2] == [1, 8]
+    if declared:
+        assert [a["y"][0, 0] for a in answers] == [i + 1.0 for i in range(9)]
+        assert len(rows) <= 2 + 2 * 3 + 8, rows  # by halves: 4, 4, 2, 2, 2, 2, then ones
+    else:
+        assert all(isinstance(a, CallFailed) for a in answers[1:])
+        assert len(rows) == 2
