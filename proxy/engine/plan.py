@@ -231,11 +231,14 @@ class Plan:
 
     def _add(self, label: str, target: Target, where: str) -> None:
         self.targets[label] = target
+        called = [target]
         if found := _alternate(target, endpoints.SHADOW, self._env, where, 100.0):
             self.shadows[label] = Shadow(*found)
+            called.append(found[0])
         if found := _alternate(target, endpoints.CANARY, self._env, where, None):
             self.canaries[label] = Canary(*found)
-        for each in (target, *((found[0],) if found else ())):
+            called.append(found[0])
+        for each in called:
             try:
                 rows = endpoints.declared_batch(each.endpoint, self._env)
             except DefinitionError as exc:

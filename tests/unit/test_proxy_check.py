@@ -102,3 +102,23 @@ def test_a_declared_batch_size_is_listed_and_a_bad_one_named(
         assert main(["--check", "true"]) == 2
         err = capsys.readouterr().err
         assert f"PREDICTOR_DIGITS_FOREIGN_URL_MAX_BATCH_SIZE={bad!r}: expected the rows" in err
+
+
+def test_a_shadow_and_a_canary_declare_their_own_batch_size(endpoints, monkeypatch) -> None:
+    """Each target's declaration is its own variable's (`<VARIABLE>_SHADOW_MAX_BATCH_SIZE`,
+    `<VARIABLE>_CANARY_MAX_BATCH_SIZE`): a candidate on MLServer merges its calls too."""
+    import os
+
+    from proxy.engine import plan
+
+    monkeypatch.setenv("PREDICTOR_DIGITS_MLP_URL_SHADOW", "mlserver:8081/mlp")
+    monkeypatch.setenv("PREDICTOR_DIGITS_MLP_URL_SHADOW_MAX_BATCH_SIZE", "4")
+    monkeypatch.setenv("PREDICTOR_DIGITS_MLP_URL_CANARY", "kserve:8081/mlp")
+    monkeypatch.setenv("PREDICTOR_DIGITS_MLP_URL_CANARY_PERCENT", "10")
+    monkeypatch.setenv("PREDICTOR_DIGITS_MLP_URL_CANARY_MAX_BATCH_SIZE", "8")
+    shipped = Path(__file__).parents[2] / "proxy" / "pipelines.yaml"
+    declared = plan.load(shipped, dict(os.environ))["digits"].declared_batches
+    assert {(t.endpoint, t.address, t.model): rows for t, rows in declared.items()} == {
+        ("PREDICTOR_DIGITS_MLP_URL_SHADOW", "mlserver:8081", "mlp"): 4,
+        ("PREDICTOR_DIGITS_MLP_URL_CANARY", "kserve:8081", "mlp"): 8,
+    }
