@@ -94,8 +94,8 @@ def fail(member: Member, exc: CallFailed) -> None:
 HALVED = frozenset({grpc.StatusCode.INVALID_ARGUMENT})
 """A merged call failing so is sent again by halves (deliver): one bad member fails alone."""
 HALVED_DECLARED = HALVED | {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
-"""The same for a model whose batch size its variable declared (merging.Lane.declared): a
-server's own failure of a merged call may be a batch it cannot take after all."""
+"""The same for a model whose batch size its variable declared (`<VARIABLE>_MAX_BATCH_SIZE`,
+a lane's `halve`): a server's own failure of a merged call may be a batch it cannot take."""
 
 
 def joined(members: list[Member]) -> Mapping[str, np.ndarray]:
