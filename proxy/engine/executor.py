@@ -19,7 +19,7 @@ from protos import tracing
 from protos.labelled import child
 from proxy import metrics
 from proxy.engine.cache.caches import Caches
-from proxy.engine.cache.keys import step_key
+from proxy.engine.cache.keys import step_key, step_key_now
 from proxy.engine.canaries import STEP_LATENCY as CANARY_LATENCY
 from proxy.engine.combine import combine
 from proxy.engine.definitions import (
@@ -143,7 +143,9 @@ class Executor:
         call = functools.partial(self.calls.call, spec, feeds, run.deadline, run.request_id)
         caches = self.caches
         assert caches is not None
-        key = await step_key(target, step.outputs, caches.prints, feeds)
+        key = step_key_now(target, tuple(step.outputs), caches.prints, feeds)  # no await: most
+        if key is None:
+            key = await step_key(target, step.outputs, caches.prints, feeds)
         if key is None:
             return await call(), None
         return await caches.step(run.plan.name, step.name).answer(key, call, run.deadline)

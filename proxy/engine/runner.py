@@ -216,7 +216,7 @@ class Ticket:
                 self.answered = _shared(found, key)  # type: ignore[arg-type]
                 return self.answered
         pixels = counted(plan, self.engine.catalog, body, width, height)
-        return self._run(inputs, pixels, request_id, key)
+        return self._run(inputs, pixels, request_id, None if key is None else (answers, key))
 
     async def run_tensors(self, inputs: dict[str, np.ndarray], request_id: str) -> Run:
         """A pipeline's declared `inputs` through it: each checked against its declaration
@@ -231,9 +231,9 @@ class Ticket:
         inputs: dict[str, np.ndarray],
         pixels: int,
         request_id: str,
-        looked_up: bytes | None = None,
+        looked_up: tuple[Answers[Run], bytes] | None = None,
     ) -> Run:
-        """`looked_up`: the key `start` found nothing kept for."""
+        """`looked_up`: the cache and key `start` found nothing kept for."""
         self.request_id = request_id
         if self.background is None:
             self.answered = await self._answer(inputs, pixels, request_id, looked_up)
@@ -258,7 +258,7 @@ class Ticket:
         inputs: dict[str, np.ndarray],
         pixels: int,
         request_id: str,
-        looked_up: bytes | None = None,
+        looked_up: tuple[Answers[Run], bytes] | None = None,
     ) -> Run:
         """The run, or the pipeline's cached answer (caches/answers.py: looked up before the
         run in process, beside it in Redis; identical requests in flight share one run)."""
@@ -266,12 +266,14 @@ class Ticket:
         def compute() -> Awaitable[Run]:
             return self._execute(inputs, pixels, request_id)
 
-        caches = self.engine.caches
-        answers = None if caches is None else self._answers(caches)
-        if answers is None:
-            return await compute()
-        # A model whose service cannot say its version now: no key, uncached.
-        if (key := looked_up) is None:
+        if looked_up is not None:
+            answers, key = looked_up
+        else:
+            caches = self.engine.caches
+            answers = None if caches is None else self._answers(caches)
+            if answers is None:
+                return await compute()
+            # A model whose service cannot say its version now: no key, uncached.
             made = await pipeline_key(self.plan, caches.prints, inputs)  # type: ignore[union-attr]
             if (key := by_choice(made, self.plan.canaries, request_id)) is None:
                 return await compute()

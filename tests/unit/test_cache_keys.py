@@ -180,6 +180,23 @@ async def test_an_upload_keys_alike_hashed_at_once_or_the_general_way(monkeypatc
     assert digested[-1] == id(big)
 
 
+async def test_a_step_key_made_without_waiting_is_the_one_awaited() -> None:
+    """The executor asks `step_key_now` first: none before the base is made, then the same key
+    as `step_key` for the same inputs (a known tensor's too), and another for other inputs."""
+    prints = fingerprints()
+    image = one(b"\x89PNG" + bytes(range(100)))
+    known = np.arange(8, dtype=np.float32)
+    known.setflags(False)
+    assert keys.step_key_now(TARGET, ("pixels",), prints, {"image": image}) is None
+    for inputs in ({"image": image}, {"image": image, "features": known}):
+        awaited = await key(inputs, prints)  # a known tensor's digest is remembered
+        assert keys.step_key_now(TARGET, ("pixels",), prints, inputs) == awaited
+    other = {"image": one(b"\x89PNG" + bytes(range(1, 101)))}
+    assert keys.step_key_now(TARGET, ("pixels",), prints, other) not in (awaited, None)
+    # Another step's outputs: another base, made only by awaiting.
+    assert keys.step_key_now(TARGET, ("other",), prints, {"image": image}) is None
+
+
 async def test_a_new_model_version_changes_the_key_once_its_fingerprint_is_asked_again() -> None:
     """The key's base is kept while the models' fingerprints are fresh, then made again."""
     services = Services("1")

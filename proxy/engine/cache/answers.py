@@ -64,15 +64,12 @@ class Answers(Generic[T]):
 
     def __post_init__(self) -> None:
         # Bound once: a labels() lookup per request is a measurable share of a hit's cost.
-        self._counters = {
-            result: metrics.CACHE_LOOKUPS.labels(self.pipeline, self.step, result)
+        self._hits, self._misses, self._errors = (
+            metrics.CACHE_LOOKUPS.labels(self.pipeline, self.step, result)
             for result in ("hit", "miss", "error")
-        }
+        )
         self._stored = metrics.CACHE_STORED_BYTES.labels(self.pipeline, self.step)
         self._unadmitted = metrics.CACHE_UNADMITTED.labels(self.pipeline, self.step)
-
-    def _count(self, result: str) -> None:
-        self._counters[result].inc()
 
     def hit_now(self, key: bytes) -> T | None:
         """The value kept in process for `key`, found without waiting (no task, no turn of
@@ -98,8 +95,9 @@ class Answers(Generic[T]):
             return await self._follow(flight, compute, deadline)
         if self.store.local:  # in process: no await, no task on a hit
             stored = None if looked_up else self.store.get_now(key)  # type: ignore[attr-defined]
-            found = self._found(stored, kept)
-            if found is not None:
+            if stored is None:
+                self._misses.inc()  # `_found`'s count, without its call
+            elif (found := self._found(stored, kept)) is not None:
                 return found, "hit"
         flight = self._flights[key] = Flight()
         try:
@@ -154,7 +152,7 @@ class Answers(Generic[T]):
         """The remote lookup beside the run: a hit cancels the run; a miss, or a store that
         fails or is slow, leaves the run's value (stored in the background)."""
         if self.store.skipping():  # failing lately: neither looked up nor stored
-            self._count("error")
+            self._errors.inc()
             return await compute(), "miss"
         lookup = asyncio.ensure_future(self._lookup(key))
         running = asyncio.ensure_future(compute())
@@ -183,7 +181,7 @@ class Answers(Generic[T]):
             else:
                 blob = await self.store.get(key)
         except StoreError:  # counted; the store says when it fails and when it is back
-            self._count("error")
+            self._errors.inc()
             return None, False
         return self._found(blob, unpack), seen
 
@@ -231,14 +229,14 @@ class Answers(Generic[T]):
     def _found(self, stored: S | None, read: Callable[[S], Stored]) -> T | None:
         """The value of what the store answered (None: nothing); `read` makes it an entry."""
         if stored is None:
-            self._count("miss")
+            self._misses.inc()
             return None
         try:
             value = self.from_entry(read(stored))
         except ValueError:
-            self._count("error")  # a damaged or foreign value: as good as none
+            self._errors.inc()  # a damaged or foreign value: as good as none
             return None
-        self._count("hit")
+        self._hits.inc()
         return value
 
     def _admits(self, key: bytes) -> bool:
@@ -259,11 +257,14 @@ class Answers(Generic[T]):
             return None
 
     def _keep(self, key: bytes, value: T) -> None:
-        """Store `value` in process (no await: nothing to wait for)."""
-        entry = self._entry(value)
-        if entry is None or not self._admits(key):
-            return
+        """Store `value` in process, no await (`_entry`, `_admits` inlined: frames count)."""
         try:
+            entry = self.to_entry(value)
+            if entry is None:
+                return
+            if isinstance(self.doorkeeper, Doorkeeper) and not self.doorkeeper.admits(key):
+                self._unadmitted.inc()
+                return
             tuples, size = keep(entry)
             self.store.put_now(key, tuples, size, self.ttl_s)  # type: ignore[attr-defined]
         except Exception as exc:
@@ -277,7 +278,7 @@ class Answers(Generic[T]):
             blob = pack(entry)
             await self.store.put(key, blob, self.ttl_s)
         except StoreError:
-            self._count("error")
+            self._errors.inc()
             return
         except Exception as exc:
             self._failed(exc)
@@ -285,7 +286,7 @@ class Answers(Generic[T]):
         self._stored.inc(len(blob))
 
     def _failed(self, exc: Exception) -> None:
-        self._count("error")
+        self._errors.inc()
         log.warning("cache write failed", extra={"fields": {"error": repr(exc)}})
 
 

@@ -67,6 +67,10 @@ def _head(datatype: str, shape: list[int], length: int) -> bytes:
     return orjson.dumps([datatype, shape, length])
 
 
+_UPLOAD_HEAD = b'["BYTES",[1],%d]'
+"""`_head` of an upload (one BYTES element) of a given framed length, made without a call."""
+
+
 def _hashed(parts: list[bytes | memoryview]) -> bytes:
     digest = hashlib.sha256()
     for part in parts:
@@ -104,8 +108,8 @@ def _upload_digest(array: np.ndarray) -> bytes | None:
     element = array[0]
     if type(element) is not bytes or len(element) > HASH_IN_THREAD:
         return None
-    head = _head("BYTES", [1], len(element) + 4)
-    return hashlib.sha256(head + codec.length_prefix(len(element)) + element).digest()
+    size = len(element)
+    return hashlib.sha256(_UPLOAD_HEAD % (size + 4) + codec.length_prefix(size) + element).digest()
 
 
 def _known_digest(array: np.ndarray) -> bytes | None:
@@ -129,24 +133,6 @@ async def _digest(array: np.ndarray) -> bytes:
         return known
     parts, size = _contents(array)
     return _remember(array, await digest_of(parts, size))
-
-
-def _digest_now(array: np.ndarray) -> bytes | None:
-    """The tensor's digest if it is an upload small enough to hash at once (again for each
-    key: cheaper than remembering it) or is known."""
-    made = _upload_digest(array)
-    return made if made is not None else _known_digest(array)
-
-
-def _finish_now(base: hashlib._Hash, inputs: Mapping[str, np.ndarray]) -> bytes | None:
-    """`_finish` without waiting, or None when some input needs the general way."""
-    digest = base.copy()
-    for name in sorted(inputs) if len(inputs) > 1 else inputs:
-        made = _digest_now(inputs[name])
-        if made is None:
-            return None
-        digest.update(name.encode() + b"\0" + made)
-    return digest.digest()
 
 
 async def _finish(base: hashlib._Hash, inputs: Mapping[str, np.ndarray]) -> bytes:
@@ -200,6 +186,16 @@ def pipeline_key_now(
     return _key_now(prints, plan, plan.name.encode() + b"\0", inputs)
 
 
+def step_key_now(
+    target: Target,
+    outputs: tuple[str, ...],
+    prints: Fingerprints,
+    inputs: Mapping[str, np.ndarray],
+) -> bytes | None:
+    """`step_key` made without waiting, as most are; None: ask `step_key`."""
+    return _key_now(prints, (target, outputs), STEPS, inputs)
+
+
 async def step_key(
     target: Target,
     outputs: Sequence[str],
@@ -243,9 +239,19 @@ async def _key(
 def _key_now(
     prints: Fingerprints, which: object, prefix: bytes, inputs: Mapping[str, np.ndarray]
 ) -> bytes | None:
-    """`_key` while `which`'s base is fresh and every input can be hashed at once, else None."""
+    """`_key` while `which`'s base is fresh and every input can be hashed at once (an upload
+    small enough, hashed again for each key: cheaper than remembering it; or a tensor whose
+    digest is known), else None. One function, not one a step: a key is made twice a
+    request (the pipeline's, its first step's), and each call frame is a measurable share
+    of what a miss costs the proxy (bench/README, 2026-12-03)."""
     known = prints.bases.get(which)
     if known is None or time.monotonic() >= known.until:
         return None
-    finished = _finish_now(known.digest, inputs)
-    return None if finished is None else prefix + finished
+    digest = known.digest.copy()
+    for name in sorted(inputs) if len(inputs) > 1 else inputs:
+        array = inputs[name]
+        made = _upload_digest(array)
+        if made is None and (made := _known_digest(array)) is None:
+            return None
+        digest.update(name.encode() + b"\0" + made)
+    return prefix + digest.digest()
