@@ -19,7 +19,7 @@ from protos.channels import channel_options
 from tests.modelgen import SLOW_WIDTH, TYPES, linear_weights
 from tests.procs import Service, metric, run_module, start_service
 from v2server.policy import PROBE_S
-from v2server.servicer import STREAM_WINDOW
+from v2server.streaming import STREAM_WINDOW
 
 TIMEOUT = 10.0
 
