@@ -5,8 +5,9 @@ throughput from one run to the next; instruction counts differ by ~3%).
 
 Over one running mesh of the shipped topology (its services), a proxy process at a time
 runs under callgrind, instrumentation switched on only once it has answered its warm-up
-requests. Each answers `--requests` sequential `digits` requests; each is run `--runs` times,
-in turn. `--what`:
+requests. Each answers `--requests` `digits` requests from `--concurrency` clients (one by
+default: in sequence; 32: calls merged as under load, what a request costs then); each is run
+`--runs` times, in turn. `--what`:
 - `traces` (the default): this tree with traces off, this tree with traces on (every request,
   exported to a receiver), and the proxy of an earlier commit (`--before`);
 - `cache`: every image unique (no request a repeat), this tree with the caches off, this tree
@@ -23,6 +24,7 @@ in turn. `--what`:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import subprocess
@@ -73,9 +75,11 @@ def counted(
     out: Path,
     unique: bool = False,
     front: bool = False,
+    concurrency: int = 1,
 ) -> float:
     """Instructions per request of a proxy run from `tree` with `env` (`unique`: no image
-    sent twice; `front`: each request as the gRPC front's ModelInfer, not on `/v1`)."""
+    sent twice; `front`: each request as the gRPC front's ModelInfer, not on `/v1`;
+    `concurrency`: clients at once, so that calls merge as under load)."""
     port = free_port()
     # No gRPC door, or (`front`) one whose servicer the front's route needs, its port unused.
     door = {"PROXY_GRPC_PORT": str(free_port()), "PROXY_GRPC_FRONT": "off"} if front else {}
@@ -90,31 +94,17 @@ def counted(
     )
     url = f"http://127.0.0.1:{port}"
     image = digit()
-    images = iter(uploads(image, 0, WARM + requests)) if unique else None
+    bodies = uploads(image, 0, WARM + requests) if unique else [image] * (WARM + requests)
+    # A long budget: under callgrind (and on a busy machine) the pipeline's 3 s can run out,
+    # which is not what is measured.
+    calls = [_front_call(b) if front else (PATH, b, HEADERS) for b in bodies]
     control = ["callgrind_control"]
     try:
         _ready(url, proc)
-        with httpx.Client(base_url=url, timeout=120) as client:
-
-            def ask() -> None:
-                body = image if images is None else next(images)
-                # A long budget: under callgrind (and on a busy machine) the pipeline's 3 s
-                # can run out, which is not what is measured.
-                headers = {"Content-Type": "image/png", "X-Request-Timeout-Ms": "60000"}
-                path = PATH
-                if front:
-                    path, body, headers = _front_call(body)
-                answer = client.post(path, content=body, headers=headers)
-                assert answer.status_code == 200, answer.text
-                if front:  # an error comes with its status; nginx adds success's trailer
-                    assert "grpc-status" not in answer.headers, answer.headers
-
-            for _ in range(WARM):
-                ask()
-            subprocess.run([*control, "-i", "on", str(proc.pid)], check=True, capture_output=True)
-            for _ in range(requests):
-                ask()
-            subprocess.run([*control, "-d", str(proc.pid)], check=True, capture_output=True)
+        asyncio.run(_drive(url, calls[:WARM], concurrency, front))
+        subprocess.run([*control, "-i", "on", str(proc.pid)], check=True, capture_output=True)
+        asyncio.run(_drive(url, calls[WARM:], concurrency, front))
+        subprocess.run([*control, "-d", str(proc.pid)], check=True, capture_output=True)
     finally:
         proc.terminate()
         proc.wait(120)
@@ -126,6 +116,28 @@ def counted(
     return total / requests
 
 
+HEADERS = {"Content-Type": "image/png", "X-Request-Timeout-Ms": "60000"}
+
+
+async def _drive(
+    url: str, calls: list[tuple[str, bytes, dict[str, str]]], concurrency: int, front: bool
+) -> None:
+    """Every call answered, `concurrency` at a time (each client sends its next on an
+    answer)."""
+    limits = httpx.Limits(max_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=900, limits=limits) as client:
+        left = iter(calls)
+
+        async def one_client() -> None:
+            for path, body, headers in left:
+                answer = await client.post(path, content=body, headers=headers)
+                assert answer.status_code == 200, answer.text
+                if front:  # an error comes with its status; nginx adds success's trailer
+                    assert "grpc-status" not in answer.headers, answer.headers
+
+        await asyncio.gather(*(one_client() for _ in range(concurrency)))
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description="the proxy's instructions per request")
     parser.add_argument("--requests", type=int, default=400)
@@ -133,6 +145,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--before", default=BEFORE, help="the earlier commit to compare with")
     choices = ["traces", "cache", "door", "predictions"]
     parser.add_argument("--what", choices=choices, default="traces")
+    parser.add_argument(
+        "--concurrency", type=int, default=1, help="clients at once (calls merge past 1)"
+    )
     args = parser.parse_args(argv)
     with contextlib.ExitStack() as stack:
         mesh = stack.enter_context(shipped_mesh("bench-instructions"))
@@ -188,7 +203,8 @@ def main(argv: list[str]) -> int:
         for run in range(args.runs):
             for k, (label, (tree, settings)) in enumerate(systems.items()):
                 out = folder / f"{run}-{k}.out"
-                per = counted(tree, settings, args.requests, out, unique, label in fronted)
+                front = label in fronted
+                per = counted(tree, settings, args.requests, out, unique, front, args.concurrency)
                 counts[label].append(per)
                 print(f"run {run + 1}, {label}: {per:,.0f} instructions a request", flush=True)
     first = next(iter(counts))
