@@ -374,6 +374,25 @@ async def test_the_grpc_door_answers_from_the_cache(chain, tmp_path) -> None:
     assert model.calls == 1
 
 
+async def test_a_pipeline_keeping_no_answers_may_admit_its_steps_outputs_on_second_sighting(
+    servers, make_client
+) -> None:
+    """`cache: {enabled: false, admit: second}`: no answer of the pipeline kept, its steps'
+    outputs kept from their input's second sighting (a data cache alone keeps every one)."""
+    parse = parse_model()
+    plus1 = affine("plus1", 1, 1)
+    env = {"PARSE_URL": await servers(parse), "MODELS_URL": await servers(plus1)}
+    cache = {"enabled": False, "admit": "second"}
+    pipes = {"p": pipeline([call("a", "plus1", "parse")], RESULT, cache=cache)}
+    pipes["p"]["steps"][0]["call"]["cache"] = True
+    async with make_client(pipes, env) as client:
+        answers = [await post(client, "p", body(7)) for _ in range(3)]
+    assert [r.json()["result"] for r in answers] == [{"y": [8.0]}] * 3
+    assert [r.json()["steps"][0]["cache"] for r in answers] == ["miss", "miss", "hit"]
+    assert all("X-Cache" not in r.headers for r in answers)
+    assert (parse.calls, plus1.calls) == (2, 3)
+
+
 async def test_a_flood_of_unique_requests_stays_within_the_bound(chain, make_client) -> None:
     from proxy import metrics
 
