@@ -28,12 +28,13 @@ class Services:
     ) -> None:
         self.channels = channels
         self.refresh_s = refresh_s
+        """How long a model's batch size is trusted before it is asked again (in the
+        background: the calls go on with the one known meanwhile)."""
         self.declared = dict(declared or {})
         """(address, model, version) -> the batch size its endpoint's variable declares
         (`<VARIABLE>_MAX_BATCH_SIZE`), taken where the server cannot say one itself."""
         self._taken_as_declared: set[tuple[str, str, str]] = set()
-        """How long a model's batch size is trusted before it is asked again (in the
-        background: the calls go on with the one known meanwhile)."""
+        """The models whose batch size in use is the declared one (`as_declared`)."""
         self._batch_sizes: dict[tuple[str, str, str], tuple[int, float]] = {}
         """(address, model, version) -> (max_batch_size, when it was asked)."""
         self._refreshing: set[tuple[str, str, str]] = set()
