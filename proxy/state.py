@@ -27,6 +27,7 @@ from proxy.transport.calls import Calls
 from proxy.transport.catalog import Catalog
 from proxy.transport.channels import Channels
 from proxy.transport.services import Services
+from v2server.statistics import ModelStatistics
 
 
 @dataclass
@@ -38,6 +39,8 @@ class ProxyState:
     catalog: Catalog
     uploads: UploadLimits
     jobs: Jobs
+    statistics: dict[str, ModelStatistics]
+    """Each pipeline's Triton statistics (`/v2/models/{m}/stats`), counted by every door."""
 
     @classmethod
     def build(cls, settings: ProxySettings, environ: Mapping[str, str] | None = None) -> ProxyState:
@@ -80,7 +83,9 @@ class ProxyState:
                 settings.prediction_log_inputs, inputs_bytes, catalog.digest,
             )  # fmt: skip
         jobs = Jobs(engine, _jobs_config(settings))
-        return cls(settings, engine, channels, services, catalog, settings.upload_limits(), jobs)
+        statistics = {name: ModelStatistics() for name in plans}
+        limits = settings.upload_limits()
+        return cls(settings, engine, channels, services, catalog, limits, jobs, statistics)
 
 
 def _declared(plans: dict[str, plan.Plan]) -> dict[tuple[str, str, str], int]:

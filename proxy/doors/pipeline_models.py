@@ -31,6 +31,21 @@ RESULT = "result"
 """The one output of a pipeline whose definition declares none."""
 
 
+def counted(statistics: ModelStatistics, cache: str | None, elapsed_ns: int) -> None:
+    """A pipeline's answered request in Triton's counters, whichever door it came by (the
+    request's success or failure is its door's to count): one execution of one row, no
+    queue, the whole run its compute time, which perf_analyzer reads (it finds the model's
+    version by the queue count that grew during its window) to split the request's time.
+    An answer from the cache is a cache hit instead of an execution, as in Triton."""
+    statistics.queue.add(0)
+    if cache == "hit":
+        statistics.cache_hit.add(elapsed_ns)
+    else:
+        if cache == "miss":
+            statistics.cache_miss.add(0)
+        statistics.execution(1, 1, 0, elapsed_ns, 0)
+
+
 class PipelineFailed(MeshError):
     """A pipeline request failed as the REST door answers `problem`; on gRPC its status is
     the one the table gives for that HTTP status."""
@@ -55,7 +70,10 @@ class PipelineModel:
     scheduling = Scheduling(max_batch_size=0)
     """Inputs are full shapes: one image a request (the proxy merges calls downstream)."""
 
-    def __init__(self, plan: Plan, engine: Engine, max_timeout_ms: float) -> None:
+    def __init__(
+        self, plan: Plan, engine: Engine, max_timeout_ms: float, statistics: ModelStatistics
+    ) -> None:
+        """`statistics`: the pipeline's, which /v1 counts too (ProxyState.statistics)."""
         self.plan = plan
         self.engine = engine
         self.max_timeout_s = max_timeout_ms / 1000
@@ -74,7 +92,7 @@ class PipelineModel:
             else (TensorSpec(RESULT, "BYTES", (1,)),)
         )
         self.on_request = frozenset({RESULT}) if declared else frozenset()
-        self.statistics = ModelStatistics()
+        self.statistics = statistics
 
     @property
     def ready(self) -> bool:
@@ -113,18 +131,7 @@ class PipelineModel:
                     ticket.ledger.hold(len(body))
                     run = await ticket.run(body, request_id)
                 outputs = self.tensors(run)
-            # One execution of one row, no queue, the whole run its compute time: Triton's
-            # counters, which perf_analyzer reads (it finds the model's version by the
-            # queue count that grew during its window) to split the request's time. An
-            # answer from the cache is a cache hit instead of an execution, as in Triton.
-            elapsed = time.perf_counter_ns() - started
-            self.statistics.queue.add(0)
-            if run.cache == "hit":
-                self.statistics.cache_hit.add(elapsed)
-            else:
-                if run.cache == "miss":
-                    self.statistics.cache_miss.add(0)
-                self.statistics.execution(1, 1, 0, elapsed, 0)
+            counted(self.statistics, run.cache, time.perf_counter_ns() - started)
             about: dict[str, str | int | bool] = {
                 "partial": run.partial,
                 "steps": orjson.dumps([s.__dict__ for s in run.steps]).decode(),

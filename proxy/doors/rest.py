@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 from dataclasses import asdict
 
@@ -12,6 +13,7 @@ from fastapi import Request, Response
 from proxy.doors import jobs
 from proxy.doors.disconnect import until_disconnect
 from proxy.doors.pipeline_bodies import budget_s, read_tensors
+from proxy.doors.pipeline_models import counted
 from proxy.doors.responses import json_response
 from proxy.doors.uploads import read_image
 from proxy.engine.cache.stores import StoreError
@@ -38,6 +40,8 @@ class PipelineEndpoints:
             request, plan.pipeline.timeout_ms, state.settings.max_timeout_ms
         )
         options = jobs.later_options(request, state, plan)  # checked before anything runs
+        statistics = state.statistics[plan.name]  # the v2 doors' too: one pipeline, one count
+        started = time.perf_counter_ns()
         try:
             async with engine.ticket(plan, deadline) as ticket:
                 given: bytes | dict[str, np.ndarray]
@@ -55,8 +59,14 @@ class PipelineEndpoints:
                 # From when the ticket opened, as the console's record of it: the figure the
                 # client reads is the one the console shows, never more.
                 answer = engine.answer(name, request_id, run, ticket.opened, as_json=True)
-        except StepError as exc:
-            raise exc.problem(name) from None
+        except BaseException as exc:
+            statistics.request(False, time.perf_counter_ns() - started)
+            if isinstance(exc, StepError):
+                raise exc.problem(name) from None
+            raise
+        elapsed = time.perf_counter_ns() - started
+        counted(statistics, run.cache, elapsed)
+        statistics.request(True, elapsed)
         if plan.pipeline.later is not None:  # sync-async: the rest of the answer comes later
             kind = "image" if isinstance(given, bytes) else "tensors"
             answer["later"] = await jobs.later(state, plan, kind, given, options)

@@ -271,7 +271,10 @@ def build(state: ProxyState) -> ProxyPlane:
     PROXY_V2_MODELS is `pipelines`."""
     s = state.settings
     engine = state.engine
-    pipelines = [PipelineModel(plan, engine, s.max_timeout_ms) for plan in engine.plans.values()]
+    pipelines = [
+        PipelineModel(plan, engine, s.max_timeout_ms, state.statistics[name])
+        for name, plan in engine.plans.items()
+    ]
     models = engine.models()
     shadowed = sorted(set(models) & set(engine.plans))
     if shadowed:

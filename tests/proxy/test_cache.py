@@ -328,6 +328,25 @@ async def test_v2_rest_answers_say_where_they_came_from(chain, make_client) -> N
     assert json.loads(second.json()["outputs"][0]["data"][0]) == {"y": [3.0]}
 
 
+async def test_a_pipelines_statistics_count_every_doors_requests(chain, make_client) -> None:
+    """Triton's statistics of a pipeline count its /v1 requests as its v2 ones: a miss, its
+    hits, a failure, whichever door they came by (a Triton model's count every protocol)."""
+    model, env = chain
+    async with make_client(cached(), env) as client:
+        miss = await post(client, "p", body(5))
+        hit = await post(client, "p", body(5))
+        on_v2 = await client.post("/v2/models/p/infer", json=v2_request(body(5)))
+        failed = await post(client, "p", b"odd")  # not float32s: the parse step fails
+        stats = (await client.get("/v2/models/p/stats")).json()["model_stats"][0]
+    assert [miss.status_code, hit.status_code, on_v2.status_code] == [200, 200, 200]
+    assert failed.status_code == 502 and model.calls == 1  # the step failed
+    counters = stats["inference_stats"]
+    assert counters["cache_miss"]["count"] == 1 and counters["cache_hit"]["count"] == 2
+    assert counters["success"]["count"] == 3 and counters["fail"]["count"] == 1
+    assert stats["execution_count"] == 1 and stats["inference_count"] == 1
+    assert counters["compute_infer"]["count"] == 1 and counters["compute_infer"]["ns"] > 0
+
+
 async def test_a_v2_hit_is_rendered_once_as_on_v1(chain, make_client, renders) -> None:
     """A v2 answer's `result` (the /v1 result as JSON) of a hit comes from the JSON kept for
     it, rendered on the first hit, whichever door asked first."""
