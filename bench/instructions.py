@@ -13,9 +13,11 @@ default: in sequence; 32: calls merged as under load, what a request costs then)
 - `cache`: every image unique (no request a repeat), this tree with the caches off, this tree
   with them on, and the earlier commit with them on: what the caches cost a request they
   cannot answer (issue 26);
-- `door`: the same request on `/v1` and as the gRPC door's unary ModelInfer the way its
+- `door`: the same request on `/v1`, as the gRPC door's unary ModelInfer the way its
   nginx front hands it over (HTTP/1.1, proxy/doors/grpc_front.py; nginx's own cost is not
-  counted), this tree and the earlier commit: what the v2 path costs beyond `/v1` (issue 30);
+  counted) and on the v2 REST door as tritonclient and perf_analyzer send it (Triton's binary
+  tensor extension, both ways), this tree and the earlier commit: what each v2 path costs
+  beyond `/v1` (issue 30);
 - `predictions`: the prediction log off, and every request recorded to a file (each record
   its own write here, as a request lasts far longer than the log's 50 ms wait for company:
   an upper bound of what a record costs under load, where one write carries many).
@@ -35,15 +37,18 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import orjson
 
 from bench.cache import digit, uploads
 from bench.mesh import ROOT, free_port, shipped_mesh
 from bench.traces import BEFORE, earlier_tree, receiver_process
 from protos import messages
+from protos.codec import encode_bytes_elements
 from proxy.doors.grpc_front import FRONT_HEADER
 from proxy.doors.grpc_front import PATH as FRONT_PATH
 
 PATH = "/v1/pipelines/digits/infer"
+V2_PATH = "/v2/models/digits/infer"
 WARM = 30
 
 
@@ -68,22 +73,46 @@ def _front_call(image: bytes) -> tuple[str, bytes, dict[str, str]]:
     return FRONT_PATH, body, headers | {"grpc-timeout": "60S"}
 
 
+def _v2_call(image: bytes) -> tuple[str, bytes, dict[str, str]]:
+    """`digits` on the v2 REST door as tritonclient's HTTP client sends it: a JSON header,
+    then the image as a length-prefixed BYTES element; the outputs asked for in binary."""
+    element = encode_bytes_elements([image])
+    tensor = {"name": "image", "datatype": "BYTES", "shape": [1]}
+    header = orjson.dumps(
+        {
+            "inputs": [{**tensor, "parameters": {"binary_data_size": len(element)}}],
+            "parameters": {"binary_data_output": True, "timeout": 60_000_000},
+        }
+    )
+    headers = {
+        "Content-Type": "application/octet-stream",
+        "Inference-Header-Content-Length": str(len(header)),
+    }
+    return V2_PATH, header + element, headers
+
+
+CALLS = {"v1": lambda b: (PATH, b, HEADERS), "front": _front_call, "v2": _v2_call}
+"""How each door's request is made of an image."""
+
+
 def counted(
     tree: Path,
     env: dict[str, str],
     requests: int,
     out: Path,
     unique: bool = False,
-    front: bool = False,
+    door: str = "v1",
     concurrency: int = 1,
 ) -> float:
     """Instructions per request of a proxy run from `tree` with `env` (`unique`: no image
-    sent twice; `front`: each request as the gRPC front's ModelInfer, not on `/v1`;
-    `concurrency`: clients at once, so that calls merge as under load)."""
+    sent twice; `door`: each request on `/v1`, as the gRPC front's ModelInfer (`front`), or
+    on the v2 REST door (`v2`); `concurrency`: clients at once, so that calls merge as under
+    load)."""
     port = free_port()
+    front = door == "front"
     # No gRPC door, or (`front`) one whose servicer the front's route needs, its port unused.
-    door = {"PROXY_GRPC_PORT": str(free_port()), "PROXY_GRPC_FRONT": "off"} if front else {}
-    env = {**env, "PROXY_GRPC_PORT": "off", **door}
+    grpc = {"PROXY_GRPC_PORT": str(free_port()), "PROXY_GRPC_FRONT": "off"} if front else {}
+    env = {**env, "PROXY_GRPC_PORT": "off", **grpc}
     callgrind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
     proc = subprocess.Popen(
         [*callgrind, "--instr-atstart=no", sys.executable, "-m", "proxy"],
@@ -95,7 +124,7 @@ def counted(
     url = f"http://127.0.0.1:{port}"
     image = digit()
     bodies = uploads(image, 0, WARM + requests) if unique else [image] * (WARM + requests)
-    calls = [_front_call(b) if front else (PATH, b, HEADERS) for b in bodies]
+    calls = [CALLS[door](b) for b in bodies]
     control = ["callgrind_control"]
     try:
         _ready(url, proc)
@@ -164,8 +193,8 @@ def main(argv: list[str]) -> int:
         earlier = stack.enter_context(earlier_tree(args.before))
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="callgrind-")))
         unique = args.what == "cache"
-        fronted: set[str] = set()
-        """Systems whose requests go as the gRPC front's ModelInfer, not on /v1."""
+        doors: dict[str, str] = {}
+        """Systems whose requests do not go on /v1: their door (`counted`)."""
         if unique:
             # The models' fingerprints are asked again once a second (PROXY_CACHE_CHECK_MS):
             # under callgrind a request takes ~100x as long, so those asks would be counted
@@ -179,14 +208,16 @@ def main(argv: list[str]) -> int:
         elif args.what == "door":
             # The whole pipeline every time (the cache off): what each door adds to a run.
             uncached = {**env, "PROXY_CACHE": "false"}
-            front = "gRPC front's ModelInfer"
-            front_before = f"{front}, before ({args.before})"
-            systems = {
-                "/v1": (ROOT, uncached),
-                front: (ROOT, uncached),
-                front_before: (earlier, uncached),
+            front, v2 = "gRPC front's ModelInfer", "v2 REST, binary tensors"
+            doors = {
+                front: "front",
+                f"{front}, before ({args.before})": "front",
+                v2: "v2",
+                f"{v2}, before ({args.before})": "v2",
             }
-            fronted = {front, front_before}
+            systems = {"/v1": (ROOT, uncached)} | {
+                label: (earlier if "before" in label else ROOT, uncached) for label in doors
+            }
         elif args.what == "predictions":
             logged = {**env, "PROXY_PREDICTION_LOG": str(folder / "predictions.jsonl")}
             systems = {
@@ -203,8 +234,8 @@ def main(argv: list[str]) -> int:
         for run in range(args.runs):
             for k, (label, (tree, settings)) in enumerate(systems.items()):
                 out = folder / f"{run}-{k}.out"
-                front = label in fronted
-                per = counted(tree, settings, args.requests, out, unique, front, args.concurrency)
+                door = doors.get(label, "v1")
+                per = counted(tree, settings, args.requests, out, unique, door, args.concurrency)
                 counts[label].append(per)
                 print(f"run {run + 1}, {label}: {per:,.0f} instructions a request", flush=True)
     first = next(iter(counts))

@@ -109,7 +109,9 @@ def create_app(
         app.mount(console.PAGE, console.page())
     # Starlette runs the middleware added last first: the request id and API key come first.
     app.add_middleware(
-        routes.PipelineRoute, handlers={"infer": pipelines.infer, "jobs": jobs.submit}
+        routes.InferenceRoutes,
+        handlers={"infer": pipelines.infer, "jobs": jobs.submit},
+        v2_infer=v2.infer,
     )
     open_paths = {p.strip() for p in settings.open_paths.split(",") if p.strip()}
     app.add_middleware(RequestContext, api_key=settings.api_key, open_paths=open_paths)

@@ -124,6 +124,28 @@ async def test_unknown_outputs_and_versions(client) -> None:
     assert version.status_code == 404 and "no version '7'" in version.json()["error"]
 
 
+async def test_paths_near_the_v2_infer_route(client) -> None:
+    """v2 infer is answered ahead of FastAPI's router (routes.InferenceRoutes), its one or
+    four segments read as the router reads them; every other path and method still goes
+    through the router, in the same error shape."""
+    request = base64_request(body(1))
+    newest = await client.post("/v2/models/chain/infer", json=request)
+    versioned = await client.post("/v2/models/chain/versions/1/infer", json=request)
+    get = await client.get("/v2/models/chain/infer")
+    nested = await client.post("/v2/models/chain/x/infer", json=request)
+    empty = await client.post("/v2/models//infer", json=request)
+    no_version = await client.post("/v2/models/chain/versions//infer", json=request)
+    unknown = await client.post("/v2/models/nope/infer", json=request)
+    stats = await client.post("/v2/models/stats", json=request)
+    assert newest.status_code == versioned.status_code == 200
+    assert newest.json()["outputs"] == versioned.json()["outputs"]
+    assert versioned.json()["model_version"] == "1"
+    assert get.status_code == 405 and get.json()["id"] and "POST" in get.headers["allow"]
+    assert nested.status_code == empty.status_code == no_version.status_code == 404
+    assert unknown.status_code == 404 and "nope" in unknown.json()["error"]
+    assert stats.status_code == 405 and stats.json()["id"]
+
+
 async def test_a_failed_step_is_the_same_answer_as_on_v1(servers, make_client) -> None:
     env = {"PARSE_URL": await servers(parse_model()), "MODELS_URL": "127.0.0.1:1"}
     async with make_client(PIPES, env) as client:
