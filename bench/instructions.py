@@ -208,16 +208,14 @@ def main(argv: list[str]) -> int:
         elif args.what == "door":
             # The whole pipeline every time (the cache off): what each door adds to a run.
             uncached = {**env, "PROXY_CACHE": "false"}
-            front, v2 = "gRPC front's ModelInfer", "v2 REST, binary tensors"
-            doors = {
-                front: "front",
-                f"{front}, before ({args.before})": "front",
-                v2: "v2",
-                f"{v2}, before ({args.before})": "v2",
-            }
-            systems = {"/v1": (ROOT, uncached)} | {
-                label: (earlier if "before" in label else ROOT, uncached) for label in doors
-            }
+            systems = {"/v1": (ROOT, uncached)}
+            for label, door in (
+                ("gRPC front's ModelInfer", "front"),
+                ("v2 REST, binary tensors", "v2"),
+            ):
+                before = f"{label}, before ({args.before})"
+                systems |= {label: (ROOT, uncached), before: (earlier, uncached)}
+                doors |= {label: door, before: door}
         elif args.what == "predictions":
             logged = {**env, "PROXY_PREDICTION_LOG": str(folder / "predictions.jsonl")}
             systems = {
