@@ -458,7 +458,8 @@ async def test_streams_a_draining_server_ends_teach_nothing() -> None:
             streams.append(stream)
         await models.stop()
         codes = [await s._call.code() for s in streams]
-        await asyncio.sleep(0.05)  # each stream's reader has seen its end
+        # each stream's reader has seen its end (the status can come a loop turn earlier)
+        await asyncio.wait_for(asyncio.gather(*(s._reader for s in streams)), 5)
     finally:
         await channel.close()
     assert len({id(s) for s in streams}) == 2, "two streams, one answer each"
