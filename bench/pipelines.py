@@ -4,7 +4,9 @@ hits every system alike; each row is the median round by throughput):
 - the same steps in one process (the limit);
 - the same topology with nothing in it (bench/hops.py: the hops alone);
 - the mesh's old path: a second proxy on the same services with unary calls and no merging;
-- digits: the design the project started from (bench/reference.py: FastAPI + httpx, JSON in);
+- digits: the design the project started from (bench/reference.py: FastAPI + httpx, JSON in),
+  and the mesh on that design's own work: `digits-features` (the same 64 features as JSON,
+  the same three classifiers at once, no image and no preprocessing hop);
 - ocr: the reference library (rapidocr-onnxruntime on the same three models);
 - the same pipeline called as a v2 model at the proxy's gRPC door by perf_analyzer (Triton's
   C++ load generator), by unary calls and on streams, when it can run here.
@@ -128,6 +130,8 @@ def main(argv: list[str]) -> int:
                 if not ocr:
                     ref = stack.enter_context(reference_digits(REPOSITORY, 18300))
                     loads[REFERENCE] = (ref, [_json_post(f"{ref}/predict", {"features": features})])
+                    same_work = f"{url}/v1/pipelines/digits-features/infer"
+                    loads[SAME_WORK] = (url, [_json_post(same_work, {"features": [features]})])
                 for c in args.ocr_concurrency if ocr else args.concurrency:
                     window = (args.ocr_duration * max(1.0, c / 8)) if ocr else args.duration
                     stats = _measure(
@@ -172,6 +176,7 @@ DOOR_HTTP = "mesh, v2 REST door (perf_analyzer -i http)"
 OLD = "mesh, old path (unary calls, no merging)"
 MESH = "mesh (streams, merged calls)"
 REFERENCE = "reference design (FastAPI + httpx, JSON in)"
+SAME_WORK = "mesh, the reference's work (digits-features: JSON features in, one hop)"
 
 
 def _measure(
@@ -259,6 +264,12 @@ def _summary(name: str, c: int, stats: dict[str, Stats]) -> list[str]:
         out.append(
             f"`{name}` c=1: p50 {mesh.p50_ms:.2f} ms = in-process {base.p50_ms:.2f} + hops "
             f"{hops.p50_ms:.2f} + the mesh's own {mesh.p50_ms - hops.p50_ms - base.p50_ms:.2f} ms"
+        )
+    if (same := stats.get(SAME_WORK)) is not None and (ref := stats.get(REFERENCE)) is not None:
+        out.append(
+            f"`{name}` c={c}: the reference design's own work through the mesh "
+            f"(digits-features) vs the reference: throughput {same.rps / ref.rps:.2f}x, "
+            f"p50 {same.p50_ms / ref.p50_ms:.2f}x ({same.p50_ms:.2f} vs {ref.p50_ms:.2f} ms)"
         )
     for label, ref in stats.items():
         if label.startswith("reference"):
