@@ -722,10 +722,12 @@ async def test_sqlite_keeps_its_wal_bounded_under_a_flood(
     watching.cancel()
     written = jobs * 4096  # what a WAL never started over would hold, at least
     # A WAL never started over holds all that was written; one started over, what came in
-    # between two checkpoints (2.2-2.7 MB alone here, up to 4.4 MB beside other tests).
+    # between two checkpoints: 2.2-2.7 MB alone here, up to 6.3 MB beside other tests on a
+    # busy CI machine (the checkpoint's thread waits for a core), so the line is drawn at
+    # half of what was written, where only a WAL that never starts over reaches; the cut
+    # back to the bound is checked exactly below.
     assert written > 12 * 2**20, "too few jobs to tell"
-    bound = max(written / 4, 6 * 2**20)
-    assert 0 < largest < bound, f"the WAL reached {largest / 2**20:.1f} MB"
+    assert 0 < largest < written / 2, f"the WAL reached {largest / 2**20:.1f} MB"
     assert (await queue.depth()).queued == jobs
     await asyncio.sleep(0.2)  # a last checkpoint; the next writer starts the WAL over
     await queue.submit(job(payload=b"last"), 10**6)
