@@ -584,7 +584,11 @@ class LosingRelay:
         self._server.close()
 
     async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        except OSError:  # Redis gone: the caller's connection is dropped, not left open
+            writer.transport.abort()
+            return
         lost = False
 
         async def up() -> None:
@@ -601,7 +605,11 @@ class LosingRelay:
                     writer.write(data)
             writer.close()
 
-        await asyncio.gather(up(), down(), return_exceptions=True)
+        try:
+            await asyncio.gather(up(), down(), return_exceptions=True)
+        finally:
+            writer.transport.abort()
+            up_writer.transport.abort()
 
 
 async def test_a_take_whose_answer_was_lost_is_the_workers_at_once(tmp_path: Path) -> None:

@@ -34,7 +34,8 @@ class Server:
                     break
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
-        writer.close()
+        finally:
+            writer.close()
 
 
 @pytest.fixture
