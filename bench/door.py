@@ -5,11 +5,13 @@
 - the gRPC door's unary ModelInfer, from a Python grpc.aio client and from perf_analyzer
   (Triton's C++ client) when it can run here.
 For each: throughput and p50; the CPU per request of the proxy and of the services (from
-/proc, all threads); the rows each merged call carried (proxy_merged_call_members); and, at
-every door, the mean time a request spent in the proxy's engine (from admission to answer)
-beside the client's p50: the rest is outside the engine (the client, nginx, the HTTP and
-gRPC layers, the event loop's queue). At a fixed concurrency, the fewer of the requests in
-flight are in the engine, the fewer rows each merged call gathers.
+/proc, all threads) and of the client (this process's, or perf_analyzer's: the same two
+cores serve both, so a costlier client leaves the mesh less); the rows each merged call
+carried (proxy_merged_call_members); and, at every door, the mean time a request spent in
+the proxy's engine (from admission to answer) beside the client's p50: the rest is outside
+the engine (the client, nginx, the HTTP and gRPC layers, the event loop's queue). At a fixed
+concurrency, the fewer of the requests in flight are in the engine, the fewer rows each
+merged call gathers.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
+import resource
 import time
 import urllib.request
 from collections.abc import Callable
@@ -114,18 +117,21 @@ def main(argv: list[str]) -> int:
         nginx = {f"nginx {pid}": pid for pid in fronted}
         pids = {name: proc.pid for name, proc in mesh.procs.items()} | nginx
         print("| system | c | req/s | p50 ms | proxy (+nginx) CPU ms/req | services CPU ms/req "
-              "| rows per merged call | engine ms (mean) / client p50 |")  # fmt: skip
-        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+              "| client CPU ms/req | rows per merged call "
+              "| engine ms (mean) / client p50 |")  # fmt: skip
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         summaries: list[str] = []
         for c in args.concurrency:
-            rounds: dict[str, list[tuple[Stats, str, float]]] = {name: [] for name in systems}
+            rounds: dict[str, list[tuple[Stats, str, float, float]]] = {n: [] for n in systems}
             for _ in range(args.rounds):
                 for name, measure in systems.items():
                     cpu0 = {n: cpu_s(p)[0] for n, p in pids.items()}
                     merged0, engine0 = _counters(url)
+                    client0 = _client_cpu_s()
                     started = time.monotonic()
                     stats = measure(c)
                     elapsed = time.monotonic() - started
+                    client = _client_cpu_s() - client0
                     cpu1 = {n: cpu_s(p)[0] for n, p in pids.items()}
                     merged1, engine1 = _counters(url)
                     # Requests the mesh answered in the whole measurement, warm-up included.
@@ -140,28 +146,38 @@ def main(argv: list[str]) -> int:
                     share = f"{inside:.2f} / {stats.p50_ms:.2f}" if served else "-"
                     rate = stats.requests / stats.seconds
                     cells = [f"{rate:.0f}", f"{stats.p50_ms:.2f}", f"{proxy:.2f}"]
-                    cells += [f"{services * 1e3:.2f}", f"{rows:.1f}", share]
+                    client_ms = client / answered * 1e3
+                    cells += [f"{services * 1e3:.2f}", f"{client_ms:.2f}", f"{rows:.1f}", share]
                     server = proxy + services * 1e3  # ms a request, every server process
-                    rounds[name].append((stats, " | ".join(cells), server))
-            chosen: dict[str, tuple[Stats, float]] = {}
+                    rounds[name].append((stats, " | ".join(cells), server, client_ms))
+            chosen: dict[str, tuple[Stats, float, float]] = {}
             for name, runs in rounds.items():
-                best = median([s for s, _, _ in runs])
-                line, server = next((text, ms) for s, text, ms in runs if s is best)
-                chosen[name] = (best, server)
+                best = median([s for s, _, _, _ in runs])
+                line, server, client_ms = next((t, ms, cl) for s, t, ms, cl in runs if s is best)
+                chosen[name] = (best, server, client_ms)
                 print(f"| {name} | {c} | {line} |", flush=True)
             summaries.append(_against_rest(chosen, c))
         print("\n" + "\n".join(summaries))
     return 0
 
 
-def _against_rest(chosen: dict[str, tuple[Stats, float]], c: int) -> str:
-    """The gRPC door's rows against REST's at `c`: throughput, and the servers' CPU a
-    request (proxy, nginx and services together: what the door costs, whatever the client)."""
-    rest, rest_cpu = chosen["REST door"]
+def _client_cpu_s() -> float:
+    """CPU seconds of the clients: this process (the Python clients, their threads) and its
+    ended children (perf_analyzer; the mesh's processes are not waited for until it stops)."""
+    own, ended = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return own.ru_utime + own.ru_stime + ended.ru_utime + ended.ru_stime
+
+
+def _against_rest(chosen: dict[str, tuple[Stats, float, float]], c: int) -> str:
+    """The gRPC door's rows against REST's at `c`: throughput, the servers' CPU a request
+    (proxy, nginx and services together: what the door costs, whatever the client), and the
+    client's beside it."""
+    rest, rest_cpu, rest_client = chosen["REST door"]
     parts = [
         f"{name.removeprefix('gRPC door, ')} {stats.rps / rest.rps:.2f}x throughput, "
-        f"{cpu / rest_cpu:.2f}x server CPU a request"
-        for name, (stats, cpu) in chosen.items()
+        f"{cpu / rest_cpu:.2f}x server CPU a request, client {client:.2f} ms a request "
+        f"(REST's {rest_client:.2f})"
+        for name, (stats, cpu, client) in chosen.items()
         if name.startswith("gRPC door, ") and rest.rps and rest_cpu
     ]
     return f"- c={c}, the gRPC door against REST: " + "; ".join(parts)
