@@ -6,6 +6,7 @@ import sys
 
 from bench import (
     batch,
+    before,
     cache,
     capacity,
     door,
@@ -41,6 +42,7 @@ BENCHMARKS = {
     "batch": batch.main,
     "traces": traces.main,
     "instructions": instructions.main,
+    "before": before.main,
 }
 
 
