@@ -14,47 +14,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import os
 import statistics
-import subprocess
-import sys
-from collections.abc import Iterator
 
 from bench.httpload import post_bytes
 from bench.loadgen import Stats
-from bench.mesh import free_port, http_closed_loop, proxy_url, shipped_mesh, wait_http
+from bench.mesh import http_closed_loop, proxy_url, second_proxy, shipped_mesh
 from bench.traces import earlier_tree
 
 PATH = "/v1/pipelines/digits/infer"
-
-
-@contextlib.contextmanager
-def earlier_proxy(rev: str, env: dict[str, str]) -> Iterator[str]:
-    """Commit `rev`'s proxy with `env` (a mesh proxy's), REST on a free port, no gRPC door;
-    yields its URL once ready."""
-    with earlier_tree(rev) as tree:
-        port = free_port()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "proxy"],
-            cwd=tree,
-            env={
-                **os.environ,
-                **env,
-                "PYTHONPATH": str(tree),
-                "PROXY_PORT": str(port),
-                "PROXY_GRPC_PORT": "off",
-            },
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        url = f"http://127.0.0.1:{port}"
-        try:
-            wait_http(f"{url}/readyz", proc)
-            yield url
-        finally:
-            proc.terminate()
-            proc.wait(30)
 
 
 def main(argv: list[str]) -> int:
@@ -71,7 +38,10 @@ def main(argv: list[str]) -> int:
     blob = encode(render_digit(load_digits().images[0], scale=4))
     with shipped_mesh("bench-before-") as mesh:
         this = proxy_url(mesh)
-        with earlier_proxy(args.rev, mesh.services["proxy"].env) as earlier:
+        with (
+            earlier_tree(args.rev) as tree,
+            second_proxy(mesh.services["proxy"].env, tree) as earlier,
+        ):
             proxies = {"this tree": this, args.rev: earlier}
             raw = post_bytes(this + PATH, blob, "image/png")
             print(f"| c | this tree req/s | {args.rev} req/s | throughput ratio (median) "

@@ -87,21 +87,27 @@ def wait_http(url: str, proc: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def second_proxy(env: dict[str, str]) -> Iterator[str]:
+def second_proxy(env: dict[str, str], tree: Path = ROOT) -> Iterator[str]:
     """Another proxy process beside a mesh's (`env`: the mesh proxy's environment with the
-    changes to measure), REST on a free port, no gRPC door; yields its URL once ready."""
-    with second_proxy_process(env) as (url, _):
+    changes to measure), REST on a free port, no gRPC door; yields its URL once ready.
+    `tree`: the files it runs from (another commit's: bench/traces.py's `earlier_tree`)."""
+    with second_proxy_process(env, tree) as (url, _):
         yield url
 
 
 @contextlib.contextmanager
-def second_proxy_process(env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen]]:
+def second_proxy_process(
+    env: dict[str, str], tree: Path = ROOT
+) -> Iterator[tuple[str, subprocess.Popen]]:
     """second_proxy's URL and process (for its CPU)."""
     port = free_port()
+    own = {"PROXY_PORT": str(port), "PROXY_GRPC_PORT": "off"}
+    if tree != ROOT:
+        own["PYTHONPATH"] = str(tree)  # its files first on the path
     proc = subprocess.Popen(
         [sys.executable, "-m", "proxy"],
-        cwd=ROOT,
-        env={**os.environ, **env, "PROXY_PORT": str(port), "PROXY_GRPC_PORT": "off"},
+        cwd=tree,
+        env={**os.environ, **env, **own},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
